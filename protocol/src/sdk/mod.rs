@@ -1,0 +1,153 @@
+//! The executor SDK: implement [`Executor`] and call [`serve`] from `main`.
+//!
+//! ```no_run
+//! use knotless_protocol::sdk::{self, Executor};
+//! # struct MyExecutor;
+//! # impl Executor for MyExecutor {
+//! #   fn info(&self) -> knotless_protocol::ExecutorInfo { unimplemented!() }
+//! #   async fn initialize(&self, _: &knotless_protocol::InitializeParams) -> Result<knotless_protocol::Capabilities, knotless_protocol::ExecutorError> { unimplemented!() }
+//! #   async fn start(&self, _: knotless_protocol::StartParams, _: sdk::Context) -> Result<knotless_protocol::StartResult, knotless_protocol::ExecutorError> { unimplemented!() }
+//! #   async fn command(&self, _: knotless_protocol::CommandParams, _: sdk::Context) -> Result<knotless_protocol::CommandResult, knotless_protocol::ExecutorError> { unimplemented!() }
+//! #   async fn stop(&self, _: knotless_protocol::StopParams, _: sdk::Context) -> Result<knotless_protocol::StopResult, knotless_protocol::ExecutorError> { unimplemented!() }
+//! #   async fn cleanup(&self, _: knotless_protocol::CleanupParams, _: sdk::Context) -> Result<knotless_protocol::CleanupResult, knotless_protocol::ExecutorError> { unimplemented!() }
+//! #   async fn upload(&self, _: &knotless_protocol::TransferParams, _: sdk::UploadStream, _: sdk::Context) -> Result<(), knotless_protocol::ExecutorError> { unimplemented!() }
+//! #   async fn download(&self, _: &knotless_protocol::TransferParams, _: sdk::DownloadStream, _: sdk::Context) -> Result<(), knotless_protocol::ExecutorError> { unimplemented!() }
+//! # }
+//! #[tokio::main]
+//! async fn main() -> anyhow::Result<()> {
+//!     sdk::serve(MyExecutor).await
+//! }
+//! ```
+
+mod serve;
+mod transfer;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ExecutorError;
+use crate::framing;
+use crate::messages::*;
+use crate::version::MAX_OUTPUT_CHUNK;
+
+pub use serve::{serve, serve_io};
+pub use transfer::{DownloadStream, UploadStream};
+
+/// An executor: what the runner's six operations do in one kind of environment.
+///
+/// The SDK handles framing, version negotiation, `ping`, `shutdown`, cancellation
+/// bookkeeping and the side channel. Requests run concurrently, one task each, so one process
+/// serves many sessions.
+///
+/// `start`, `stop`, `cleanup`, `upload` and `download` are raced by the SDK against their
+/// `timeout_ms` and against cancellation (their future is dropped then, so resources they
+/// hold must be released on drop, for example with `kill_on_drop`). `command` is not: the
+/// executor itself must kill the step's processes at its timeout (answering
+/// [`ExecutorError::timeout`]) and on cancellation (answering [`ExecutorError::cancelled`]),
+/// watching [`Context::cancelled`].
+pub trait Executor: Send + Sync + 'static {
+    /// The executor's name and version.
+    fn info(&self) -> ExecutorInfo;
+
+    /// Validates the configuration and says what this executor can do. A bad configuration
+    /// is a [`ExecutorError::configuration`] naming the option to fix.
+    fn initialize(&self, params: &InitializeParams) -> impl Future<Output = Result<Capabilities, ExecutorError>> + Send;
+
+    /// Creates a session.
+    fn start(&self, params: StartParams, context: Context) -> impl Future<Output = Result<StartResult, ExecutorError>> + Send;
+
+    /// Runs one step, streaming its output with [`Context::output`].
+    fn command(&self, params: CommandParams, context: Context) -> impl Future<Output = Result<CommandResult, ExecutorError>> + Send;
+
+    /// Ends a session and deletes its resources unless `keep`.
+    fn stop(&self, params: StopParams, context: Context) -> impl Future<Output = Result<StopResult, ExecutorError>> + Send;
+
+    /// Deletes every resource of this runner that belongs to no session in `keep`.
+    fn cleanup(&self, params: CleanupParams, context: Context) -> impl Future<Output = Result<CleanupResult, ExecutorError>> + Send;
+
+    /// Reads a tar stream to its end and unpacks it at `params.path` in the session.
+    fn upload(&self, params: &TransferParams, data: UploadStream, context: Context) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Writes a tar stream of the contents of `params.path` in the session. A missing path is
+    /// [`crate::ErrorKind::NotFound`].
+    fn download(&self, params: &TransferParams, data: DownloadStream, context: Context) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+
+    /// Called once when the runner asks to shut down or closes stdin: stop every session that
+    /// is not kept, so that a runner that dies leaves nothing behind.
+    fn shutdown(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// What a request's handler gets besides its parameters.
+#[derive(Clone)]
+pub struct Context {
+    cancel: CancellationToken,
+    notifier: Notifier,
+    received: Instant,
+}
+
+impl Context {
+    /// Resolves when the runner cancels this request (or the runner went away).
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await
+    }
+
+    /// Whether the runner cancelled this request.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// The instant `timeout_ms` after the request arrived.
+    pub fn deadline(&self, timeout_ms: u64) -> Instant {
+        self.received + Duration::from_millis(timeout_ms)
+    }
+
+    /// Sends step output to the runner, in chunks of at most [`MAX_OUTPUT_CHUNK`] bytes. It
+    /// waits while the runner is behind, so output is never dropped.
+    pub async fn output(&self, session: &str, step: u32, stream: Stream, bytes: &[u8]) {
+        self.notifier.output(session, step, stream, bytes).await
+    }
+
+    /// Sends a line for the session's run log.
+    pub async fn log(&self, session: &str, level: LogLevel, message: impl Into<String>) {
+        self.notifier.log(Some(session), level, message).await
+    }
+
+    /// A handle that can send notifications after this request has ended.
+    pub fn notifier(&self) -> Notifier {
+        self.notifier.clone()
+    }
+}
+
+/// Sends notifications to the runner.
+#[derive(Clone)]
+pub struct Notifier {
+    frames: mpsc::Sender<Vec<u8>>,
+}
+
+impl Notifier {
+    async fn notify<P: serde::Serialize>(&self, method: &str, params: P) {
+        let frame = framing::encode(&serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params}));
+        // A closed channel means the runner is gone; there is no one left to tell.
+        let _ = self.frames.send(frame).await;
+    }
+
+    /// See [`Context::output`].
+    pub async fn output(&self, session: &str, step: u32, stream: Stream, bytes: &[u8]) {
+        for chunk in bytes.chunks(MAX_OUTPUT_CHUNK) {
+            let data = base64::engine::general_purpose::STANDARD.encode(chunk);
+            self.notify(method::OUTPUT, OutputParams { session: session.to_string(), step, stream, data }).await;
+        }
+    }
+
+    /// Sends a `log` notification; `session` `None` goes to the runner's own log.
+    pub async fn log(&self, session: Option<&str>, level: LogLevel, message: impl Into<String>) {
+        let params = LogParams { session: session.map(str::to_string), level, message: message.into() };
+        self.notify(method::LOG, params).await;
+    }
+}

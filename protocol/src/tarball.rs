@@ -1,0 +1,296 @@
+//! Tar streams for the side channel: packing a folder without following links, and unpacking
+//! an archive from the other side only after vetting each entry.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use tar::{Archive, Builder, EntryType};
+
+/// Why an archive was refused or could not be unpacked.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    /// An entry that must not be unpacked: an absolute path, `..`, a link leaving the tree,
+    /// a device node.
+    #[error("refused tar entry {path:?}: {reason}")]
+    Refused {
+        /// The entry's path as the archive names it.
+        path: String,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The archive is larger than its bound.
+    #[error("tar stream is over its bound of {max_bytes} bytes")]
+    TooLarge {
+        /// The bound.
+        max_bytes: u64,
+    },
+    /// Reading the stream or writing the tree failed.
+    #[error("tar stream: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Packs the contents of `root` (not `root` itself) into a tar stream, preserving modes,
+/// symlinks (as links, never followed) and empty folders. Returns the writer.
+pub fn pack_dir<W: Write>(root: &Path, out: W) -> io::Result<W> {
+    let mut files = Vec::new();
+    collect(root, Path::new(""), &mut files)?;
+    pack_paths(root, &files, out)
+}
+
+/// Packs the given paths, relative to `root`, in the order given. Folders named are added as
+/// folders (not their contents); parents are not added.
+pub fn pack_paths<W: Write>(root: &Path, relative: &[PathBuf], out: W) -> io::Result<W> {
+    let mut builder = Builder::new(out);
+    builder.follow_symlinks(false);
+    for path in relative {
+        let full = root.join(path);
+        let metadata = fs::symlink_metadata(&full)?;
+        if metadata.is_dir() {
+            let mut header = tar::Header::new_gnu();
+            header.set_metadata(&metadata);
+            header.set_entry_type(EntryType::Directory);
+            header.set_size(0);
+            builder.append_data(&mut header, path, io::empty())?;
+        } else {
+            builder.append_path_with_name(&full, path)?;
+        }
+    }
+    builder.into_inner()
+}
+
+fn collect(root: &Path, relative: &Path, into: &mut Vec<PathBuf>) -> io::Result<()> {
+    let mut entries = fs::read_dir(root.join(relative))?.collect::<io::Result<Vec<_>>>()?;
+    entries.sort_by_key(|entry| entry.file_name());
+    for entry in entries {
+        let path = relative.join(entry.file_name());
+        into.push(path.clone());
+        if entry.file_type()?.is_dir() {
+            collect(root, &path, into)?;
+        }
+    }
+    Ok(())
+}
+
+/// What an unpack wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Unpacked {
+    /// Bytes of tar stream read.
+    pub bytes: u64,
+    /// Entries written.
+    pub entries: u64,
+}
+
+/// Unpacks a tar stream into `dest` (created if missing), vetting every entry first: absolute
+/// paths, `..`, symlinks and hard links that leave the tree, and device nodes are refused, and
+/// the stream may not pass `max_bytes`. Modes are kept, without setuid, setgid or sticky bits.
+/// On error `dest` may hold part of the tree: unpack into a fresh folder and remove it then.
+pub fn unpack_vetted<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<Unpacked, UnpackError> {
+    fs::create_dir_all(dest)?;
+    let counter = CountingReader { inner: input, count: 0, max: max_bytes };
+    let mut archive = Archive::new(counter);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_mtime(true);
+    archive.set_unpack_xattrs(false);
+    archive.set_mask(0o7000);
+    let mut entries = 0;
+    for entry in archive.entries()? {
+        let mut entry = entry.map_err(|error| over_or_io(error, max_bytes))?;
+        let raw_path = entry.path_bytes().into_owned();
+        let shown = String::from_utf8_lossy(&raw_path).into_owned();
+        let path = entry.path()?.into_owned();
+        let refuse = |reason| UnpackError::Refused { path: shown.clone(), reason };
+        let Some(depth) = vetted_depth(&path) else {
+            return Err(refuse("absolute path or `..`"));
+        };
+        match entry.header().entry_type() {
+            EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::GNUSparse => {}
+            EntryType::Symlink | EntryType::Link => {
+                let target = entry.link_name()?.ok_or_else(|| refuse("link without a target"))?;
+                let escapes = if entry.header().entry_type() == EntryType::Link {
+                    vetted_depth(&target).is_none()
+                } else {
+                    target.is_absolute() || !link_stays_inside(depth, &target)
+                };
+                if escapes {
+                    return Err(refuse("link leaves the tree"));
+                }
+            }
+            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => continue,
+            _ => return Err(refuse("device node, fifo or unknown entry type")),
+        }
+        if depth == 0 {
+            continue;
+        }
+        let size = entry.header().size()?;
+        if entry.raw_header_position().saturating_add(size) > max_bytes {
+            return Err(UnpackError::TooLarge { max_bytes });
+        }
+        entry.unpack_in(dest).map_err(|error| over_or_io(error, max_bytes))?;
+        entries += 1;
+    }
+    // Read the end-of-archive blocks and any record padding, so the whole stream is consumed.
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink()).map_err(|error| over_or_io(error, max_bytes))?;
+    Ok(Unpacked { bytes: rest.count, entries })
+}
+
+/// The number of normal components of a safe relative path, or `None` for an unsafe one.
+fn vetted_depth(path: &Path) -> Option<usize> {
+    let mut depth = 0;
+    for component in path.components() {
+        match component {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(depth)
+}
+
+/// Whether a relative symlink target, read from a link `depth` components deep, stays inside.
+fn link_stays_inside(depth: usize, target: &Path) -> bool {
+    let mut level = depth as isize - 1;
+    for component in target.components() {
+        match component {
+            Component::Normal(_) => level += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                level -= 1;
+                if level < 0 {
+                    return false;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
+}
+
+fn over_or_io(error: io::Error, max_bytes: u64) -> UnpackError {
+    if error.kind() == io::ErrorKind::FileTooLarge {
+        UnpackError::TooLarge { max_bytes }
+    } else {
+        UnpackError::Io(error)
+    }
+}
+
+struct CountingReader<R> {
+    inner: R,
+    count: u64,
+    max: u64,
+}
+
+impl<R: Read> Read for CountingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.count += read as u64;
+        if self.count > self.max {
+            return Err(io::Error::new(io::ErrorKind::FileTooLarge, "tar stream over its bound"));
+        }
+        Ok(read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn tree() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        fs::create_dir_all(root.join("src/empty")).expect("mkdir");
+        fs::write(root.join("src/run.sh"), "#!/bin/sh\necho hi\n").expect("write");
+        fs::set_permissions(root.join("src/run.sh"), fs::Permissions::from_mode(0o755)).expect("chmod");
+        fs::write(root.join("readme"), "text").expect("write");
+        fs::set_permissions(root.join("readme"), fs::Permissions::from_mode(0o640)).expect("chmod");
+        symlink("src/run.sh", root.join("link")).expect("symlink");
+        symlink("../missing", root.join("src/dangling-inside")).expect("symlink");
+        dir
+    }
+
+    #[test]
+    fn a_tree_round_trips_with_modes_links_and_empty_folders() {
+        let source = tree();
+        let archive = pack_dir(source.path(), Vec::new()).expect("pack");
+        let dest = tempfile::tempdir().expect("tempdir");
+        let unpacked = unpack_vetted(archive.as_slice(), dest.path(), 1 << 20).expect("unpack");
+        assert_eq!(unpacked.bytes, archive.len() as u64);
+        let root = dest.path();
+        let mode = |path: &str| fs::symlink_metadata(root.join(path)).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode("src/run.sh"), 0o755);
+        assert_eq!(mode("readme"), 0o640);
+        assert!(root.join("src/empty").is_dir());
+        assert_eq!(fs::read_link(root.join("link")).expect("readlink"), PathBuf::from("src/run.sh"));
+        assert_eq!(fs::read_to_string(root.join("link")).expect("read through link"), "#!/bin/sh\necho hi\n");
+    }
+
+    fn archive_with(entry_type: EntryType, path: &str, link: Option<&str>) -> Vec<u8> {
+        let mut builder = Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(entry_type);
+        header.set_size(0);
+        header.set_mode(0o644);
+        if let Some(link) = link {
+            header.set_link_name(link).expect("link name");
+        }
+        // `set_path` refuses `..`, so write the name bytes the way a hostile archive would.
+        let name = &mut header.as_old_mut().name;
+        name[..path.len()].copy_from_slice(path.as_bytes());
+        header.set_cksum();
+        builder.append(&header, io::empty()).expect("append");
+        builder.into_inner().expect("finish")
+    }
+
+    #[test]
+    fn hostile_entries_are_refused() {
+        let cases = [
+            (EntryType::Regular, "../escape", None),
+            (EntryType::Regular, "/etc/evil", None),
+            (EntryType::Symlink, "link", Some("/etc/passwd")),
+            (EntryType::Symlink, "a/link", Some("../../outside")),
+            (EntryType::Link, "hard", Some("../outside")),
+            (EntryType::Char, "tty", None),
+            (EntryType::Block, "disk", None),
+            (EntryType::Fifo, "fifo", None),
+        ];
+        for (entry_type, path, link) in cases {
+            let archive = archive_with(entry_type, path, link);
+            let dest = tempfile::tempdir().expect("tempdir");
+            let result = unpack_vetted(archive.as_slice(), dest.path(), 1 << 20);
+            assert!(matches!(result, Err(UnpackError::Refused { .. })), "{path}: {result:?}");
+        }
+    }
+
+    #[test]
+    fn a_link_inside_the_tree_is_kept() {
+        let archive = archive_with(EntryType::Symlink, "a/b/link", Some("../c"));
+        let dest = tempfile::tempdir().expect("tempdir");
+        unpack_vetted(archive.as_slice(), dest.path(), 1 << 20).expect("unpack");
+        assert_eq!(fs::read_link(dest.path().join("a/b/link")).expect("readlink"), PathBuf::from("../c"));
+    }
+
+    #[test]
+    fn an_archive_over_its_bound_is_refused() {
+        let source = tempfile::tempdir().expect("tempdir");
+        fs::write(source.path().join("big"), vec![7u8; 64 * 1024]).expect("write");
+        let archive = pack_dir(source.path(), Vec::new()).expect("pack");
+        let dest = tempfile::tempdir().expect("tempdir");
+        let result = unpack_vetted(archive.as_slice(), dest.path(), 16 * 1024);
+        assert!(matches!(result, Err(UnpackError::TooLarge { max_bytes: 16384 })), "{result:?}");
+    }
+
+    #[test]
+    fn setuid_bits_are_dropped() {
+        let source = tempfile::tempdir().expect("tempdir");
+        let file = source.path().join("tool");
+        fs::write(&file, "x").expect("write");
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o4755)).expect("chmod");
+        let archive = pack_dir(source.path(), Vec::new()).expect("pack");
+        let dest = tempfile::tempdir().expect("tempdir");
+        unpack_vetted(archive.as_slice(), dest.path(), 1 << 20).expect("unpack");
+        let mode = fs::metadata(dest.path().join("tool")).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755);
+    }
+}
