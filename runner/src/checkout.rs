@@ -1,0 +1,176 @@
+//! What a run checks out: the working tree of a folder (git's tracked and untracked files, not
+//! the ignored ones) or a commit (`git archive`), as a tar stream, and the workflows it holds.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use tokio::process::Command;
+
+use crate::workflow::{self, Workflow, WorkflowError};
+
+/// Where a run's files come from.
+#[derive(Debug, Clone)]
+pub enum Checkout {
+    /// A folder as it is now: a git work tree's tracked and untracked files, or every file of
+    /// a plain folder.
+    WorkingTree {
+        /// The folder.
+        root: PathBuf,
+        /// Whether it is a git work tree.
+        git: bool,
+    },
+    /// A commit of a git repository.
+    Revision {
+        /// The repository (a work tree or a bare repository).
+        repo: PathBuf,
+        /// The full commit id.
+        commit: String,
+    },
+}
+
+/// What a checkout is, for the run variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckoutInfo {
+    /// The commit id, or `working-tree` for a plain folder.
+    pub commit: String,
+    /// The ref (`refs/heads/main`), or empty when unknown.
+    pub git_ref: String,
+    /// A name for the repository: its folder's name.
+    pub repository: String,
+}
+
+/// Runs git and returns its stdout, or an error with its stderr.
+pub async fn git(repo: &Path, args: &[&str]) -> anyhow::Result<Vec<u8>> {
+    let output = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .await
+        .with_context(|| format!("cannot run git in {}", repo.display()))?;
+    if !output.status.success() {
+        bail!("git {} in {} failed: {}", args.join(" "), repo.display(), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(output.stdout)
+}
+
+async fn git_line(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
+    Ok(String::from_utf8_lossy(&git(repo, args).await?).trim().to_string())
+}
+
+impl Checkout {
+    /// The checkout of `path` (a folder) at `rev`, or its working tree when `rev` is `None`.
+    pub async fn resolve(path: &Path, rev: Option<&str>) -> anyhow::Result<(Checkout, CheckoutInfo)> {
+        let root = std::fs::canonicalize(path).with_context(|| format!("no folder {}", path.display()))?;
+        if !root.is_dir() {
+            bail!("{} is not a folder", root.display());
+        }
+        let repository = root.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_else(|| "repository".into());
+        let git_tree = git_line(&root, &["rev-parse", "--is-inside-work-tree"]).await.is_ok_and(|answer| answer == "true");
+        match rev {
+            Some(rev) => {
+                let spec = format!("{rev}^{{commit}}");
+                let commit = git_line(&root, &["rev-parse", "--verify", "--quiet", &spec])
+                    .await
+                    .with_context(|| format!("--rev {rev}: no such commit in {}", root.display()))?;
+                let full_ref = git_line(&root, &["rev-parse", "--symbolic-full-name", rev]).await.unwrap_or_default();
+                let info = CheckoutInfo { commit: commit.clone(), git_ref: full_ref, repository };
+                Ok((Checkout::Revision { repo: root, commit }, info))
+            }
+            None => {
+                let (commit, git_ref) = if git_tree {
+                    let commit = git_line(&root, &["rev-parse", "--verify", "--quiet", "HEAD"]).await.unwrap_or_default();
+                    let git_ref = git_line(&root, &["symbolic-ref", "--quiet", "HEAD"]).await.unwrap_or_default();
+                    (if commit.is_empty() { "working-tree".to_string() } else { commit }, git_ref)
+                } else {
+                    ("working-tree".to_string(), String::new())
+                };
+                Ok((Checkout::WorkingTree { root, git: git_tree }, CheckoutInfo { commit, git_ref, repository }))
+            }
+        }
+    }
+
+    /// A tar archive of the checkout, or of one folder in it (its contents at the archive's
+    /// root), in a temporary file.
+    pub async fn archive(&self, folder: Option<&str>) -> anyhow::Result<std::fs::File> {
+        let mut file = tempfile::tempfile().context("cannot create a temporary file for the checkout")?;
+        match self {
+            Checkout::WorkingTree { root, git } => {
+                let base = match folder {
+                    Some(folder) => root.join(folder),
+                    None => root.clone(),
+                };
+                if !base.is_dir() {
+                    bail!("no folder {}", base.display());
+                }
+                let files = if *git { Some(tracked_and_untracked(&base).await?) } else { None };
+                let writer = file.try_clone().context("cannot reopen the checkout archive")?;
+                tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                    let writer = std::io::BufWriter::new(writer);
+                    let mut writer = match files {
+                        Some(files) => knotless_protocol::tarball::pack_paths(&base, &files, writer),
+                        None => knotless_protocol::tarball::pack_dir(&base, writer),
+                    }
+                    .with_context(|| format!("cannot pack {}", base.display()))?;
+                    std::io::Write::flush(&mut writer)?;
+                    Ok(())
+                })
+                .await??;
+            }
+            Checkout::Revision { repo, commit } => {
+                let tree = match folder {
+                    Some(folder) => format!("{commit}:{folder}"),
+                    None => commit.clone(),
+                };
+                let bytes = git(repo, &["archive", "--format=tar", &tree]).await?;
+                std::io::Write::write_all(&mut file, &bytes)?;
+            }
+        }
+        std::io::Seek::rewind(&mut file)?;
+        Ok(file)
+    }
+
+    /// Whether the checkout has `folder` (relative).
+    pub async fn has_folder(&self, folder: &str) -> bool {
+        match self {
+            Checkout::WorkingTree { root, .. } => root.join(folder).is_dir(),
+            Checkout::Revision { repo, commit } => {
+                let tree = format!("{commit}:{folder}");
+                git_line(repo, &["cat-file", "-t", &tree]).await.is_ok_and(|kind| kind == "tree")
+            }
+        }
+    }
+
+    /// The workflows of the checkout, and the errors of those that did not load.
+    pub async fn workflows(&self) -> anyhow::Result<(Vec<Workflow>, Vec<WorkflowError>)> {
+        match self {
+            Checkout::WorkingTree { root, .. } => Ok(workflow::load_dir(root)),
+            Checkout::Revision { .. } => {
+                let scratch = tempfile::tempdir().context("cannot create a temporary folder")?;
+                let folder = ".knotless/workflows";
+                if self.has_folder(folder).await {
+                    let archive = self.archive(Some(folder)).await?;
+                    let dest = scratch.path().join(folder);
+                    tokio::task::spawn_blocking(move || knotless_protocol::tarball::unpack_vetted(archive, &dest, 64 << 20))
+                        .await?
+                        .context("cannot read the workflows of the commit")?;
+                }
+                Ok(workflow::load_dir(scratch.path()))
+            }
+        }
+    }
+}
+
+/// The files git would commit in `base`: tracked and untracked, not ignored, still present.
+async fn tracked_and_untracked(base: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let listing = git(base, &["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."]).await?;
+    let mut files: Vec<PathBuf> = listing
+        .split(|&byte| byte == 0)
+        .filter(|name| !name.is_empty())
+        .map(|name| PathBuf::from(String::from_utf8_lossy(name).into_owned()))
+        .filter(|name| std::fs::symlink_metadata(base.join(name)).is_ok_and(|metadata| !metadata.is_dir()))
+        .collect();
+    files.sort();
+    files.dedup();
+    Ok(files)
+}

@@ -1,0 +1,396 @@
+//! Running one workflow in one session: start the environment, stream the checkout and the
+//! shared steps in, run the steps in order with their variables and only their own secrets,
+//! bring the outputs back, and end the session whatever happened.
+
+mod report;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use knotless_protocol::FailureClass;
+use knotless_protocol::messages::*;
+use tokio_util::sync::CancellationToken;
+
+pub use report::{LOG_CAP, LogLine, LogSink, NoSink, OutputFile, RunReport, RunStatus, StepReport, StepStatus};
+
+use crate::checkout::Checkout;
+use crate::host::{ExecutorHost, HostError, Session, SessionEvent};
+use crate::mask::Masker;
+use crate::workflow::{Event, Workflow};
+use report::RunLog;
+
+/// Bounds and deadlines of a run's operations.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// How long `start` may take (image pulls, scheduling).
+    pub start_timeout: Duration,
+    /// How long `stop` may take.
+    pub stop_timeout: Duration,
+    /// How long one transfer may take.
+    pub transfer_timeout: Duration,
+    /// The largest checkout.
+    pub checkout_max_bytes: u64,
+    /// The largest outputs archive.
+    pub outputs_max_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            start_timeout: Duration::from_secs(600),
+            stop_timeout: Duration::from_secs(120),
+            transfer_timeout: Duration::from_secs(600),
+            checkout_max_bytes: 2 << 30,
+            outputs_max_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Everything a run needs.
+pub struct RunPlan {
+    /// The workflow.
+    pub workflow: Workflow,
+    /// The run's id; also its session id.
+    pub run_id: String,
+    /// The repository's name.
+    pub repository: String,
+    /// The commit.
+    pub commit: String,
+    /// The ref.
+    pub git_ref: String,
+    /// What triggered it.
+    pub event: Event,
+    /// The check this run reports to.
+    pub check_key: String,
+    /// The files.
+    pub checkout: Checkout,
+    /// The secret values granted to this run, by name. A step gets those it asks for.
+    pub secrets: BTreeMap<String, String>,
+    /// Extra variables (a rerun's `rerun.env`).
+    pub extra_env: BTreeMap<String, String>,
+    /// Where to unpack the outputs; `None` skips them.
+    pub outputs_dir: Option<PathBuf>,
+    /// Keep the environment after the run.
+    pub keep: bool,
+    /// Bounds and deadlines.
+    pub limits: Limits,
+}
+
+/// How a run ended early.
+struct Ended {
+    status: RunStatus,
+    cause: String,
+}
+
+impl Ended {
+    fn from_host(what: &str, error: &HostError) -> Ended {
+        let status = match error.class() {
+            FailureClass::Cancelled => RunStatus::Cancelled,
+            _ => RunStatus::Error,
+        };
+        Ended { status, cause: format!("{what}: {error}") }
+    }
+}
+
+/// Runs `plan` on `host`. Never fails: every way a run can end is in the report.
+pub async fn execute(
+    host: &Arc<ExecutorHost>,
+    plan: &RunPlan,
+    sink: &mut dyn LogSink,
+    cancel: &CancellationToken,
+) -> RunReport {
+    let started = Instant::now();
+    let masker = Masker::new(plan.secrets.values());
+    let mut log = RunLog::new(masker, sink);
+    let workflow = &plan.workflow;
+    let mut steps: Vec<StepReport> = workflow
+        .steps
+        .iter()
+        .map(|step| StepReport { name: step.name.clone(), status: StepStatus::Skipped, exit_code: None, duration_ms: 0 })
+        .collect();
+    log.note(format!(
+        "run {} of workflow {} on {} at {} ({}), executor {}",
+        plan.run_id,
+        workflow.name,
+        plan.repository,
+        plan.commit,
+        plan.event.as_str(),
+        host.name()
+    ));
+    let start = StartParams {
+        session: plan.run_id.clone(),
+        run: RunInfo {
+            id: plan.run_id.clone(),
+            repository: plan.repository.clone(),
+            commit: plan.commit.clone(),
+            workflow: workflow.name.clone(),
+            check_key: plan.check_key.clone(),
+        },
+        image: workflow.image.clone(),
+        resources: Resources { cpu: workflow.resources.cpu.clone(), memory: workflow.resources.memory.clone() },
+        network: workflow.network,
+        run_timeout_ms: Some(workflow.timeout.as_millis() as u64),
+        timeout_ms: plan.limits.start_timeout.as_millis() as u64,
+        keep: plan.keep,
+    };
+    let mut outputs = Vec::new();
+    let ended = match host.open(start, cancel).await {
+        Err(error) => Some(Ended::from_host("cannot start the environment", &error)),
+        Ok(session) => {
+            if let Some(description) = session.description() {
+                log.note(format!("environment: {description}"));
+            }
+            notes(&mut log, session.drain_events().await);
+            let mut ended = in_session(&session, plan, &mut log, &mut steps, cancel, started).await.err();
+            if session.is_alive() && ended.as_ref().is_none_or(|ended| ended.status != RunStatus::Cancelled) {
+                match fetch_outputs(&session, plan, &mut log).await {
+                    Ok(files) => outputs = files,
+                    Err(failed) if ended.is_none() => ended = Some(failed),
+                    Err(failed) => log.note(failed.cause),
+                }
+            }
+            if !session.is_alive() {
+                log.note("the executor is gone: a fresh executor process sweeps what it left");
+            }
+            match session.stop(plan.keep, plan.limits.stop_timeout).await {
+                Ok(stopped) if plan.keep => log.note("kept the environment (--keep)".to_string() + &removed(&stopped)),
+                Ok(stopped) => log.note(format!("environment removed{}", removed(&stopped))),
+                Err(error) => {
+                    log.note(format!("could not remove the environment: {error}; the next cleanup sweeps it"));
+                    if ended.is_none() {
+                        ended = Some(Ended::from_host("cannot remove the environment", &error));
+                    }
+                }
+            }
+            ended
+        }
+    };
+    let (status, cause) = match ended {
+        None => (RunStatus::Success, None),
+        Some(ended) => (ended.status, Some(ended.cause)),
+    };
+    match &cause {
+        Some(cause) => log.note(format!("{}: {cause}", status.as_str())),
+        None => log.note(status.as_str()),
+    }
+    RunReport {
+        run_id: plan.run_id.clone(),
+        workflow: workflow.name.clone(),
+        status,
+        cause,
+        steps,
+        outputs,
+        duration_ms: started.elapsed().as_millis() as u64,
+        log: std::mem::take(&mut log.text),
+        log_truncated: log.truncated,
+    }
+}
+
+fn removed(result: &StopResult) -> String {
+    if result.removed.is_empty() {
+        return String::new();
+    }
+    let names: Vec<_> = result.removed.iter().map(|resource| format!("{} {}", resource.kind, resource.name)).collect();
+    format!(": {}", names.join(", "))
+}
+
+fn notes(log: &mut RunLog<'_>, events: Vec<SessionEvent>) {
+    for event in events {
+        match event {
+            SessionEvent::Log { message, .. } => log.note(message),
+            SessionEvent::Output { stream, bytes, .. } => log.output(stream, &bytes),
+        }
+    }
+}
+
+async fn in_session(
+    session: &Session,
+    plan: &RunPlan,
+    log: &mut RunLog<'_>,
+    steps: &mut [StepReport],
+    cancel: &CancellationToken,
+    started: Instant,
+) -> Result<(), Ended> {
+    let limits = &plan.limits;
+    let paths = session.paths().clone();
+    let checkout = plan
+        .checkout
+        .archive(None)
+        .await
+        .map_err(|error| Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {error:#}") })?;
+    let bytes = session
+        .upload(&paths.work, tokio::fs::File::from_std(checkout), limits.checkout_max_bytes, limits.transfer_timeout, cancel)
+        .await
+        .map_err(|error| Ended::from_host("cannot upload the checkout", &error))?;
+    log.note(format!("checked out {bytes} bytes of tar into {}", paths.work));
+    let workflow = &plan.workflow;
+    let mut scripts = Vec::with_capacity(workflow.steps.len());
+    for (index, step) in workflow.steps.iter().enumerate() {
+        match (&step.run, &step.uses) {
+            (Some(script), _) => scripts.push(script.clone()),
+            (None, Some(shared)) => {
+                let folder = format!(".knotless/steps/{shared}");
+                if !plan.checkout.has_folder(&folder).await {
+                    return Err(Ended {
+                        status: RunStatus::Error,
+                        cause: format!("step {} uses shared step {shared}, but {folder}/ does not exist", step.name),
+                    });
+                }
+                let archive = plan.checkout.archive(Some(&folder)).await.map_err(|error| Ended {
+                    status: RunStatus::Error,
+                    cause: format!("cannot pack shared step {shared}: {error:#}"),
+                })?;
+                let target = format!("{}/{index}", paths.steps);
+                session
+                    .upload(&target, tokio::fs::File::from_std(archive), limits.checkout_max_bytes, limits.transfer_timeout, cancel)
+                    .await
+                    .map_err(|error| Ended::from_host(&format!("cannot upload shared step {shared}"), &error))?;
+                scripts.push(format!("exec '{target}/run'"));
+            }
+            (None, None) => {
+                return Err(Ended { status: RunStatus::Error, cause: format!("step {} has nothing to run", step.name) });
+            }
+        }
+    }
+    let mut base = BTreeMap::new();
+    base.insert("CI".to_string(), "true".to_string());
+    base.insert("KNOTLESS_RUN_OUTPUTS".to_string(), paths.outputs.clone());
+    base.insert("KNOTLESS_REPOSITORY".to_string(), plan.repository.clone());
+    base.insert("KNOTLESS_COMMIT".to_string(), plan.commit.clone());
+    base.insert("KNOTLESS_REF".to_string(), plan.git_ref.clone());
+    base.insert("KNOTLESS_EVENT".to_string(), plan.event.as_str().to_string());
+    base.insert("KNOTLESS_RUN_ID".to_string(), plan.run_id.clone());
+    base.insert("KNOTLESS_WORKFLOW".to_string(), workflow.name.clone());
+    base.extend(workflow.env.clone());
+    base.extend(plan.extra_env.clone());
+    let deadline = started + workflow.timeout;
+    for (index, step) in workflow.steps.iter().enumerate() {
+        let mut env = base.clone();
+        env.extend(step.env.clone());
+        let mut secrets = BTreeMap::new();
+        for name in &step.secrets {
+            match plan.secrets.get(name) {
+                Some(value) => {
+                    secrets.insert(name.clone(), value.clone());
+                }
+                None => log.note(format!("secret {name} is not granted to this run; step {} runs without it", step.name)),
+            }
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let timeout = workflow.step_timeout(index).min(remaining);
+        if timeout.is_zero() {
+            steps[index].status = StepStatus::TimedOut;
+            return Err(Ended {
+                status: RunStatus::Failure,
+                cause: format!("the run passed its timeout of {:?} before step {}", workflow.timeout, step.name),
+            });
+        }
+        log.note(format!("step {} ({}/{})", step.name, index + 1, workflow.steps.len()));
+        log.begin_step(&step.name);
+        let params = CommandParams {
+            session: session.id().to_string(),
+            step: index as u32,
+            name: step.name.clone(),
+            script: scripts[index].clone(),
+            env,
+            secrets,
+            workdir: None,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        let step_started = Instant::now();
+        let result = session
+            .command(params, cancel, |event| match event {
+                SessionEvent::Output { stream, bytes, .. } => log.output(stream, &bytes),
+                SessionEvent::Log { message, .. } => log.note(message),
+            })
+            .await;
+        log.end_step();
+        let report = &mut steps[index];
+        report.duration_ms = step_started.elapsed().as_millis() as u64;
+        match result {
+            Ok(result) => {
+                report.exit_code = Some(result.exit_code);
+                if result.killed_processes > 0 {
+                    log.note(format!(
+                        "killed {} process(es) step {} left running after using secrets",
+                        result.killed_processes, step.name
+                    ));
+                }
+                if result.exit_code == 0 {
+                    report.status = StepStatus::Success;
+                } else {
+                    report.status = StepStatus::Failure;
+                    return Err(Ended {
+                        status: RunStatus::Failure,
+                        cause: format!("step {} exited with {}", step.name, result.exit_code),
+                    });
+                }
+            }
+            Err(error) => {
+                let (step_status, run_status) = match error.class() {
+                    FailureClass::Step if error.kind() == Some(knotless_protocol::ErrorKind::Timeout) => {
+                        (StepStatus::TimedOut, RunStatus::Failure)
+                    }
+                    FailureClass::Step => (StepStatus::Failure, RunStatus::Failure),
+                    FailureClass::Cancelled => (StepStatus::Cancelled, RunStatus::Cancelled),
+                    FailureClass::Infrastructure | FailureClass::Configuration => (StepStatus::Error, RunStatus::Error),
+                };
+                report.status = step_status;
+                let cause = match step_status {
+                    StepStatus::TimedOut => format!("step {} was killed at its timeout of {:?}", step.name, timeout),
+                    StepStatus::Cancelled => format!("cancelled during step {}", step.name),
+                    _ => format!("step {}: {error}", step.name),
+                };
+                return Err(Ended { status: run_status, cause });
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn fetch_outputs(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) -> Result<Vec<OutputFile>, Ended> {
+    let Some(dir) = &plan.outputs_dir else {
+        return Ok(Vec::new());
+    };
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|error| Ended {
+            status: RunStatus::Error,
+            cause: format!("cannot clear the outputs folder {}: {error}", dir.display()),
+        })?;
+    }
+    let paths = session.paths();
+    let never = CancellationToken::new();
+    session
+        .download(&paths.outputs, dir, plan.limits.outputs_max_bytes, plan.limits.transfer_timeout, &never)
+        .await
+        .map_err(|error| Ended::from_host("cannot download the outputs", &error))?;
+    let files = list_outputs(dir);
+    if !files.is_empty() {
+        log.note(format!("{} output file(s) in {}", files.len(), dir.display()));
+    }
+    Ok(files)
+}
+
+/// The regular files under `dir`, images flagged by their extension.
+pub fn list_outputs(dir: &std::path::Path) -> Vec<OutputFile> {
+    let mut files = Vec::new();
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
+        for entry in entries.flatten() {
+            let Ok(metadata) = entry.path().symlink_metadata() else { continue };
+            if metadata.is_dir() {
+                folders.push(entry.path());
+            } else if metadata.is_file() {
+                let path = entry.path().strip_prefix(dir).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+                let extension = path.rsplit('.').next().unwrap_or("").to_ascii_lowercase();
+                let image = matches!(extension.as_str(), "png" | "jpg" | "jpeg" | "gif" | "svg" | "webp");
+                files.push(OutputFile { path, bytes: metadata.len(), image });
+            }
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files
+}

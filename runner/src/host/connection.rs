@@ -1,0 +1,333 @@
+//! One JSON-RPC connection to an executor: requests out with their ids, responses matched back,
+//! and the executor's notifications routed to the session they name, in the order they came.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use futures::StreamExt;
+use knotless_protocol::framing;
+use knotless_protocol::messages::{LogLevel, LogParams, OutputParams, Stream, method};
+use knotless_protocol::{ExecutorError, error::ErrorKind};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+
+/// What an executor told the runner about a session besides answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// Bytes a step wrote.
+    Output {
+        /// The step's number.
+        step: u32,
+        /// Which stream.
+        stream: Stream,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// A line for the run's log.
+    Log {
+        /// How serious.
+        level: LogLevel,
+        /// The line.
+        message: String,
+    },
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closed {
+    /// The executor closed its stdout (it exited, most likely).
+    EndOfStream,
+    /// The executor wrote something that is not a protocol message.
+    Garbage(String),
+    /// Reading failed.
+    ReadFailed(String),
+    /// The runner closed it (shutdown, or the executor was killed).
+    ByRunner(String),
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Closed::EndOfStream => write!(f, "closed its stdout"),
+            Closed::Garbage(detail) => write!(f, "broke the protocol: {detail}"),
+            Closed::ReadFailed(detail) => write!(f, "could not be read: {detail}"),
+            Closed::ByRunner(detail) => write!(f, "{detail}"),
+        }
+    }
+}
+
+/// The outcome of one request, before the host interprets it.
+pub type Answer = Result<serde_json::Value, Reply>;
+
+/// A request that did not end in a result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// The executor answered with an error.
+    Error(ExecutorError),
+    /// The connection ended first; the host words the cause.
+    Lost(Closed),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
+type Sessions = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<SessionEvent>>>>;
+
+/// A live connection. Cheap to share; every method takes `&self`.
+pub struct Connection {
+    writer: tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>,
+    pending: Pending,
+    sessions: Sessions,
+    next_id: AtomicU64,
+    closed: CancellationToken,
+    cause: Arc<Mutex<Option<Closed>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+impl Connection {
+    /// Starts reading `input` in a task and returns the connection. `unrouted` gets `log`
+    /// notifications that name no known session.
+    pub fn new<R, W>(input: R, output: W, unrouted: mpsc::UnboundedSender<LogParams>) -> Arc<Connection>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let connection = Arc::new(Connection {
+            writer: tokio::sync::Mutex::new(Box::new(output)),
+            pending: Arc::default(),
+            sessions: Arc::default(),
+            next_id: AtomicU64::new(1),
+            closed: CancellationToken::new(),
+            cause: Arc::default(),
+        });
+        let reader = connection.clone();
+        tokio::spawn(async move {
+            let cause = reader.read_loop(input, unrouted).await;
+            reader.close(cause);
+        });
+        connection
+    }
+
+    async fn read_loop<R: AsyncRead + Unpin>(&self, input: R, unrouted: mpsc::UnboundedSender<LogParams>) -> Closed {
+        let mut frames = FramedRead::new(input, framing::codec());
+        loop {
+            let frame = tokio::select! {
+                frame = frames.next() => frame,
+                () = self.closed.cancelled() => return Closed::ByRunner("closed by the runner".into()),
+            };
+            let frame = match frame {
+                None => return Closed::EndOfStream,
+                Some(Ok(frame)) => frame,
+                Some(Err(error)) => return Closed::ReadFailed(error.to_string()),
+            };
+            if let Err(detail) = self.handle_frame(&frame, &unrouted) {
+                return Closed::Garbage(detail);
+            }
+        }
+    }
+
+    /// Routes one frame; an error describes a protocol violation.
+    fn handle_frame(&self, frame: &[u8], unrouted: &mpsc::UnboundedSender<LogParams>) -> Result<(), String> {
+        let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
+        let message: serde_json::Value = serde_json::from_slice(frame).map_err(|_| not_a_message("a line that is not JSON"))?;
+        let Some(object) = message.as_object() else {
+            return Err(not_a_message("a JSON value that is not a JSON-RPC message"));
+        };
+        if object.get("jsonrpc").and_then(|v| v.as_str()) != Some("2.0") {
+            return Err(not_a_message("a message without \"jsonrpc\": \"2.0\""));
+        }
+        match (object.get("id"), object.get("method")) {
+            (Some(id), None) => {
+                // A response. One for a request the runner gave up on is dropped.
+                let Some(id) = id.as_u64() else {
+                    if let Some(error) = object.get("error") {
+                        return Err(format!("an error for no request: {error}"));
+                    }
+                    return Err(not_a_message("a response with an id the runner never sent"));
+                };
+                let answer = if let Some(error) = object.get("error") {
+                    let code = error.get("code").and_then(|c| c.as_i64()).unwrap_or(0) as i32;
+                    let text = error.get("message").and_then(|m| m.as_str()).unwrap_or("").to_string();
+                    let data = error.get("data").cloned();
+                    Err(Reply::Error(ExecutorError { kind: ErrorKind::from_code(code), message: text, data }))
+                } else if let Some(result) = object.get("result") {
+                    Ok(result.clone())
+                } else {
+                    return Err(not_a_message("a response with neither result nor error"));
+                };
+                if let Some(sender) = lock(&self.pending).remove(&id) {
+                    let _ = sender.send(answer);
+                }
+                Ok(())
+            }
+            (None, Some(name)) => {
+                let params = object.get("params").cloned().unwrap_or(serde_json::Value::Null);
+                match name.as_str() {
+                    Some(method::OUTPUT) => {
+                        let output: OutputParams =
+                            serde_json::from_value(params).map_err(|error| not_a_message(&format!("a bad output notification ({error})")))?;
+                        let bytes = base64::engine::general_purpose::STANDARD
+                            .decode(output.data.as_bytes())
+                            .map_err(|error| not_a_message(&format!("output that is not base64 ({error})")))?;
+                        self.route(&output.session, SessionEvent::Output { step: output.step, stream: output.stream, bytes });
+                        Ok(())
+                    }
+                    Some(method::LOG) => {
+                        let log: LogParams =
+                            serde_json::from_value(params).map_err(|error| not_a_message(&format!("a bad log notification ({error})")))?;
+                        let routed = log.session.as_deref().is_some_and(|session| {
+                            self.route(session, SessionEvent::Log { level: log.level, message: log.message.clone() })
+                        });
+                        if !routed {
+                            let _ = unrouted.send(log);
+                        }
+                        Ok(())
+                    }
+                    // Unknown notifications are ignored, so executors may add their own.
+                    Some(_) => Ok(()),
+                    None => Err(not_a_message("a method that is not a string")),
+                }
+            }
+            (Some(_), Some(_)) => Err(not_a_message("a request (executors may only answer and notify)")),
+            (None, None) => Err(not_a_message("a message with neither id nor method")),
+        }
+    }
+
+    fn route(&self, session: &str, event: SessionEvent) -> bool {
+        match lock(&self.sessions).get(session) {
+            Some(sender) => sender.send(event).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Receives the events of `session` from now on.
+    pub fn subscribe(&self, session: &str) -> mpsc::UnboundedReceiver<SessionEvent> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        lock(&self.sessions).insert(session.to_string(), sender);
+        receiver
+    }
+
+    /// Stops routing events of `session`.
+    pub fn unsubscribe(&self, session: &str) {
+        lock(&self.sessions).remove(session);
+    }
+
+    /// Sends a request; the receiver gets its answer, or the reason the connection ended.
+    pub async fn send<P: Serialize>(&self, method: &str, params: &P) -> (u64, oneshot::Receiver<Answer>) {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let (sender, receiver) = oneshot::channel();
+        lock(&self.pending).insert(id, sender);
+        let frame = framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        if let Some(cause) = self.cause() {
+            self.fail(id, cause);
+        } else if let Err(error) = self.write(&frame).await {
+            self.fail(id, Closed::ReadFailed(format!("cannot write to its stdin: {error}")));
+        }
+        (id, receiver)
+    }
+
+    /// Sends a notification; errors are ignored (a dead connection reports itself elsewhere).
+    pub async fn notify<P: Serialize>(&self, method: &str, params: &P) {
+        let frame = framing::encode(&serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params}));
+        let _ = self.write(&frame).await;
+    }
+
+    async fn write(&self, frame: &[u8]) -> std::io::Result<()> {
+        let mut writer = self.writer.lock().await;
+        writer.write_all(frame).await?;
+        writer.flush().await
+    }
+
+    fn fail(&self, id: u64, cause: Closed) {
+        if let Some(sender) = lock(&self.pending).remove(&id) {
+            let _ = sender.send(Err(Reply::Lost(cause)));
+        }
+    }
+
+    /// Ends the connection: every request waiting gets `cause`.
+    pub fn close(&self, cause: Closed) {
+        {
+            let mut slot = lock(&self.cause);
+            if slot.is_none() {
+                *slot = Some(cause.clone());
+            }
+        }
+        self.closed.cancel();
+        let waiting: Vec<_> = lock(&self.pending).drain().collect();
+        let cause = self.cause().unwrap_or(cause);
+        for (_, sender) in waiting {
+            let _ = sender.send(Err(Reply::Lost(cause.clone())));
+        }
+        lock(&self.sessions).clear();
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn cause(&self) -> Option<Closed> {
+        lock(&self.cause).clone()
+    }
+
+    /// Resolves when the connection ends.
+    pub async fn closed(&self) {
+        self.closed.cancelled().await
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+}
+
+/// Decodes a result into its type; a result of the wrong shape is a protocol violation.
+pub fn decode<R: DeserializeOwned>(method: &str, value: serde_json::Value) -> Result<R, String> {
+    let shown = value.to_string();
+    serde_json::from_value(value).map_err(|error| {
+        format!("answered {method} with a result of the wrong shape ({error}): `{}`", framing::first_bytes(shown.as_bytes()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn output_reaches_the_session_before_the_answer_that_follows_it() {
+        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(runner_side);
+        let (unrouted, _) = mpsc::unbounded_channel();
+        let connection = Connection::new(read, write, unrouted);
+        let mut events = connection.subscribe("s1");
+        let (id, answer) = connection.send("command", &serde_json::json!({})).await;
+        let lines = format!(
+            "{}\n{}\n",
+            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":0,"stream":"stdout","data":"aGk="}}"#,
+            format_args!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"exit_code":0,"duration_ms":1}}}}"#),
+        );
+        executor_side.write_all(lines.as_bytes()).await.expect("write");
+        let result = answer.await.expect("answered").expect("a result");
+        assert_eq!(result["exit_code"], 0);
+        let event = events.try_recv().expect("the output was routed before the answer");
+        assert_eq!(event, SessionEvent::Output { step: 0, stream: Stream::Stdout, bytes: b"hi".to_vec() });
+    }
+
+    #[tokio::test]
+    async fn garbage_closes_the_connection_and_fails_what_waits() {
+        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(runner_side);
+        let (unrouted, _) = mpsc::unbounded_channel();
+        let connection = Connection::new(read, write, unrouted);
+        let (_, answer) = connection.send("ping", &serde_json::json!({})).await;
+        executor_side.write_all(b"hello there\n").await.expect("write");
+        let reply = answer.await.expect("answered");
+        let Err(Reply::Lost(Closed::Garbage(detail))) = reply else {
+            panic!("expected garbage, got {reply:?}");
+        };
+        assert!(detail.contains("`hello there`"), "{detail}");
+    }
+}

@@ -1,0 +1,437 @@
+//! The plugin host: starts an executor process, handshakes, sends requests with their
+//! deadlines, escalates when an executor does not answer, and replaces an executor that died
+//! with a fresh process that sweeps what the dead one left.
+
+mod connection;
+mod locate;
+mod process;
+mod session;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use knotless_protocol::messages::*;
+use knotless_protocol::{ErrorKind, ExecutorError, FailureClass, SUPPORTED_VERSIONS};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use connection::{Closed, Connection, Reply, SessionEvent};
+pub use locate::{PluginSearch, is_executable};
+pub use process::{ExecutorProcess, INHERITED_VARIABLES, ProcessSpec, StderrTail, describe_status};
+pub use session::Session;
+
+/// How the host runs its executor.
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// The program and its name.
+    pub process: ProcessSpec,
+    /// Who the runner is.
+    pub runner: RunnerInfo,
+    /// Executor options, sent in `initialize`.
+    pub options: BTreeMap<String, String>,
+    /// The protocol versions offered.
+    pub offer_versions: Vec<u32>,
+    /// How long `initialize` may take.
+    pub handshake_timeout: Duration,
+    /// How long an executor gets past a deadline before `cancel`, after `cancel` before
+    /// SIGTERM, and after SIGTERM before SIGKILL.
+    pub grace: Duration,
+}
+
+impl HostConfig {
+    /// A configuration with the default versions and timeouts.
+    pub fn new(process: ProcessSpec, runner: RunnerInfo, options: BTreeMap<String, String>) -> HostConfig {
+        HostConfig {
+            process,
+            runner,
+            options,
+            offer_versions: SUPPORTED_VERSIONS.to_vec(),
+            handshake_timeout: Duration::from_secs(30),
+            grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum HostError {
+    /// The executor answered with an error.
+    #[error("executor {executor}: {method}: {error}")]
+    Answered {
+        /// The executor's name.
+        executor: String,
+        /// The request.
+        method: String,
+        /// Its answer.
+        error: ExecutorError,
+    },
+    /// The executor failed as a program (could not start, exited, hung, broke the protocol)
+    /// or a tar stream was lost. The message is complete, with the stderr tail.
+    #[error("{0}")]
+    Fault(String),
+}
+
+impl HostError {
+    /// The failure class, when this error ends a step.
+    pub fn class(&self) -> FailureClass {
+        match self {
+            HostError::Answered { error, .. } => error.kind.step_class(),
+            HostError::Fault(_) => FailureClass::Infrastructure,
+        }
+    }
+
+    /// The executor's error kind, when it answered.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            HostError::Answered { error, .. } => Some(error.kind),
+            HostError::Fault(_) => None,
+        }
+    }
+}
+
+/// One executor process and its connection.
+pub(crate) struct Live {
+    connection: Arc<Connection>,
+    process: ExecutorProcess,
+    generation: u64,
+    info: std::sync::OnceLock<InitializeResult>,
+}
+
+/// The host of one executor. Share it with `Arc`.
+pub struct ExecutorHost {
+    config: HostConfig,
+    current: tokio::sync::Mutex<Option<Arc<Live>>>,
+    generation: AtomicU64,
+    needs_cleanup: AtomicBool,
+    in_flight: Mutex<HashSet<String>>,
+    channels: tempfile::TempDir,
+    transfers: AtomicU64,
+    unrouted: mpsc::UnboundedSender<LogParams>,
+}
+
+impl ExecutorHost {
+    /// Starts the executor and handshakes, so a bad configuration fails now, before any run.
+    pub async fn start(config: HostConfig) -> Result<Arc<ExecutorHost>, HostError> {
+        let channels = tempfile::Builder::new()
+            .prefix("knotless-run-")
+            .tempdir()
+            .map_err(|error| HostError::Fault(format!("cannot create a folder for side channels: {error}")))?;
+        let (unrouted, mut logs) = mpsc::unbounded_channel::<LogParams>();
+        let name = config.process.name.clone();
+        tokio::spawn(async move {
+            while let Some(log) = logs.recv().await {
+                match log.level {
+                    LogLevel::Info => tracing::info!(executor = %name, "[{name}] {}", log.message),
+                    LogLevel::Warn => tracing::warn!(executor = %name, "[{name}] {}", log.message),
+                    LogLevel::Error => tracing::error!(executor = %name, "[{name}] {}", log.message),
+                }
+            }
+        });
+        let host = Arc::new(ExecutorHost {
+            config,
+            current: tokio::sync::Mutex::new(None),
+            generation: AtomicU64::new(0),
+            needs_cleanup: AtomicBool::new(false),
+            in_flight: Mutex::new(HashSet::new()),
+            channels,
+            transfers: AtomicU64::new(0),
+            unrouted,
+        });
+        host.live().await?;
+        Ok(host)
+    }
+
+    /// The executor's name, as the runner calls it.
+    pub fn name(&self) -> &str {
+        &self.config.process.name
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    /// What the current executor said in its handshake.
+    pub async fn info(&self) -> Result<InitializeResult, HostError> {
+        let live = self.live().await?;
+        live.info.get().cloned().ok_or_else(|| HostError::Fault("the executor has not completed its handshake".into()))
+    }
+
+    /// The live executor, starting a fresh one (and sweeping what a dead one left) if needed.
+    pub(crate) async fn live(&self) -> Result<Arc<Live>, HostError> {
+        let mut current = self.current.lock().await;
+        if let Some(live) = current.as_ref() {
+            if !live.connection.is_closed() {
+                return Ok(live.clone());
+            }
+            let live = live.clone();
+            *current = None;
+            let status = live.process.terminate(self.config.grace).await;
+            tracing::warn!(
+                executor = %self.name(),
+                "executor {} {} ({}); {}",
+                self.name(),
+                live.connection.cause().map(|cause| cause.to_string()).unwrap_or_default(),
+                describe_status(status),
+                live.process.tail().render()
+            );
+            self.forget_generation(live.generation);
+        }
+        let live = self.spawn().await?;
+        if self.needs_cleanup.swap(false, Ordering::SeqCst) {
+            self.sweep_after_crash(&live).await;
+        }
+        *current = Some(live.clone());
+        Ok(live)
+    }
+
+    async fn spawn(&self) -> Result<Arc<Live>, HostError> {
+        let (process, stdin, stdout) =
+            ExecutorProcess::spawn(&self.config.process).map_err(|error| HostError::Fault(format!("{error:#}")))?;
+        let connection = Connection::new(stdout, stdin, self.unrouted.clone());
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let live = Arc::new(Live { connection, process, generation, info: std::sync::OnceLock::new() });
+        let params = InitializeParams {
+            protocol_versions: self.config.offer_versions.clone(),
+            runner: self.config.runner.clone(),
+            config: self.config.options.clone(),
+        };
+        let never = CancellationToken::new();
+        let answer = self
+            .call_on::<_, InitializeResult>(&live, method::INITIALIZE, &params, self.config.handshake_timeout, &never)
+            .await;
+        let name = self.name();
+        let refused = |message: String| async {
+            live.connection.close(Closed::ByRunner("handshake failed".into()));
+            live.process.terminate(self.config.grace).await;
+            HostError::Fault(message)
+        };
+        let info = match answer {
+            Ok(info) => info,
+            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::UnsupportedVersion => {
+                let supported = error.data.as_ref().and_then(|data| data.get("supported")).map(|v| v.to_string());
+                let message = format!(
+                    "executor {name} speaks protocol versions {} and this runner speaks {:?}: install matching versions ({})",
+                    supported.unwrap_or_else(|| "(not said)".into()),
+                    self.config.offer_versions,
+                    error.message
+                );
+                return Err(refused(message).await);
+            }
+            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Configuration => {
+                return Err(refused(format!("executor {name} refused its configuration: {}", error.message)).await);
+            }
+            Err(HostError::Answered { error, .. }) => {
+                return Err(refused(format!("executor {name} failed its handshake: {}", error.message)).await);
+            }
+            Err(fault) => return Err(fault),
+        };
+        if !self.config.offer_versions.contains(&info.protocol_version) {
+            let message = format!(
+                "executor {name} picked protocol version {}, which this runner did not offer (it speaks {:?})",
+                info.protocol_version, self.config.offer_versions
+            );
+            return Err(refused(message).await);
+        }
+        tracing::info!(
+            executor = %name,
+            "executor {name} is {} {} on protocol {}, isolation {:?}",
+            info.executor.name,
+            info.executor.version,
+            info.protocol_version,
+            info.capabilities.isolation
+        );
+        let _ = live.info.set(info);
+        Ok(live)
+    }
+
+    async fn sweep_after_crash(&self, live: &Arc<Live>) {
+        let params = CleanupParams { keep: Vec::new(), timeout_ms: 120_000 };
+        let never = CancellationToken::new();
+        match self.call_on::<_, CleanupResult>(live, method::CLEANUP, &params, Duration::from_secs(120), &never).await {
+            Ok(result) => log_cleanup(self.name(), "after a crash", &result),
+            Err(error) => tracing::error!(executor = %self.name(), "cleanup after a crash failed: {error}"),
+        }
+    }
+
+    fn forget_generation(&self, _generation: u64) {
+        // Every session lives on one executor process; when it dies they are all lost.
+        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
+        self.needs_cleanup.store(true, Ordering::SeqCst);
+    }
+
+    /// Sends a request to `live` and waits for its answer: up to `timeout` plus a grace
+    /// period, then `cancel`, then another grace period, then the executor is killed.
+    pub(crate) async fn call_on<P: Serialize, R: DeserializeOwned>(
+        &self,
+        live: &Arc<Live>,
+        method: &str,
+        params: &P,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<R, HostError> {
+        let grace = self.config.grace;
+        let (id, mut answer) = live.connection.send(method, params).await;
+        let mut answered = tokio::select! {
+            answer = &mut answer => Some(answer),
+            () = tokio::time::sleep(timeout + grace) => None,
+            () = cancel.cancelled() => None,
+        };
+        if answered.is_none() {
+            live.connection.notify(method::CANCEL, &CancelParams { id: id.into() }).await;
+            answered = tokio::select! {
+                answer = &mut answer => Some(answer),
+                () = tokio::time::sleep(grace) => None,
+            };
+        }
+        let name = self.name();
+        match answered {
+            Some(Ok(Ok(value))) => match connection::decode::<R>(method, value) {
+                Ok(result) => Ok(result),
+                Err(detail) => Err(self.kill(live, format!("executor {name} {detail}")).await),
+            },
+            Some(Ok(Err(Reply::Error(error)))) => {
+                Err(HostError::Answered { executor: name.to_string(), method: method.to_string(), error })
+            }
+            Some(Ok(Err(Reply::Lost(cause)))) => Err(self.lost(live, method, cause).await),
+            Some(Err(_)) => Err(self.lost(live, method, cause_of(&live.connection)).await),
+            None => {
+                let waited = if cancel.is_cancelled() { "after it was cancelled".to_string() } else { format!("within {:?}", timeout + grace) };
+                let message = format!("executor {name} did not answer {method} {waited}, nor {grace:?} after a cancel");
+                Err(self.kill(live, message).await)
+            }
+        }
+    }
+
+    /// The connection ended while a request waited: word it with the exit status and stderr.
+    async fn lost(&self, live: &Arc<Live>, method: &str, cause: Closed) -> HostError {
+        let status = match live.process.wait_exit(Duration::from_secs(2)).await {
+            Some(status) => Some(status),
+            None => live.process.terminate(self.config.grace).await,
+        };
+        self.mark_dead(live);
+        HostError::Fault(format!(
+            "executor {} {cause} during {method} ({}); {}",
+            self.name(),
+            describe_status(status),
+            live.process.tail().render()
+        ))
+    }
+
+    /// Stops a misbehaving executor: SIGTERM to its group, grace, SIGKILL.
+    async fn kill(&self, live: &Arc<Live>, message: String) -> HostError {
+        tracing::error!(executor = %self.name(), "{message}");
+        live.connection.close(Closed::ByRunner(message.clone()));
+        let status = live.process.terminate(self.config.grace).await;
+        self.mark_dead(live);
+        HostError::Fault(format!("{message}; stopped it ({}); {}", describe_status(status), live.process.tail().render()))
+    }
+
+    fn mark_dead(&self, live: &Arc<Live>) {
+        live.connection.close(Closed::ByRunner("the executor was stopped".into()));
+        self.forget_generation(live.generation);
+    }
+
+    /// Sends a request to the live executor.
+    pub async fn call<P: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: &P,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<R, HostError> {
+        let live = self.live().await?;
+        self.call_on(&live, method, params, timeout, cancel).await
+    }
+
+    /// Creates a session.
+    pub async fn open(self: &Arc<Self>, params: StartParams, cancel: &CancellationToken) -> Result<Session, HostError> {
+        let live = self.live().await?;
+        let events = live.connection.subscribe(&params.session);
+        let timeout = Duration::from_millis(params.timeout_ms);
+        let session_id = params.session.clone();
+        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).insert(session_id.clone());
+        match self.call_on::<_, StartResult>(&live, method::START, &params, timeout, cancel).await {
+            Ok(result) => Ok(Session::new(self.clone(), live, session_id, result, events)),
+            Err(error) => {
+                live.connection.unsubscribe(&session_id);
+                // A start that failed may still have created something: the session is ended
+                // on the executor too, so nothing is left behind.
+                if !live.connection.is_closed() {
+                    let stop = StopParams { session: session_id.clone(), keep: false, timeout_ms: 60_000 };
+                    let never = CancellationToken::new();
+                    let _ = self.call_on::<_, StopResult>(&live, method::STOP, &stop, Duration::from_secs(60), &never).await;
+                }
+                self.session_ended(&session_id);
+                Err(error)
+            }
+        }
+    }
+
+    pub(crate) fn session_ended(&self, session: &str) {
+        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).remove(session);
+    }
+
+    /// The sessions started and not yet stopped.
+    pub fn sessions_in_flight(&self) -> Vec<String> {
+        let mut sessions: Vec<_> = self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).iter().cloned().collect();
+        sessions.sort();
+        sessions
+    }
+
+    /// Sweeps everything this runner left, but the sessions in flight, and logs it.
+    pub async fn cleanup(&self, timeout: Duration) -> Result<CleanupResult, HostError> {
+        let params = CleanupParams { keep: self.sessions_in_flight(), timeout_ms: timeout.as_millis() as u64 };
+        let result: CleanupResult = self.call(method::CLEANUP, &params, timeout, &CancellationToken::new()).await?;
+        log_cleanup(self.name(), "sweep", &result);
+        Ok(result)
+    }
+
+    /// Ends the executor: sweeps after a crash if one is pending, asks it to shut down, and
+    /// stops its process.
+    pub async fn shutdown(&self) {
+        if self.needs_cleanup.load(Ordering::SeqCst) {
+            // `live` starts a fresh executor that sweeps what the dead one left.
+            if let Err(error) = self.live().await {
+                tracing::error!(executor = %self.name(), "cannot start executor {} to sweep after a crash: {error}", self.name());
+            }
+        }
+        let live = self.current.lock().await.take();
+        if let Some(live) = live {
+            let never = CancellationToken::new();
+            let _ = self.call_on::<_, Empty>(&live, method::SHUTDOWN, &Empty {}, Duration::from_secs(60), &never).await;
+            live.connection.close(Closed::ByRunner("shut down".into()));
+            if live.process.wait_exit(self.config.grace).await.is_none() {
+                live.process.terminate(self.config.grace).await;
+            }
+        }
+    }
+
+    fn next_channel(&self) -> std::path::PathBuf {
+        let number = self.transfers.fetch_add(1, Ordering::SeqCst);
+        self.channels.path().join(format!("transfer-{number}.sock"))
+    }
+}
+
+fn cause_of(connection: &Connection) -> Closed {
+    connection.cause().unwrap_or(Closed::EndOfStream)
+}
+
+fn log_cleanup(executor: &str, when: &str, result: &CleanupResult) {
+    let removed: Vec<String> = result.removed.iter().map(|resource| format!("{} {}", resource.kind, resource.name)).collect();
+    tracing::info!(
+        executor = %executor,
+        removed = result.removed.len(),
+        failures = result.failures.len(),
+        "cleanup ({when}) removed {}: {}",
+        result.removed.len(),
+        if removed.is_empty() { "nothing".to_string() } else { removed.join(", ") }
+    );
+    for failure in &result.failures {
+        tracing::error!(executor = %executor, "cleanup ({when}) failed: {failure}");
+    }
+}

@@ -1,0 +1,209 @@
+//! A session on an executor: its steps with their live output, its tar transfers over the side
+//! channel (the byte counts of both ends compared), and its end.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use knotless_protocol::channel::ChannelListener;
+use knotless_protocol::messages::*;
+use knotless_protocol::tarball::{self, Unpacked};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{ExecutorHost, HostError, Live, SessionEvent};
+
+/// A session: the environment of one run.
+pub struct Session {
+    host: Arc<ExecutorHost>,
+    live: Arc<Live>,
+    id: String,
+    start: StartResult,
+    events: tokio::sync::Mutex<mpsc::UnboundedReceiver<SessionEvent>>,
+}
+
+impl Session {
+    pub(super) fn new(
+        host: Arc<ExecutorHost>,
+        live: Arc<Live>,
+        id: String,
+        start: StartResult,
+        events: mpsc::UnboundedReceiver<SessionEvent>,
+    ) -> Session {
+        Session { host, live, id, start, events: tokio::sync::Mutex::new(events) }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The session's folders.
+    pub fn paths(&self) -> &SessionPaths {
+        &self.start.paths
+    }
+
+    /// The executor's description of the environment.
+    pub fn description(&self) -> Option<&str> {
+        self.start.description.as_deref()
+    }
+
+    /// Whether the executor serving this session is still connected.
+    pub fn is_alive(&self) -> bool {
+        !self.live.connection.is_closed()
+    }
+
+    /// Events that arrived outside a step (for example during `start`).
+    pub async fn drain_events(&self) -> Vec<SessionEvent> {
+        let mut events = self.events.lock().await;
+        let mut drained = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            drained.push(event);
+        }
+        drained
+    }
+
+    /// Runs one step; `on_event` sees its output and log lines as they come, all of them
+    /// before this returns.
+    pub async fn command(
+        &self,
+        params: CommandParams,
+        cancel: &CancellationToken,
+        mut on_event: impl FnMut(SessionEvent),
+    ) -> Result<CommandResult, HostError> {
+        let timeout = Duration::from_millis(params.timeout_ms);
+        let call = self.host.call_on::<_, CommandResult>(&self.live, method::COMMAND, &params, timeout, cancel);
+        tokio::pin!(call);
+        let mut events = self.events.lock().await;
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some(event) = events.recv() => on_event(event),
+                result = &mut call => break result,
+            }
+        };
+        // The connection routes every notification before the answer that follows it.
+        while let Ok(event) = events.try_recv() {
+            on_event(event);
+        }
+        result
+    }
+
+    /// Streams a tar archive from `source` into `path` in the session.
+    pub async fn upload(
+        &self,
+        path: &str,
+        mut source: impl AsyncRead + Unpin + Send,
+        max_bytes: u64,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<u64, HostError> {
+        let (listener, params) = self.transfer(path, max_bytes, timeout)?;
+        let call = self.host.call_on::<_, TransferResult>(&self.live, method::UPLOAD, &params, timeout, cancel);
+        let send = async {
+            let mut stream = listener.accept().await?;
+            let sent = tokio::io::copy(&mut source, &mut stream).await?;
+            drop(stream);
+            io::Result::Ok(sent)
+        };
+        let (answer, sent) = race(call, send).await;
+        let result = answer?;
+        let sent = sent.map_err(|error| self.lost_stream(format!("the upload to {path} did not complete: {error}")))?;
+        if sent != result.bytes {
+            return Err(self.lost_stream(format!("sent {sent} bytes of tar stream to {path}, the executor read {}", result.bytes)));
+        }
+        Ok(sent)
+    }
+
+    /// Streams `path` in the session out as tar and unpacks it, vetted, into `dest`.
+    pub async fn download(
+        &self,
+        path: &str,
+        dest: &Path,
+        max_bytes: u64,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<Unpacked, HostError> {
+        let (listener, params) = self.transfer(path, max_bytes, timeout)?;
+        let call = self.host.call_on::<_, TransferResult>(&self.live, method::DOWNLOAD, &params, timeout, cancel);
+        let dest = dest.to_path_buf();
+        let receive = async move {
+            let stream = listener.accept().await?;
+            // Bound what is read even if the executor ignores `max_bytes`.
+            let bounded = stream.take(max_bytes + 1);
+            let bridge = tokio_util::io::SyncIoBridge::new(bounded);
+            tokio::task::spawn_blocking(move || tarball::unpack_vetted(bridge, &dest, max_bytes))
+                .await
+                .map_err(io::Error::other)?
+                .map_err(io::Error::other)
+        };
+        let (answer, received) = race(call, receive).await;
+        let result = answer?;
+        let unpacked = received.map_err(|error| self.lost_stream(format!("the download of {path} failed: {error}")))?;
+        if unpacked.bytes != result.bytes {
+            return Err(self.lost_stream(format!(
+                "received {} bytes of tar stream from {path}, the executor wrote {}",
+                unpacked.bytes, result.bytes
+            )));
+        }
+        Ok(unpacked)
+    }
+
+    fn transfer(&self, path: &str, max_bytes: u64, timeout: Duration) -> Result<(ChannelListener, TransferParams), HostError> {
+        let socket = self.host.next_channel();
+        let listener = ChannelListener::bind(&socket)
+            .map_err(|error| HostError::Fault(format!("cannot open a side channel at {}: {error}", socket.display())))?;
+        let params = TransferParams {
+            session: self.id.clone(),
+            path: path.to_string(),
+            channel: socket.to_string_lossy().into_owned(),
+            max_bytes,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        Ok((listener, params))
+    }
+
+    fn lost_stream(&self, detail: String) -> HostError {
+        HostError::Fault(format!("executor {} lost a tar stream: {detail}", self.host.name()))
+    }
+
+    /// Ends the session; its resources are deleted unless `keep`.
+    pub async fn stop(self, keep: bool, timeout: Duration) -> Result<StopResult, HostError> {
+        let params = StopParams { session: self.id.clone(), keep, timeout_ms: timeout.as_millis() as u64 };
+        let never = CancellationToken::new();
+        let result = self.host.call_on::<_, StopResult>(&self.live, method::STOP, &params, timeout, &never).await;
+        self.live.connection.unsubscribe(&self.id);
+        self.host.session_ended(&self.id);
+        result
+    }
+}
+
+/// Waits for the answer to a transfer and for the runner's end of its stream. When the answer
+/// is an error, the stream is not waited for (the executor may never have connected).
+async fn race<A, S>(
+    call: impl std::future::Future<Output = Result<A, HostError>>,
+    stream: impl std::future::Future<Output = io::Result<S>>,
+) -> (Result<A, HostError>, io::Result<S>) {
+    tokio::pin!(call);
+    tokio::pin!(stream);
+    let mut streamed = None;
+    let answer = loop {
+        tokio::select! {
+            answer = &mut call => break answer,
+            done = &mut stream, if streamed.is_none() => streamed = Some(done),
+        }
+    };
+    if answer.is_err() {
+        return (answer, streamed.unwrap_or_else(|| Err(io::Error::other("not finished"))));
+    }
+    let streamed = match streamed {
+        Some(done) => done,
+        None => match tokio::time::timeout(Duration::from_secs(10), stream).await {
+            Ok(done) => done,
+            Err(_) => Err(io::Error::other("the executor answered but never finished the stream")),
+        },
+    };
+    (answer, streamed)
+}
