@@ -1,3 +1,12 @@
 //! knotless-run: the CI runner of the knotless forge and the host of its executors.
+//!
+//! The runner knows executors only through the protocol (`knotless-protocol`); it never calls
+//! `kubectl` or `docker` itself.
 
+pub mod checkout;
+pub mod cli;
+pub mod conformance;
+pub mod engine;
 pub mod host;
+pub mod mask;
+pub mod workflow;

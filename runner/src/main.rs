@@ -1,1 +1,5 @@
-fn main() {}
+//! The `knotless-run` binary: parses flags and hands over to the library.
+
+fn main() -> std::process::ExitCode {
+    knotless_run::cli::main()
+}

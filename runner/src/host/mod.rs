@@ -392,8 +392,8 @@ impl ExecutorHost {
     }
 
     /// Ends the executor: sweeps after a crash if one is pending, asks it to shut down, and
-    /// stops its process.
-    pub async fn shutdown(&self) {
+    /// stops its process. Returns whether it exited by itself after answering.
+    pub async fn shutdown(&self) -> bool {
         if self.needs_cleanup.load(Ordering::SeqCst) {
             // `live` starts a fresh executor that sweeps what the dead one left.
             if let Err(error) = self.live().await {
@@ -407,8 +407,11 @@ impl ExecutorHost {
             live.connection.close(Closed::ByRunner("shut down".into()));
             if live.process.wait_exit(self.config.grace).await.is_none() {
                 live.process.terminate(self.config.grace).await;
+                return false;
             }
+            return true;
         }
+        false
     }
 
     fn next_channel(&self) -> std::path::PathBuf {

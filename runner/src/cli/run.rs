@@ -1,0 +1,208 @@
+//! `knotless-run run [PATH]`: a repository's workflows once, locally, with live output and a
+//! summary table.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::ExecutorArgs;
+use crate::checkout::Checkout;
+use crate::engine::{self, LogLine, LogSink, RunPlan, RunReport, RunStatus, StepStatus};
+use crate::host::ExecutorHost;
+use crate::workflow::Event;
+
+/// `run` flags.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The repository's folder.
+    #[arg(default_value = ".")]
+    pub path: PathBuf,
+    /// Run this commit (any git revision) instead of the working tree.
+    #[arg(long, value_name = "REV")]
+    pub rev: Option<String>,
+    /// Run only this workflow (repeatable).
+    #[arg(long = "workflow", value_name = "NAME")]
+    pub workflows: Vec<String>,
+    /// Give the steps that ask for it the secret NAME, its value read from the variable NAME
+    /// of this environment (repeatable). Its value is masked in the output.
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
+    /// The event to run for: workflows not triggered by it are skipped.
+    #[arg(long, value_name = "EVENT", default_value = "push")]
+    pub event: Event,
+    /// Where each workflow's outputs go, in a folder named after it.
+    #[arg(long, value_name = "DIR")]
+    pub outputs: Option<PathBuf>,
+    /// The executor (shell unless --executor or --executor-plugin says otherwise).
+    #[command(flatten)]
+    pub executor: ExecutorArgs,
+}
+
+/// Prints a run's lines as they come: `workflow/step | text`.
+struct Terminal {
+    workflow: String,
+}
+
+impl LogSink for Terminal {
+    fn line(&mut self, line: &LogLine) {
+        let mut stdout = std::io::stdout().lock();
+        let _ = match &line.step {
+            Some(step) => writeln!(stdout, "{}/{step} | {}", self.workflow, line.text),
+            None => writeln!(stdout, "{} ==> {}", self.workflow, line.text),
+        };
+    }
+}
+
+/// Runs the subcommand.
+pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let (checkout, info) = Checkout::resolve(&args.path, args.rev.as_deref()).await?;
+    let (mut workflows, errors) = checkout.workflows().await?;
+    for error in &errors {
+        eprintln!("error: {error}");
+    }
+    if !args.workflows.is_empty() {
+        for name in &args.workflows {
+            if !workflows.iter().any(|workflow| &workflow.name == name) && !errors.iter().any(|error| error.file.contains(name.as_str())) {
+                let known: Vec<_> = workflows.iter().map(|workflow| workflow.name.as_str()).collect();
+                bail!("--workflow {name}: no such workflow in .knotless/workflows (there are: {})", known.join(", "));
+            }
+        }
+        workflows.retain(|workflow| args.workflows.contains(&workflow.name));
+    }
+    let branch = info.git_ref.strip_prefix("refs/heads/");
+    let (selected, skipped): (Vec<_>, Vec<_>) = workflows.into_iter().partition(|workflow| workflow.on.matches(args.event, branch));
+    for workflow in &skipped {
+        println!("{} ==> skipped: not triggered by {}", workflow.name, args.event.as_str());
+    }
+    if selected.is_empty() && errors.is_empty() {
+        println!("no workflow to run in {}", args.path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut secrets = BTreeMap::new();
+    for name in &args.secrets {
+        let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
+        secrets.insert(name.clone(), value);
+    }
+    let config = args.executor.host_config("shell", &format!("local-{}", std::process::id()))?;
+    if config.process.name == "shell" {
+        eprintln!("warning: the shell executor isolates nothing: steps run as this user on this host");
+    }
+    let host = ExecutorHost::start(config).await?;
+    let cancel = CancellationToken::new();
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("knotless-run: cancelling (Ctrl-C again to stop waiting)");
+            interrupt.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    let outputs_root = match &args.outputs {
+        Some(dir) => dir.clone(),
+        None => default_outputs_root(),
+    };
+    let mut reports = Vec::new();
+    for workflow in selected {
+        if cancel.is_cancelled() {
+            break;
+        }
+        let run_id = run_id(&workflow.name);
+        let name = workflow.name.clone();
+        let plan = RunPlan {
+            outputs_dir: Some(outputs_root.join(&name)),
+            check_key: format!("{}/{}/{}", info.repository, info.commit, name),
+            workflow,
+            run_id,
+            repository: info.repository.clone(),
+            commit: info.commit.clone(),
+            git_ref: info.git_ref.clone(),
+            event: args.event,
+            checkout: checkout.clone(),
+            secrets: secrets.clone(),
+            extra_env: BTreeMap::new(),
+            keep: args.executor.keep,
+            limits: engine::Limits::default(),
+        };
+        let mut terminal = Terminal { workflow: name };
+        let report = engine::execute(&host, &plan, &mut terminal, &cancel).await;
+        reports.push((report, plan.outputs_dir));
+    }
+    Arc::clone(&host).shutdown().await;
+    print_summary(&reports, &errors);
+    let cancelled = reports.iter().any(|(report, _)| report.status == RunStatus::Cancelled);
+    let all_passed = errors.is_empty() && reports.iter().all(|(report, _)| report.status == RunStatus::Success);
+    Ok(if cancelled {
+        ExitCode::from(130)
+    } else if all_passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn default_outputs_root() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache.join("knotless").join("outputs")
+}
+
+fn run_id(workflow: &str) -> String {
+    let safe: String = workflow.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).take(40).collect();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{safe}-{:x}", nanos & 0xffff_ffff_ffff)
+}
+
+fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::workflow::WorkflowError]) {
+    let mut rows = vec![["workflow".to_string(), "status".into(), "step".into(), "exit".into(), "time".into()]];
+    for error in errors {
+        rows.push([error.file.clone(), "error".into(), "-".into(), "-".into(), "-".into()]);
+    }
+    for (report, _) in reports {
+        if report.steps.is_empty() {
+            rows.push([report.workflow.clone(), report.status.as_str().into(), "-".into(), "-".into(), millis(report.duration_ms)]);
+        }
+        for step in &report.steps {
+            let status = match step.status {
+                StepStatus::Success => "success",
+                StepStatus::Failure => "failure",
+                StepStatus::TimedOut => "timed out",
+                StepStatus::Error => "error",
+                StepStatus::Cancelled => "cancelled",
+                StepStatus::Skipped => "skipped",
+            };
+            let exit = step.exit_code.map(|code| code.to_string()).unwrap_or_else(|| "-".into());
+            let time = if step.status == StepStatus::Skipped { "-".into() } else { millis(step.duration_ms) };
+            rows.push([report.workflow.clone(), status.into(), step.name.clone(), exit, time]);
+        }
+    }
+    let widths: Vec<usize> = (0..5).map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0)).collect();
+    println!();
+    for row in &rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+    for (report, outputs) in reports {
+        let status = report.status.as_str();
+        match &report.cause {
+            Some(cause) => println!("{}: {status}: {cause}", report.workflow),
+            None => println!("{}: {status} in {}", report.workflow, millis(report.duration_ms)),
+        }
+        if let (false, Some(dir)) = (report.outputs.is_empty(), outputs) {
+            println!("{}: {} output file(s) in {}", report.workflow, report.outputs.len(), dir.display());
+        }
+    }
+}
+
+fn millis(ms: u64) -> String {
+    if ms < 1000 { format!("{ms} ms") } else { format!("{:.1} s", ms as f64 / 1000.0) }
+}
