@@ -1,0 +1,182 @@
+//! The fake's behaviours: the well-behaved `ok` mode and every way it misbehaves on purpose,
+//! with their names on the command line and in the `mode` config key.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How the fake behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A minimal but real executor.
+    Ok,
+    /// Writes a line to stderr and exits 3 before reading anything.
+    ExitBeforeHandshake,
+    /// Answers `initialize` with protocol version 99, as a result.
+    WrongVersion,
+    /// Answers `initialize` with UNSUPPORTED_VERSION, speaking only version 2.
+    RefuseVersion,
+    /// Writes a line that is not JSON at the first `command`, then keeps running.
+    Garbage,
+    /// Writes a line that is not JSON on stdout before answering anything.
+    GarbageAtStart,
+    /// `command` never answers and `cancel` is ignored.
+    HangInStep,
+    /// `command` sends one output notification and exits 101.
+    CrashMidStep,
+    /// `start` succeeds, then every `command` answers UNKNOWN_SESSION.
+    LoseSession,
+    /// `cancel` is ignored: a step runs to its end or its timeout.
+    NoReplyToCancel,
+    /// `command` runs for real but sends no output notifications.
+    DropOutput,
+    /// `command` does not enforce `timeout_ms`.
+    IgnoreTimeout,
+    /// `download` answers one byte more than it wrote.
+    BadTransfer,
+}
+
+/// Every mode with its name and a one-line description, in the order of the usage text.
+pub const MODES: &[(Mode, &str, &str)] = &[
+    (Mode::Ok, "ok", "a minimal but real executor (the default)"),
+    (
+        Mode::ExitBeforeHandshake,
+        "exit-before-handshake",
+        "write a line to stderr and exit 3 before reading anything",
+    ),
+    (
+        Mode::WrongVersion,
+        "wrong-version",
+        "answer initialize with protocol_version 99 (a result, not an error)",
+    ),
+    (
+        Mode::RefuseVersion,
+        "refuse-version",
+        "answer initialize with UNSUPPORTED_VERSION, speaking only [2]",
+    ),
+    (
+        Mode::Garbage,
+        "garbage",
+        "at the first command write a line that is not JSON instead of output",
+    ),
+    (
+        Mode::GarbageAtStart,
+        "garbage-at-start",
+        "write a line that is not JSON before answering anything",
+    ),
+    (
+        Mode::HangInStep,
+        "hang-in-step",
+        "never answer command, and ignore cancel",
+    ),
+    (
+        Mode::CrashMidStep,
+        "crash-mid-step",
+        "at command send one output notification, then exit 101",
+    ),
+    (
+        Mode::LoseSession,
+        "lose-session",
+        "start succeeds, then every command answers UNKNOWN_SESSION",
+    ),
+    (
+        Mode::NoReplyToCancel,
+        "no-reply-to-cancel",
+        "ignore cancel: a step runs to its timeout",
+    ),
+    (
+        Mode::DropOutput,
+        "drop-output",
+        "run steps for real but send no output notifications",
+    ),
+    (
+        Mode::IgnoreTimeout,
+        "ignore-timeout",
+        "run steps without enforcing timeout_ms",
+    ),
+    (
+        Mode::BadTransfer,
+        "bad-transfer",
+        "answer download with one byte more than was written",
+    ),
+];
+
+impl Mode {
+    /// The mode's name on the command line.
+    pub fn name(self) -> &'static str {
+        MODES
+            .iter()
+            .find(|(mode, _, _)| *mode == self)
+            .map_or("ok", |(_, name, _)| name)
+    }
+
+    /// Whether the mode acts before the handshake, so that only `--mode` can choose it.
+    pub fn before_handshake(self) -> bool {
+        matches!(self, Mode::ExitBeforeHandshake | Mode::GarbageAtStart)
+    }
+
+    /// Whether `cancel` notifications are ignored.
+    pub fn ignores_cancel(self) -> bool {
+        matches!(self, Mode::HangInStep | Mode::NoReplyToCancel)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> anyhow::Result<Mode> {
+        MODES
+            .iter()
+            .find(|(_, name, _)| *name == text)
+            .map(|(mode, _, _)| *mode)
+            .ok_or_else(|| {
+                let names: Vec<&str> = MODES.iter().map(|(_, name, _)| *name).collect();
+                anyhow::anyhow!("unknown mode {text:?}; the modes are {}", names.join(", "))
+            })
+    }
+}
+
+/// The usage text of `--help`.
+pub fn usage() -> String {
+    let mut text = String::from(
+        "knotless-executor-fake: a deliberately misbehaving executor for testing knotless-run\n\n\
+         usage: knotless-executor-fake [--mode MODE]\n\
+         \x20      knotless-executor-fake --help\n\n\
+         It speaks the executor protocol (JSON-RPC 2.0, one message a line) on stdin and stdout.\n\
+         Without --mode, the `mode` config key of initialize chooses the mode (modes that act\n\
+         before the handshake need --mode). Config keys: work-dir (default $TMPDIR/knotless-fake),\n\
+         ledger (a file rewritten with the live session ids after every start, stop and cleanup),\n\
+         mode.\n\nmodes:\n",
+    );
+    for (_, name, description) in MODES {
+        text.push_str(&format!("  {name:<24}{description}\n"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mode_round_trips_through_its_name() {
+        for (mode, name, _) in MODES {
+            assert_eq!(name.parse::<Mode>().expect("parse"), *mode);
+            assert_eq!(mode.name(), *name);
+        }
+        assert!("crash".parse::<Mode>().is_err());
+    }
+
+    #[test]
+    fn the_usage_lists_every_mode() {
+        let text = usage();
+        for (_, name, _) in MODES {
+            assert!(text.contains(name), "{name} missing from the usage");
+        }
+    }
+}

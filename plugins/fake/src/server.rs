@@ -1,0 +1,381 @@
+//! The fake's main loop, written without the SDK: lines in from stdin, `initialize`, `ping`,
+//! `shutdown` and `cancel` handled in the loop, every other request in a task of its own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use knotless_protocol::error::code;
+use knotless_protocol::messages::*;
+use knotless_protocol::version::{SUPPORTED_VERSIONS, negotiate};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::mode::Mode;
+use crate::sessions::Sessions;
+use crate::wire::{Fault, Out, params, result, rpc};
+use crate::{step, transfer};
+
+/// What `initialize` settled.
+pub struct Setup {
+    /// The mode after the handshake.
+    pub mode: Mode,
+    /// The sessions.
+    pub sessions: Sessions,
+}
+
+/// State shared by the loop and the request tasks.
+pub struct Shared {
+    /// The one writer of stdout.
+    pub out: Out,
+    /// Set by `initialize`.
+    pub setup: OnceLock<Setup>,
+    /// Whether the `garbage` mode has written its line.
+    pub garbage_written: AtomicBool,
+    in_flight: Mutex<HashMap<String, CancellationToken>>,
+}
+
+impl Shared {
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+}
+
+/// Serves the protocol on stdin and stdout until `shutdown` or the end of stdin.
+pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
+    let shared = Arc::new(Shared {
+        out: Out::stdout(),
+        setup: OnceLock::new(),
+        garbage_written: AtomicBool::new(false),
+        in_flight: Mutex::new(HashMap::new()),
+    });
+    if cli_mode == Some(Mode::GarbageAtStart) {
+        shared.out.line(b"HELLO I AM NOT JSON").await?;
+    }
+    let mut input = BufReader::new(tokio::io::stdin());
+    let mut tasks = JoinSet::new();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line).await? == 0 {
+            break;
+        }
+        while tasks.try_join_next().is_some() {}
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let message: Value = match serde_json::from_slice(&line) {
+            Ok(message) => message,
+            Err(error) => {
+                let fault = Fault::new(rpc::PARSE_ERROR, format!("not json: {error}"));
+                shared.out.reply(Value::Null, Err(fault)).await;
+                continue;
+            }
+        };
+        let Some(name) = message
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            // A response to nothing we asked: the fake sends no requests.
+            if let Some(id) = message
+                .get("id")
+                .filter(|_| message.get("result").is_none() && message.get("error").is_none())
+            {
+                let fault = Fault::new(rpc::INVALID_REQUEST, "a message without a method");
+                shared.out.reply(id.clone(), Err(fault)).await;
+            }
+            continue;
+        };
+        let Some(id) = message.get("id").cloned() else {
+            if name == method::CANCEL {
+                cancel(&shared, message.get("params"));
+            }
+            continue;
+        };
+        let params = message.get("params");
+        match name.as_str() {
+            method::INITIALIZE => {
+                let outcome = initialize(&shared, cli_mode, params);
+                shared.out.reply(id, outcome).await;
+            }
+            method::PING => {
+                let outcome = setup(&shared).map(|_| json!({}));
+                shared.out.reply(id, outcome).await;
+            }
+            method::SHUTDOWN => {
+                wind_down(&shared, &mut tasks).await;
+                shared.out.reply(id, Ok(json!({}))).await;
+                return Ok(());
+            }
+            method::START
+            | method::COMMAND
+            | method::STOP
+            | method::CLEANUP
+            | method::UPLOAD
+            | method::DOWNLOAD => {
+                if let Err(fault) = setup(&shared) {
+                    shared.out.reply(id, Err(fault)).await;
+                } else if name == method::COMMAND
+                    && shared
+                        .setup
+                        .get()
+                        .is_some_and(|setup| setup.mode == Mode::HangInStep)
+                {
+                    eprintln!("fake: hanging in the step (simulated)");
+                } else {
+                    spawn(&shared, &mut tasks, id, name, params.cloned());
+                }
+            }
+            other => {
+                let fault = Fault::new(rpc::METHOD_NOT_FOUND, format!("unknown method {other}"));
+                shared.out.reply(id, Err(fault)).await;
+            }
+        }
+    }
+    // The runner closed stdin: it is gone, so nothing it started may outlive it.
+    wind_down(&shared, &mut tasks).await;
+    Ok(())
+}
+
+/// Cancels every request in flight, waits for their answers, and stops every session.
+async fn wind_down(shared: &Shared, tasks: &mut JoinSet<()>) {
+    for token in shared.in_flight().values() {
+        token.cancel();
+    }
+    let drained = tokio::time::timeout(Duration::from_secs(10), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        eprintln!("fake: requests still running at shutdown were aborted");
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    if let Some(setup) = shared.setup.get() {
+        setup.sessions.stop_all();
+    }
+}
+
+fn setup(shared: &Shared) -> Result<&Setup, Fault> {
+    shared
+        .setup
+        .get()
+        .ok_or_else(|| Fault::new(code::NOT_INITIALIZED, "initialize first"))
+}
+
+fn cancel(shared: &Shared, params: Option<&Value>) {
+    let Ok(CancelParams { id }) = crate::wire::params::<CancelParams>(params) else {
+        eprintln!("fake: a cancel without an id");
+        return;
+    };
+    if shared
+        .setup
+        .get()
+        .is_some_and(|setup| setup.mode.ignores_cancel())
+    {
+        eprintln!("fake: ignoring the cancel of request {id} (simulated)");
+        return;
+    }
+    if let Some(token) = shared.in_flight().get(&id.to_string()) {
+        token.cancel();
+    }
+}
+
+/// Runs one request in a task, registered for cancellation until it answers.
+fn spawn(
+    shared: &Arc<Shared>,
+    tasks: &mut JoinSet<()>,
+    id: Value,
+    name: String,
+    params: Option<Value>,
+) {
+    let token = CancellationToken::new();
+    shared.in_flight().insert(id.to_string(), token.clone());
+    let shared = shared.clone();
+    tasks.spawn(async move {
+        let outcome = match setup(&shared) {
+            Ok(setup) => handle(&shared, setup, &name, params.as_ref(), token).await,
+            Err(fault) => Err(fault),
+        };
+        shared.in_flight().remove(&id.to_string());
+        shared.out.reply(id, outcome).await;
+    });
+}
+
+async fn handle(
+    shared: &Shared,
+    setup: &Setup,
+    name: &str,
+    raw: Option<&Value>,
+    token: CancellationToken,
+) -> Result<Value, Fault> {
+    let sessions = &setup.sessions;
+    match name {
+        method::START => {
+            let params: StartParams = params(raw)?;
+            guarded(&token, params.timeout_ms, "start", async {
+                result(&sessions.start(&params)?)
+            })
+            .await
+        }
+        method::STOP => {
+            let params: StopParams = params(raw)?;
+            guarded(&token, params.timeout_ms, "stop", async {
+                result(&sessions.stop(&params)?)
+            })
+            .await
+        }
+        method::CLEANUP => {
+            let params: CleanupParams = params(raw)?;
+            guarded(&token, params.timeout_ms, "cleanup", async {
+                result(&sessions.cleanup(&params)?)
+            })
+            .await
+        }
+        method::COMMAND => result(&step::command(shared, setup, params(raw)?, token).await?),
+        method::UPLOAD => {
+            let params: TransferParams = params(raw)?;
+            guarded(
+                &token,
+                params.timeout_ms,
+                "upload",
+                transfer::upload(setup, &params),
+            )
+            .await
+        }
+        method::DOWNLOAD => {
+            let params: TransferParams = params(raw)?;
+            guarded(
+                &token,
+                params.timeout_ms,
+                "download",
+                transfer::download(setup, &params),
+            )
+            .await
+        }
+        other => Err(Fault::new(
+            rpc::METHOD_NOT_FOUND,
+            format!("unknown method {other}"),
+        )),
+    }
+}
+
+/// Races an operation against its deadline and its cancellation.
+async fn guarded<T>(
+    token: &CancellationToken,
+    timeout_ms: u64,
+    what: &str,
+    operation: impl Future<Output = Result<T, Fault>>,
+) -> Result<T, Fault> {
+    tokio::select! {
+        outcome = tokio::time::timeout(Duration::from_millis(timeout_ms), operation) => outcome.unwrap_or_else(|_| {
+            Err(Fault::new(code::TIMEOUT, format!("{what} took longer than {timeout_ms} ms")))
+        }),
+        () = token.cancelled() => Err(Fault::cancelled()),
+    }
+}
+
+/// Negotiates the version, reads the configuration and settles the mode.
+fn initialize(
+    shared: &Shared,
+    cli_mode: Option<Mode>,
+    raw: Option<&Value>,
+) -> Result<Value, Fault> {
+    if shared.setup.get().is_some() {
+        return Err(Fault::new(
+            rpc::INVALID_REQUEST,
+            "initialize was already answered",
+        ));
+    }
+    let params: InitializeParams = params(raw)?;
+    let config = &params.config;
+    if let Some(key) = config
+        .keys()
+        .find(|key| !matches!(key.as_str(), "work-dir" | "ledger" | "mode"))
+    {
+        return Err(Fault::configuration(format!(
+            "unknown option {key}; the fake takes work-dir, ledger and mode"
+        )));
+    }
+    let mode = match (cli_mode, config.get("mode")) {
+        (Some(mode), _) => mode,
+        (None, None) => Mode::Ok,
+        (None, Some(name)) => {
+            let mode: Mode = name
+                .parse()
+                .map_err(|error: anyhow::Error| Fault::configuration(format!("mode: {error}")))?;
+            if mode.before_handshake() {
+                return Err(Fault::configuration(format!(
+                    "mode {mode} acts before the handshake; pass it as --mode"
+                )));
+            }
+            mode
+        }
+    };
+    let supported: &[u32] = if mode == Mode::RefuseVersion {
+        &[2]
+    } else {
+        SUPPORTED_VERSIONS
+    };
+    let version = match negotiate(&params.protocol_versions, supported) {
+        Some(_) if mode == Mode::RefuseVersion => None,
+        negotiated => negotiated,
+    };
+    let Some(version) = version else {
+        let message = format!(
+            "the runner offers protocol versions {:?}; executor fake {} speaks {supported:?}",
+            params.protocol_versions,
+            env!("CARGO_PKG_VERSION")
+        );
+        let data = json!({"offered": params.protocol_versions, "supported": supported});
+        return Err(Fault::new(code::UNSUPPORTED_VERSION, message).with_data(data));
+    };
+    let sessions = Sessions::new(
+        &work_dir(config),
+        &params.runner.id,
+        config.get("ledger").map(PathBuf::from),
+    )?;
+    if shared.setup.set(Setup { mode, sessions }).is_err() {
+        return Err(Fault::new(
+            rpc::INVALID_REQUEST,
+            "initialize was already answered",
+        ));
+    }
+    if mode != Mode::Ok {
+        eprintln!("fake: running in mode {mode}");
+    }
+    let capabilities = Capabilities {
+        isolation: Isolation::None,
+        outputs: true,
+        caches: true,
+        secrets: true,
+        ..Capabilities::default()
+    };
+    result(&InitializeResult {
+        protocol_version: if mode == Mode::WrongVersion {
+            99
+        } else {
+            version
+        },
+        executor: ExecutorInfo {
+            name: "fake".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+        capabilities,
+    })
+}
+
+fn work_dir(config: &BTreeMap<String, String>) -> PathBuf {
+    match config.get("work-dir") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::temp_dir().join("knotless-fake"),
+    }
+}
