@@ -102,7 +102,23 @@ pub async fn execute(
     cancel: &CancellationToken,
 ) -> RunReport {
     let started = Instant::now();
-    let masker = Masker::new(plan.secrets.values());
+    let masker = match Masker::new(plan.secrets.values()) {
+        Ok(masker) => masker,
+        Err(error) => {
+            let cause = format!("cannot build the masker of the run's secrets: {error}");
+            return RunReport {
+                run_id: plan.run_id.clone(),
+                workflow: plan.workflow.name.clone(),
+                status: RunStatus::Error,
+                log: format!("==> error: {cause}\n"),
+                cause: Some(cause),
+                steps: Vec::new(),
+                outputs: Vec::new(),
+                duration_ms: 0,
+                log_truncated: false,
+            };
+        }
+    };
     let mut log = RunLog::new(masker, sink);
     let workflow = &plan.workflow;
     let mut steps: Vec<StepReport> = workflow
