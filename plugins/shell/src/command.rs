@@ -20,7 +20,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{ChildStderr, ChildStdout, Command};
 
 use crate::ShellExecutor;
-use crate::processes::{self, MARKER, ProcessInfo};
+use crate::processes::{self, MARKER, ProcessInfo, Table};
 use crate::session::Session;
 
 /// How long output is read after the step's main process exited while the pipes stay open.
@@ -76,8 +76,11 @@ pub async fn run(
     let group = child.id().map(|pid| pid as i32);
     tracing::info!(session = %session.id, step = params.step, name = %params.name, pid = ?group, "step started");
     let mut pipes = Pipes::new(child.stdout.take(), child.stderr.take());
-    let belongs = |process: &ProcessInfo| {
-        process.marker.as_deref() == Some(session.marker.as_str()) && !before.contains(&process.pid)
+    // The step's processes: the session's, but what ran before the step and what that forks
+    // since (a service's workers) are spared.
+    let belongs = |process: &ProcessInfo, table: &Table| {
+        process.marker.as_deref() == Some(session.marker.as_str())
+            && !processes::descends_from(process, table, &before)
     };
 
     let ending = loop {

@@ -6,7 +6,7 @@
 //! found. `/proc/<pid>/environ` is readable for this user's own processes only, which are
 //! the only ones a step can start.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,8 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct ProcessInfo {
     /// Its id.
     pub pid: i32,
+    /// Its parent.
+    pub ppid: i32,
     /// Its process group.
     pub pgid: i32,
     /// The value of [`MARKER`] in its environment, if any.
@@ -57,12 +59,17 @@ fn read_process(pid: i32) -> Option<ProcessInfo> {
     if state == "Z" || state == "X" {
         return None;
     }
-    let _ppid = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
     let marker = fs::read(format!("/proc/{pid}/environ"))
         .ok()
         .and_then(|environ| marker_of(&environ));
-    Some(ProcessInfo { pid, pgid, marker })
+    Some(ProcessInfo {
+        pid,
+        ppid,
+        pgid,
+        marker,
+    })
 }
 
 /// The value of [`MARKER`] in the bytes of a `/proc/<pid>/environ`.
@@ -83,11 +90,31 @@ pub fn marked(marker: &str) -> BTreeSet<i32> {
         .collect()
 }
 
-/// Kills every process `select` picks, and the process group `group` if given: SIGTERM,
-/// then SIGKILL to what is left after `grace`. Processes picked while it waits (children
-/// forked in the meantime) are killed too. Returns every process it signalled.
+/// Live processes by pid, as one [`scan`] saw them.
+pub type Table = HashMap<i32, ProcessInfo>;
+
+/// Whether a process is one of `ancestors` or a descendant of one, in `table`.
+pub fn descends_from(process: &ProcessInfo, table: &Table, ancestors: &BTreeSet<i32>) -> bool {
+    let mut current = process;
+    // Bounded: a pid table read while processes come and go could hold a cycle.
+    for _ in 0..256 {
+        if ancestors.contains(&current.pid) {
+            return true;
+        }
+        match table.get(&current.ppid) {
+            Some(parent) if parent.pid != current.pid => current = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Kills every process `select` picks (given the whole table), and the process group
+/// `group` if given: SIGTERM, then SIGKILL to what is left after `grace`. Processes picked
+/// while it waits (children forked in the meantime) are killed too. Returns every process it
+/// signalled.
 pub async fn terminate(
-    select: impl Fn(&ProcessInfo) -> bool,
+    select: impl Fn(&ProcessInfo, &Table) -> bool,
     group: Option<i32>,
     grace: Duration,
 ) -> BTreeSet<i32> {
@@ -96,9 +123,13 @@ pub async fn terminate(
     let mut escalated = false;
     let mut group_signalled = false;
     loop {
-        let picked: Vec<i32> = scan()
+        let table: Table = scan()
             .into_iter()
-            .filter(|process| select(process) || Some(process.pgid) == group)
+            .map(|process| (process.pid, process))
+            .collect();
+        let picked: Vec<i32> = table
+            .values()
+            .filter(|process| select(process, &table) || Some(process.pgid) == group)
             .map(|process| process.pid)
             .collect();
         if picked.is_empty() {
@@ -143,6 +174,29 @@ mod tests {
         assert_eq!(marker_of(environ), Some("r/s".to_string()));
         assert_eq!(marker_of(b"KNOTLESS_SHELL_SESSIONX=1\0"), None);
         assert_eq!(marker_of(b""), None);
+    }
+
+    #[test]
+    fn descendants_are_found_through_parents() {
+        let process = |pid, ppid| ProcessInfo {
+            pid,
+            ppid,
+            pgid: pid,
+            marker: None,
+        };
+        let table: Table = [
+            process(10, 1),
+            process(11, 10),
+            process(12, 11),
+            process(20, 1),
+        ]
+        .into_iter()
+        .map(|process| (process.pid, process))
+        .collect();
+        let ancestors = BTreeSet::from([10]);
+        assert!(descends_from(&table[&12], &table, &ancestors));
+        assert!(descends_from(&table[&10], &table, &ancestors));
+        assert!(!descends_from(&table[&20], &table, &ancestors));
     }
 
     #[test]

@@ -215,7 +215,7 @@ pub async fn remove_session(
     marker: &str,
 ) -> Result<Vec<Resource>, ExecutorError> {
     let killed = processes::terminate(
-        |process| process.marker.as_deref() == Some(marker),
+        |process, _| process.marker.as_deref() == Some(marker),
         None,
         processes::GRACE,
     )

@@ -545,3 +545,27 @@ async fn stop_with_keep_leaves_the_folder() {
         .expect_err("forgotten");
     assert_eq!(error.0, code::UNKNOWN_SESSION as i64);
 }
+
+#[tokio::test]
+async fn a_secret_step_spares_a_service_an_earlier_step_started_and_its_workers() {
+    let harness = Harness::new().await;
+    harness.start("s").await;
+    // A service that forks a short-lived worker again and again.
+    let service = "sh -c 'while :; do sleep 0.05; done' > /dev/null 2>&1 & echo $! > service.pid";
+    harness
+        .command("s", 0, service, json!({}), 10_000)
+        .await
+        .expect("command");
+    let service = read_pid(&harness.session_dir("s").join("work/service.pid")).await;
+    let result = harness
+        .command("s", 1, "sleep 0.2", json!({"TOKEN": "x"}), 10_000)
+        .await
+        .expect("command");
+    assert_eq!(result["killed_processes"], 0, "{result}");
+    assert!(alive(service));
+    harness
+        .request("stop", json!({"session": "s", "timeout_ms": 10_000}))
+        .await
+        .expect("stop");
+    assert!(!alive(service));
+}
