@@ -1,0 +1,285 @@
+//! Sessions: `start` creates a session's folder, `stop` kills its processes and removes it,
+//! `shutdown` stops every session this process started, and session paths are resolved here.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use knotless_protocol::sdk::Context;
+use knotless_protocol::*;
+
+use crate::ShellExecutor;
+use crate::config::{check_component, create_private_dir_all};
+use crate::processes;
+
+/// The folders of a session, under its root.
+pub const FOLDERS: &[&str] = &["work", "steps", "outputs", "home", "tmp"];
+
+/// A session this process started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// The session id.
+    pub id: String,
+    /// `<work-dir>/<runner-id>/<session>`, canonical.
+    pub root: PathBuf,
+    /// The marker value of its processes: `<runner-id>/<session>`.
+    pub marker: String,
+    /// Started with `keep`: `stop` and `shutdown` leave it in place.
+    pub keep: bool,
+}
+
+impl Session {
+    /// One of the session's folders ([`FOLDERS`]).
+    pub fn folder(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Resolves a path the runner gave (absolute, or relative to the session's root) to a
+    /// path inside the session, refusing `..`, paths elsewhere, and paths that a symlink
+    /// leads out of the session.
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, ExecutorError> {
+        let outside =
+            || ExecutorError::configuration(format!("path {path} is outside session {}", self.id));
+        let given = Path::new(path);
+        if given
+            .components()
+            .any(|component| component == Component::ParentDir)
+        {
+            return Err(outside());
+        }
+        let joined = if given.is_absolute() {
+            given.to_path_buf()
+        } else {
+            self.root.join(given)
+        };
+        let relative = joined.strip_prefix(&self.root).map_err(|_| outside())?;
+        let mut resolved = self.root.clone();
+        for component in relative.components() {
+            if let Component::Normal(name) = component {
+                resolved.push(name);
+            }
+        }
+        // The deepest part that exists must stay inside once symlinks are followed.
+        let mut existing = resolved.as_path();
+        while std::fs::symlink_metadata(existing).is_err() {
+            existing = existing.parent().ok_or_else(outside)?;
+        }
+        let real = existing.canonicalize().map_err(|error| {
+            ExecutorError::infrastructure(format!(
+                "cannot resolve {} in session {}: {error}",
+                existing.display(),
+                self.id
+            ))
+        })?;
+        if !real.starts_with(&self.root) {
+            return Err(outside());
+        }
+        Ok(resolved)
+    }
+}
+
+/// `start`: creates `<work-dir>/<runner-id>/<session>/` (mode 0700) and its folders.
+pub async fn start(
+    executor: &ShellExecutor,
+    params: StartParams,
+    context: Context,
+) -> Result<StartResult, ExecutorError> {
+    let config = executor.config()?;
+    check_component("session id", &params.session)?;
+    if let Some(image) = &params.image {
+        if !executor.image_warned.swap(true, Ordering::SeqCst) {
+            tracing::warn!(%image, "the shell executor takes no image: steps run on the host");
+        }
+        context
+            .log(
+                &params.session,
+                LogLevel::Warn,
+                format!("the shell executor ignores the image {image}: steps run on the host"),
+            )
+            .await;
+    }
+    if executor.sessions().contains_key(&params.session) {
+        return Err(ExecutorError::configuration(format!(
+            "session {} is already started",
+            params.session
+        )));
+    }
+    let runner_dir = config.runner_dir();
+    create_private_dir_all(&runner_dir).map_err(|error| {
+        ExecutorError::infrastructure(format!("cannot create {}: {error}", runner_dir.display()))
+    })?;
+    let root = runner_dir.join(&params.session);
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        // Not recursive: an existing folder is an error, atomically.
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&root)
+            .map_err(|error| match error.kind() {
+                std::io::ErrorKind::AlreadyExists => ExecutorError::configuration(format!(
+                    "session {} already exists at {}",
+                    params.session,
+                    root.display()
+                )),
+                _ => ExecutorError::infrastructure(format!(
+                    "cannot create the session folder {}: {error}",
+                    root.display()
+                )),
+            })?;
+    }
+    let session = Session {
+        id: params.session.clone(),
+        root,
+        marker: config.marker(&params.session),
+        keep: params.keep,
+    };
+    for name in FOLDERS {
+        let folder = session.folder(name);
+        if let Err(error) = create_private_dir_all(&folder) {
+            let _ = std::fs::remove_dir_all(&session.root);
+            return Err(ExecutorError::infrastructure(format!(
+                "cannot create {}: {error}",
+                folder.display()
+            )));
+        }
+    }
+    let paths = SessionPaths {
+        work: session.folder("work").to_string_lossy().into_owned(),
+        steps: session.folder("steps").to_string_lossy().into_owned(),
+        outputs: session.folder("outputs").to_string_lossy().into_owned(),
+    };
+    let description = format!("folder {}", session.root.display());
+    tracing::info!(session = %session.id, root = %session.root.display(), "session started");
+    executor
+        .sessions()
+        .insert(session.id.clone(), Arc::new(session));
+    Ok(StartResult {
+        paths,
+        description: Some(description),
+    })
+}
+
+/// `stop`: kills the session's processes and removes its folder, unless keeping (then the
+/// session is only forgotten, and nothing is removed).
+pub async fn stop(
+    executor: &ShellExecutor,
+    params: StopParams,
+    context: Context,
+) -> Result<StopResult, ExecutorError> {
+    let session = executor.session(&params.session)?;
+    let keep = params.keep || session.keep;
+    executor.sessions().remove(&params.session);
+    if keep {
+        context
+            .log(
+                &session.id,
+                LogLevel::Info,
+                format!("kept the session folder {}", session.root.display()),
+            )
+            .await;
+        return Ok(StopResult {
+            removed: Vec::new(),
+        });
+    }
+    let removed = remove_session(&session.id, &session.root, &session.marker).await?;
+    Ok(StopResult { removed })
+}
+
+/// `shutdown`: stops every session this process started that is not kept.
+pub async fn shutdown(executor: &ShellExecutor) {
+    let sessions: Vec<Arc<Session>> = executor
+        .sessions()
+        .drain()
+        .map(|(_, session)| session)
+        .collect();
+    for session in sessions {
+        if session.keep {
+            tracing::info!(session = %session.id, root = %session.root.display(), "keeping the session at shutdown");
+            continue;
+        }
+        match remove_session(&session.id, &session.root, &session.marker).await {
+            Ok(removed) => {
+                tracing::info!(session = %session.id, removed = removed.len(), "stopped the session at shutdown")
+            }
+            Err(error) => {
+                tracing::error!(session = %session.id, "cannot stop the session at shutdown: {error}")
+            }
+        }
+    }
+}
+
+/// Kills every process carrying `marker`, then removes `root`. Returns what it removed.
+pub async fn remove_session(
+    session: &str,
+    root: &Path,
+    marker: &str,
+) -> Result<Vec<Resource>, ExecutorError> {
+    let killed = processes::terminate(
+        |process, _| process.marker.as_deref() == Some(marker),
+        None,
+        processes::GRACE,
+    )
+    .await;
+    let mut removed: Vec<Resource> = killed
+        .iter()
+        .map(|pid| Resource {
+            kind: "process".to_string(),
+            name: pid.to_string(),
+            session: Some(session.to_string()),
+        })
+        .collect();
+    if !killed.is_empty() {
+        tracing::info!(%session, processes = ?killed, "killed the session's processes");
+    }
+    let tree = root.to_path_buf();
+    let removal = tokio::task::spawn_blocking(move || remove_tree(&tree))
+        .await
+        .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())));
+    match removal {
+        Ok(()) => removed.push(Resource {
+            kind: "folder".to_string(),
+            name: root.to_string_lossy().into_owned(),
+            session: Some(session.to_string()),
+        }),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            return Err(ExecutorError::infrastructure(format!(
+                "cannot remove the session folder {}: {error}",
+                root.display()
+            )));
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes a folder and everything in it, even folders a step made read-only (as Go's module
+/// cache is): those are made writable and the removal tried again.
+fn remove_tree(root: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(root) {
+        Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => {
+            make_writable(root);
+            std::fs::remove_dir_all(root)
+        }
+        other => other,
+    }
+}
+
+/// Gives this user write and search rights on every folder under `path` (links not followed).
+fn make_writable(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !metadata.is_dir() {
+        return;
+    }
+    let mode = metadata.permissions().mode();
+    if mode & 0o700 != 0o700 {
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o700));
+    }
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for entry in entries.flatten() {
+            make_writable(&entry.path());
+        }
+    }
+}
