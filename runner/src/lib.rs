@@ -1,1 +1,3 @@
 //! knotless-run
+pub mod mask;
+pub mod workflow;
