@@ -1,0 +1,345 @@
+//! Secret masking: every occurrence of a secret value in a byte stream becomes `***`, even when split across chunks.
+//!
+//! Matching is leftmost-longest (aho-corasick), so of two overlapping secrets the longer is masked.
+//! A stream holds back only the bytes that could still begin a secret (a proper prefix of one):
+//! never more than the longest value minus one byte.
+
+use std::fmt;
+use std::sync::Arc;
+
+use aho_corasick::{AhoCorasick, MatchKind};
+
+/// What a secret value becomes.
+pub const MASK: &[u8] = b"***";
+
+/// The secret values to mask; cheap to clone.
+#[derive(Clone)]
+pub struct Masker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `None` when there are no values.
+    automaton: Option<AhoCorasick>,
+    /// The values, sorted and deduplicated, to find which could still begin at a chunk's end.
+    values: Vec<Vec<u8>>,
+    /// The longest value's length.
+    longest: usize,
+}
+
+/// The values could not be compiled into a matcher (only for absurdly many or long values).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the secret masker: {0}")]
+pub struct MaskError(#[from] aho_corasick::BuildError);
+
+impl fmt::Debug for Masker {
+    /// Never prints a value.
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("Masker")
+            .field("values", &self.inner.values.len())
+            .finish()
+    }
+}
+
+impl Masker {
+    /// A masker for `values`; empty values are ignored.
+    pub fn new(values: impl IntoIterator<Item = impl AsRef<[u8]>>) -> Result<Masker, MaskError> {
+        let mut values: Vec<Vec<u8>> = values
+            .into_iter()
+            .map(|value| value.as_ref().to_vec())
+            .filter(|value| !value.is_empty())
+            .collect();
+        values.sort();
+        values.dedup();
+        let longest = values.iter().map(Vec::len).max().unwrap_or(0);
+        let automaton = if values.is_empty() {
+            None
+        } else {
+            Some(
+                AhoCorasick::builder()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(&values)?,
+            )
+        };
+        Ok(Masker {
+            inner: Arc::new(Inner {
+                automaton,
+                values,
+                longest,
+            }),
+        })
+    }
+
+    /// Whether there is nothing to mask.
+    pub fn is_empty(&self) -> bool {
+        self.inner.values.is_empty()
+    }
+
+    /// The length of the longest value (0 when empty).
+    pub fn longest(&self) -> usize {
+        self.inner.longest
+    }
+
+    /// `bytes` with every value replaced by `***`.
+    pub fn mask(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(bytes.len());
+        let end = self.mask_into(bytes, bytes.len(), &mut out);
+        out.extend_from_slice(&bytes[end..]);
+        out
+    }
+
+    /// A stream for masking output that arrives in chunks.
+    pub fn stream(&self) -> MaskStream {
+        MaskStream {
+            masker: self.clone(),
+            carry: Vec::new(),
+        }
+    }
+
+    /// Appends `bytes`, masked, to `out` up to the first byte at or after `hold` that no match
+    /// starting before `hold` covers; matches starting at or after `hold` are left alone.
+    /// Returns where it stopped.
+    fn mask_into(&self, bytes: &[u8], hold: usize, out: &mut Vec<u8>) -> usize {
+        let Some(automaton) = &self.inner.automaton else {
+            out.extend_from_slice(&bytes[..hold]);
+            return hold;
+        };
+        let mut done = 0;
+        for found in automaton.find_iter(bytes) {
+            if found.start() >= hold {
+                break;
+            }
+            out.extend_from_slice(&bytes[done..found.start()]);
+            out.extend_from_slice(MASK);
+            done = found.end();
+        }
+        if done < hold {
+            out.extend_from_slice(&bytes[done..hold]);
+            done = hold;
+        }
+        done
+    }
+
+    /// The first position from which `bytes[position..]` is a proper prefix of some value:
+    /// the bytes a stream must hold back (`bytes.len()` when there is none).
+    fn hold_from(&self, bytes: &[u8]) -> usize {
+        let values = &self.inner.values;
+        let earliest = bytes
+            .len()
+            .saturating_sub(self.inner.longest.saturating_sub(1));
+        (earliest..bytes.len())
+            .find(|&position| {
+                let tail = &bytes[position..];
+                // Values longer than `tail` that start with it sort right after it.
+                let after = values.partition_point(|value| value.as_slice() <= tail);
+                values
+                    .get(after)
+                    .is_some_and(|value| value.starts_with(tail))
+            })
+            .unwrap_or(bytes.len())
+    }
+}
+
+/// Masks a byte stream that arrives in chunks; see [`Masker::stream`].
+#[derive(Debug)]
+pub struct MaskStream {
+    masker: Masker,
+    /// Bytes that could still begin a value, waiting for the next chunk.
+    carry: Vec<u8>,
+}
+
+impl MaskStream {
+    /// Takes the next chunk and returns the masked bytes that are safe to emit now.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.masker.is_empty() {
+            return chunk.to_vec();
+        }
+        let mut bytes = std::mem::take(&mut self.carry);
+        bytes.extend_from_slice(chunk);
+        let hold = self.masker.hold_from(&bytes);
+        let mut out = Vec::with_capacity(bytes.len());
+        let done = self.masker.mask_into(&bytes, hold, &mut out);
+        self.carry = bytes.split_off(done);
+        out
+    }
+
+    /// Ends the stream and returns the rest, masked.
+    pub fn finish(self) -> Vec<u8> {
+        self.masker.mask(&self.carry)
+    }
+
+    /// How many bytes are held back, waiting for the next chunk.
+    pub fn held(&self) -> usize {
+        self.carry.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn masker(values: &[&str]) -> Masker {
+        Masker::new(values).expect("masker builds")
+    }
+
+    /// Masks `text` whole and checks the result.
+    fn check(values: &[&str], text: &str, expected: &str) {
+        let masked = masker(values).mask(text.as_bytes());
+        assert_eq!(
+            String::from_utf8_lossy(&masked),
+            expected,
+            "{values:?} {text:?}"
+        );
+    }
+
+    /// Streams `text` cut at `cuts` (ascending positions) and returns the output.
+    fn stream_cut(masker: &Masker, text: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let mut stream = masker.stream();
+        let mut out = Vec::new();
+        let mut start = 0;
+        for &cut in cuts.iter().chain([text.len()].iter()) {
+            out.extend(stream.push(&text[start..cut]));
+            assert!(stream.held() < masker.longest().max(1), "carry too long");
+            start = cut;
+        }
+        out.extend(stream.finish());
+        out
+    }
+
+    /// A small fixed-seed generator (xorshift64), so the random chunkings repeat.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, bound: usize) -> usize {
+            (self.next() % bound as u64) as usize
+        }
+    }
+
+    #[test]
+    fn masks_whole_buffers() {
+        check(&["hunter2"], "password: hunter2\n", "password: ***\n");
+        check(&["abc", "abcdef"], "xabcdefy abcx", "x***y ***x");
+        check(&["abc", "bcd"], "abcd", "***d");
+        check(&["aa"], "aaaaa", "******a");
+        check(&["s3cr3t"], "no secret here", "no secret here");
+        check(&[], "nothing to mask", "nothing to mask");
+        check(&["", "x"], "axbx", "a***b***");
+        check(&["tok"], "toktok", "******");
+        check(&["ab", "b"], "abb", "******");
+    }
+
+    #[test]
+    fn empty_masker_passes_everything_through() {
+        let masker = Masker::new(Vec::<&str>::new()).expect("masker builds");
+        assert!(masker.is_empty());
+        assert!(Masker::new([""]).expect("masker builds").is_empty());
+        let mut stream = masker.stream();
+        assert_eq!(stream.push(b"abc"), b"abc");
+        assert_eq!(stream.finish(), b"");
+    }
+
+    #[test]
+    fn debug_never_shows_values() {
+        let text = format!("{:?}", masker(&["hunter2"]));
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[test]
+    fn a_secret_split_byte_by_byte_is_masked() {
+        let masker = masker(&["hunter2"]);
+        let text = b"say hunter2 twice: hunter2!";
+        let cuts: Vec<usize> = (1..text.len()).collect();
+        assert_eq!(stream_cut(&masker, text, &cuts), b"say *** twice: ***!");
+    }
+
+    #[test]
+    fn overlapping_secrets_mask_the_longer_across_chunks() {
+        let masker = masker(&["abc", "abcdef"]);
+        let mut stream = masker.stream();
+        assert_eq!(stream.push(b"x abc"), b"x ");
+        assert_eq!(stream.push(b"de"), b"");
+        assert_eq!(stream.push(b"f y"), b"*** y");
+        assert_eq!(stream.finish(), b"");
+        // "abc" followed by something that is not "def" is masked as soon as that is known.
+        let mut stream = masker.stream();
+        assert_eq!(stream.push(b"abc"), b"");
+        assert_eq!(stream.push(b"dx"), b"***dx");
+    }
+
+    #[test]
+    fn a_possible_prefix_at_the_end_waits_for_finish() {
+        let masker = masker(&["hunter2"]);
+        let mut stream = masker.stream();
+        assert_eq!(stream.push(b"login: hunt"), b"login: ");
+        assert_eq!(stream.held(), 4);
+        assert_eq!(stream.finish(), b"hunt");
+        let mut stream = masker.stream();
+        assert_eq!(stream.push(b"login: hunt"), b"login: ");
+        assert_eq!(stream.push(b"er2"), b"***");
+    }
+
+    #[test]
+    fn bytes_that_cannot_begin_a_secret_are_emitted_at_once() {
+        let masker = masker(&["hunter2"]);
+        let mut stream = masker.stream();
+        assert_eq!(stream.push(b"progress 10%"), b"progress 10%");
+        assert_eq!(stream.held(), 0);
+    }
+
+    #[test]
+    fn every_split_matches_masking_whole() {
+        let values = ["abc", "abcdef", "cde", "zz", "secret-token-1234", "a"];
+        let masker = masker(&values);
+        let text: &[u8] = b"aabcdefzzz abcde secret-token-123 secret-token-1234abcabcdefabc zzz";
+        let whole = masker.mask(text);
+        // Every single split point, and every pair of split points.
+        for first in 0..=text.len() {
+            assert_eq!(stream_cut(&masker, text, &[first]), whole, "cut at {first}");
+            for second in first..=text.len() {
+                assert_eq!(
+                    stream_cut(&masker, text, &[first, second]),
+                    whole,
+                    "cuts {first} {second}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn random_chunkings_of_random_texts_match_masking_whole() {
+        let mut rng = Rng(0x5eed_cafe_f00d_d00d);
+        let alphabet = b"abcz-";
+        for _ in 0..500 {
+            let values: Vec<Vec<u8>> = (0..1 + rng.below(4))
+                .map(|_| {
+                    (0..1 + rng.below(5))
+                        .map(|_| alphabet[rng.below(alphabet.len())])
+                        .collect()
+                })
+                .collect();
+            let masker = Masker::new(&values).expect("masker builds");
+            let text: Vec<u8> = (0..rng.below(60))
+                .map(|_| alphabet[rng.below(alphabet.len())])
+                .collect();
+            let whole = masker.mask(&text);
+            for _ in 0..20 {
+                let mut cuts: Vec<usize> = (0..rng.below(8))
+                    .map(|_| rng.below(text.len() + 1))
+                    .collect();
+                cuts.sort();
+                assert_eq!(
+                    stream_cut(&masker, &text, &cuts),
+                    whole,
+                    "{values:?} {text:?} {cuts:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! Workflows: the YAML files in `.knotless/workflows/`, read into a checked model with errors that name file, line, column and field.
+//!
+//! Reading is pure: [`parse`] turns text into a [`Workflow`]; [`load_file`] and [`load_dir`] add
+//! the file system (regular files only, symlinks are never followed).
+//! Every error points at the offending field through serde-saphyr's spans
+//! (`Spanned<T>` for values, its error locations for everything serde rejects),
+//! and names the field by looking the position up in the file's node tree.
+
+mod duration;
+mod locate;
+mod raw;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use duration::{format_duration, parse_duration};
+
+/// Where workflows live, relative to a repository's root.
+pub const WORKFLOWS_DIR: &str = ".knotless/workflows";
+/// Where shared steps live, relative to a repository's root (`uses: NAME` is `STEPS_DIR/NAME/run`).
+pub const STEPS_DIR: &str = ".knotless/steps";
+/// A workflow file larger than this is refused unread.
+pub const MAX_WORKFLOW_BYTES: u64 = 1024 * 1024;
+/// The run timeout when a workflow sets none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// One workflow: one file of `.knotless/workflows/`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workflow {
+    /// The file's stem (`build` for `build.yml`).
+    pub name: String,
+    /// The file's display path (`.knotless/workflows/build.yml`), used in messages.
+    pub file: String,
+    /// The events and branches that start a run (`on:`); default: a push to any branch.
+    pub on: Triggers,
+    /// The image an image-taking executor runs the steps in (`image:`).
+    pub image: Option<String>,
+    /// Resource requests (`resources:`), as Kubernetes quantity strings.
+    pub resources: Resources,
+    /// The whole run's timeout (`timeout:`), default [`DEFAULT_TIMEOUT`] (60m).
+    pub timeout: Duration,
+    /// Non-secret variables every step receives (`env:`).
+    pub env: BTreeMap<String, String>,
+    /// Paths streamed in before the steps and back after them (`cache:`), relative to the work folder or absolute.
+    pub cache: Vec<String>,
+    /// Runner ids this workflow is pinned to (`runners:`); empty means every named runner.
+    pub runners: Vec<String>,
+    /// Whether this workflow is a merge-queue pre-flight (`queue: first`).
+    pub queue: Option<QueuePhase>,
+    /// Whether the environment may use the network (`network:`), default false.
+    pub network: bool,
+    /// The steps, run in order; the first failing one ends the run.
+    pub steps: Vec<Step>,
+}
+
+impl Workflow {
+    /// The timeout of step `index`: its own `timeout`, capped by the run's; the run's when it sets
+    /// none (or when `index` is out of range). The run's timer still bounds all steps together.
+    pub fn step_timeout(&self, index: usize) -> Duration {
+        self.steps
+            .get(index)
+            .and_then(|step| step.timeout)
+            .map_or(self.timeout, |timeout| timeout.min(self.timeout))
+    }
+}
+
+/// One step of a workflow: a script (`run`) or a shared step (`uses`), exactly one of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// The step's name, unique in its workflow.
+    pub name: String,
+    /// A POSIX sh script, run as with `sh -e` in the work folder.
+    pub run: Option<String>,
+    /// A shared step: the folder `.knotless/steps/<uses>/` of the repository, holding an executable `run`.
+    pub uses: Option<String>,
+    /// The step's own timeout; `None` means the rest of the run's timeout.
+    pub timeout: Option<Duration>,
+    /// Names of the secrets this step asks for (it receives only those granted).
+    pub secrets: Vec<String>,
+    /// Non-secret variables for this step, over the workflow's `env`.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Resource requests for executors that schedule (Kubernetes quantity strings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// CPU request, e.g. `"2"` or `"500m"`.
+    pub cpu: Option<String>,
+    /// Memory request, e.g. `"4Gi"`.
+    pub memory: Option<String>,
+}
+
+/// The phase a queue-only workflow runs in (`queue:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueuePhase {
+    /// A pre-flight: must pass on a queued pull before the pull may join a batch.
+    First,
+}
+
+/// What starts a run of a workflow (`on:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Triggers {
+    /// Pushes to branches matching the filter; `None` means pushes start no run.
+    pub push: Option<BranchFilter>,
+    /// Pull requests whose base branch matches the filter; `None` means pulls start no run.
+    pub pull: Option<BranchFilter>,
+    /// Whether merge-queue batches start a run.
+    pub queue: bool,
+}
+
+impl Default for Triggers {
+    /// A push to any branch.
+    fn default() -> Self {
+        Triggers {
+            push: Some(BranchFilter::default()),
+            pull: None,
+            queue: false,
+        }
+    }
+}
+
+impl Triggers {
+    /// Whether `event` on `branch` (the pushed branch, or a pull's base branch) starts a run.
+    /// A filter with patterns never matches an event without a branch.
+    pub fn matches(&self, event: Event, branch: Option<&str>) -> bool {
+        match event {
+            Event::Push => self.push.as_ref().is_some_and(|f| f.matches(branch)),
+            Event::Pull => self.pull.as_ref().is_some_and(|f| f.matches(branch)),
+            Event::Queue => self.queue,
+        }
+    }
+}
+
+/// Branch patterns of a trigger (`branches:`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BranchFilter {
+    /// Glob patterns where `*` matches any run of characters (`/` included); `None` matches every branch.
+    pub branches: Option<Vec<String>>,
+}
+
+impl BranchFilter {
+    /// Whether `branch` matches one of the patterns (always, when there are none).
+    pub fn matches(&self, branch: Option<&str>) -> bool {
+        match (&self.branches, branch) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(patterns), Some(branch)) => patterns.iter().any(|p| glob_matches(p, branch)),
+        }
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (even empty).
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    let (pattern, text) = (pattern.as_bytes(), text.as_bytes());
+    let (mut p, mut t) = (0, 0);
+    // The last star seen, and the text position it currently swallows up to.
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((star_p, star_t)) = star {
+            p = star_p + 1;
+            t = star_t + 1;
+            star = Some((star_p, star_t + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+/// A kind of event that starts runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Event {
+    /// New commits on a branch.
+    Push,
+    /// A pull request (its head merged with its base).
+    Pull,
+    /// A merge-queue batch.
+    Queue,
+}
+
+impl Event {
+    /// Every event, in the order the docs list them.
+    pub const ALL: [Event; 3] = [Event::Push, Event::Pull, Event::Queue];
+
+    /// The event's name in workflows and in `KNOTLESS_EVENT`: `push`, `pull` or `queue`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::Push => "push",
+            Event::Pull => "pull",
+            Event::Queue => "queue",
+        }
+    }
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// An event name that is not `push`, `pull` or `queue`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown event {0:?}, expected push, pull or queue")]
+pub struct UnknownEvent(pub String);
+
+impl FromStr for Event {
+    type Err = UnknownEvent;
+
+    fn from_str(text: &str) -> Result<Event, UnknownEvent> {
+        Event::ALL
+            .into_iter()
+            .find(|event| event.as_str() == text)
+            .ok_or_else(|| UnknownEvent(text.to_string()))
+    }
+}
+
+/// Why a workflow file could not be used: `file:line:column: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkflowError {
+    /// The file's display path (`.knotless/workflows/build.yml`).
+    pub file: String,
+    /// The line, from 1; `None` when the error has no place in the file (it could not be read).
+    pub line: Option<u64>,
+    /// The column, from 1 (in characters); `None` with `line`.
+    pub column: Option<u64>,
+    /// What is wrong, starting with the field's path when there is one (`steps[1].timeout: ...`).
+    pub message: String,
+}
+
+impl WorkflowError {
+    /// An error about the file as a whole, with no position.
+    pub fn whole_file(file: &str, message: impl Into<String>) -> WorkflowError {
+        WorkflowError {
+            file: file.to_string(),
+            line: None,
+            column: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for WorkflowError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(formatter, ":{line}")?;
+            if let Some(column) = self.column {
+                write!(formatter, ":{column}")?;
+            }
+        }
+        write!(formatter, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for WorkflowError {}
+
+/// Reads a workflow from `text`; `name` is the workflow's name and `display_path` names the file in errors.
+pub fn parse(name: &str, display_path: &str, text: &str) -> Result<Workflow, WorkflowError> {
+    if text.len() as u64 > MAX_WORKFLOW_BYTES {
+        return Err(WorkflowError::whole_file(
+            display_path,
+            format!("file is larger than {MAX_WORKFLOW_BYTES} bytes"),
+        ));
+    }
+    raw::parse(name, display_path, text)
+}
+
+/// Reads the workflow file at `path` (a regular file, never through a symlink); its stem is the
+/// workflow's name and `display_path` names it in errors.
+pub fn load_file(path: &Path, display_path: &str) -> Result<Workflow, WorkflowError> {
+    let fail = |message: String| WorkflowError::whole_file(display_path, message);
+    let name = path
+        .file_stem()
+        .and_then(|stem| stem.to_str())
+        .ok_or_else(|| fail("file name is not valid UTF-8".to_string()))?;
+    let metadata =
+        std::fs::symlink_metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    if !metadata.file_type().is_file() {
+        return Err(fail(
+            "not a regular file (symlinks are not followed)".to_string(),
+        ));
+    }
+    if metadata.len() > MAX_WORKFLOW_BYTES {
+        return Err(fail(format!(
+            "file is larger than {MAX_WORKFLOW_BYTES} bytes"
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|_| fail("file is not valid UTF-8".to_string()))?;
+    parse(name, display_path, &text)
+}
+
+/// Reads every workflow (`*.yml`, `*.yaml`) in `repo_root/.knotless/workflows/`, sorted by name.
+/// A bad file gives an error and does not stop the others; a missing folder gives no workflows.
+/// Two files with the same stem: the first in file-name order wins, the other is an error.
+pub fn load_dir(repo_root: &Path) -> (Vec<Workflow>, Vec<WorkflowError>) {
+    let mut workflows = Vec::new();
+    let mut errors = Vec::new();
+    // Refuse symlinked folders too: a pull could otherwise point us at files outside the repository.
+    for folder in [".knotless", WORKFLOWS_DIR] {
+        match std::fs::symlink_metadata(repo_root.join(folder)) {
+            Ok(metadata) if metadata.is_dir() => {}
+            Ok(_) => {
+                errors.push(WorkflowError::whole_file(
+                    folder,
+                    "not a folder (symlinks are not followed)",
+                ));
+                return (workflows, errors);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (workflows, errors),
+            Err(e) => {
+                errors.push(WorkflowError::whole_file(
+                    folder,
+                    format!("cannot read: {e}"),
+                ));
+                return (workflows, errors);
+            }
+        }
+    }
+    let entries = match std::fs::read_dir(repo_root.join(WORKFLOWS_DIR)) {
+        Ok(entries) => entries,
+        Err(e) => {
+            errors.push(WorkflowError::whole_file(
+                WORKFLOWS_DIR,
+                format!("cannot read: {e}"),
+            ));
+            return (workflows, errors);
+        }
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        match entry {
+            Ok(entry) => files.push(entry.path()),
+            Err(e) => errors.push(WorkflowError::whole_file(
+                WORKFLOWS_DIR,
+                format!("cannot read: {e}"),
+            )),
+        }
+    }
+    files.retain(|path| {
+        path.extension()
+            .is_some_and(|extension| extension == "yml" || extension == "yaml")
+    });
+    files.sort();
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    for path in files {
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let display_path = format!("{WORKFLOWS_DIR}/{file_name}");
+        match load_file(&path, &display_path) {
+            Ok(workflow) => {
+                if let Some(first) = seen.get(&workflow.name) {
+                    errors.push(WorkflowError::whole_file(
+                        &display_path,
+                        format!("workflow {:?} is already defined by {first}", workflow.name),
+                    ));
+                } else {
+                    seen.insert(workflow.name.clone(), display_path);
+                    workflows.push(workflow);
+                }
+            }
+            Err(error) => errors.push(error),
+        }
+    }
+    workflows.sort_by(|a, b| a.name.cmp(&b.name));
+    (workflows, errors)
+}
+
+/// Whether `name` is a valid shell variable name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_variable_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic() || first == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// The prefix of the run variables; env and secret names may not start with it.
+pub const RESERVED_PREFIX: &str = "KNOTLESS_";
+
+/// The index of the first name in `names` already seen before it.
+fn first_duplicate<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<usize> {
+    let mut seen = BTreeSet::new();
+    names.into_iter().position(|name| !seen.insert(name))
+}

@@ -1,0 +1,568 @@
+//! The workflow file as serde reads it, spans kept, and its checked conversion into the model.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_saphyr::{Location, Spanned};
+
+use super::duration::{DURATION_HINT, parse_duration};
+use super::locate::{PathIndex, Position, yaml_error};
+use super::{
+    BranchFilter, DEFAULT_TIMEOUT, Event, QueuePhase, RESERVED_PREFIX, Resources, Step, Triggers,
+    Workflow, WorkflowError, first_duplicate, is_variable_name,
+};
+
+/// Parser options: one document, duplicate keys refused, and a budget far below the defaults
+/// (a workflow is a few hundred nodes) so an alias bomb fails fast.
+fn options() -> serde_saphyr::Options {
+    let mut alias_limits = serde_saphyr::options::AliasLimits::default();
+    alias_limits.max_total_replayed_events = 50_000;
+    alias_limits.max_replay_stack_depth = 16;
+    alias_limits.max_alias_expansions_per_anchor = 1_000;
+    serde_saphyr::options! {
+        with_snippet: false,
+        budget: serde_saphyr::budget! {
+            max_events: 100_000,
+            max_aliases: 1_000,
+            max_anchors: 1_000,
+            max_nodes: 50_000,
+            max_depth: 32,
+            max_total_scalar_bytes: 4 * 1024 * 1024,
+            max_recorded_anchor_events: 50_000,
+            max_recorded_anchor_bytes: 1024 * 1024,
+        },
+        alias_limits: alias_limits,
+    }
+}
+
+/// Reads and checks a workflow (see [`super::parse`]).
+pub(crate) fn parse(name: &str, file: &str, text: &str) -> Result<Workflow, WorkflowError> {
+    match serde_saphyr::from_str_with_options::<Spanned<Option<WorkflowRaw>>>(text, options()) {
+        Ok(raw) => {
+            let start = Position { line: 1, column: 1 };
+            let Some(workflow) = raw.value else {
+                return Err(at_position(
+                    file,
+                    start,
+                    "",
+                    "the file is empty, expected a mapping with steps",
+                ));
+            };
+            let root = Position::of(raw.referenced).unwrap_or(start);
+            Check { file }.workflow(name, root, workflow)
+        }
+        Err(error) => {
+            // The index reads past duplicate keys so that their error can name the field too.
+            let mut index_options = options();
+            index_options.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::LastWins;
+            let index = PathIndex::build(text, index_options);
+            Err(yaml_error(file, &error, index.as_ref()))
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkflowRaw {
+    on: Option<Spanned<OnRaw>>,
+    image: Option<Spanned<String>>,
+    resources: Option<ResourcesRaw>,
+    timeout: Option<Spanned<DurationRaw>>,
+    env: Option<EnvRaw>,
+    cache: Option<Vec<Spanned<String>>>,
+    runners: Option<Vec<Spanned<String>>>,
+    queue: Option<QueuePhase>,
+    network: Option<bool>,
+    steps: Option<Spanned<Vec<Spanned<StepRaw>>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepRaw {
+    name: Spanned<String>,
+    run: Option<Spanned<String>>,
+    uses: Option<Spanned<String>>,
+    timeout: Option<Spanned<DurationRaw>>,
+    secrets: Option<Vec<Spanned<String>>>,
+    env: Option<EnvRaw>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourcesRaw {
+    cpu: Option<Spanned<String>>,
+    memory: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BranchFilterRaw {
+    branches: Option<Vec<Spanned<String>>>,
+}
+
+/// `on:` as written: a single event name, a list of them, or a mapping of event to filter.
+#[derive(Debug)]
+struct OnRaw(Vec<(Spanned<String>, Option<BranchFilterRaw>)>);
+
+impl<'de> Deserialize<'de> for OnRaw {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(OnVisitor)
+    }
+}
+
+struct OnVisitor;
+
+impl<'de> Visitor<'de> for OnVisitor {
+    type Value = OnRaw;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str(
+            "an event name, a list of event names, or a mapping of event names to branch filters",
+        )
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<OnRaw, E> {
+        // The location of a lone scalar is the whole `on:` value's; the checker fills it in.
+        let name = Spanned::new(value.to_string(), Location::UNKNOWN, Location::UNKNOWN);
+        Ok(OnRaw(vec![(name, None)]))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OnRaw, A::Error> {
+        let mut events = Vec::new();
+        while let Some(name) = seq.next_element::<Spanned<String>>()? {
+            events.push((name, None));
+        }
+        Ok(OnRaw(events))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OnRaw, A::Error> {
+        let mut events = Vec::new();
+        while let Some(name) = map.next_key::<Spanned<String>>()? {
+            let filter = map.next_value::<Option<BranchFilterRaw>>()?;
+            events.push((name, Some(filter.unwrap_or_default())));
+        }
+        Ok(OnRaw(events))
+    }
+}
+
+/// A mapping of variable names to text values (strings, numbers and booleans as written).
+#[derive(Debug)]
+struct EnvRaw(Vec<(Spanned<String>, Spanned<String>)>);
+
+impl<'de> Deserialize<'de> for EnvRaw {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(EnvVisitor)
+    }
+}
+
+struct EnvVisitor;
+
+impl<'de> Visitor<'de> for EnvVisitor {
+    type Value = EnvRaw;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a mapping of variable names to values")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvRaw, A::Error> {
+        let mut pairs = Vec::new();
+        while let Some(name) = map.next_key::<Spanned<String>>()? {
+            pairs.push((name, map.next_value::<Spanned<String>>()?));
+        }
+        Ok(EnvRaw(pairs))
+    }
+}
+
+/// A duration as written (`90s`, `10m`, `1h30m`, `500ms`).
+#[derive(Debug)]
+struct DurationRaw(Duration);
+
+impl<'de> Deserialize<'de> for DurationRaw {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(DurationVisitor)
+    }
+}
+
+struct DurationVisitor;
+
+impl DurationVisitor {
+    fn invalid<E: de::Error>(text: impl fmt::Display) -> E {
+        E::custom(format_args!("invalid duration {text}, {DURATION_HINT}"))
+    }
+}
+
+impl Visitor<'_> for DurationVisitor {
+    type Value = DurationRaw;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        write!(formatter, "a duration, {DURATION_HINT}")
+    }
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<DurationRaw, E> {
+        parse_duration(value)
+            .map(DurationRaw)
+            .ok_or_else(|| Self::invalid(format_args!("{value:?}")))
+    }
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<DurationRaw, E> {
+        Err(Self::invalid(value))
+    }
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<DurationRaw, E> {
+        Err(Self::invalid(value))
+    }
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<DurationRaw, E> {
+        Err(Self::invalid(value))
+    }
+}
+
+/// An error at `position`, naming the field `path`.
+fn at_position(file: &str, position: Position, path: &str, message: &str) -> WorkflowError {
+    WorkflowError {
+        file: file.to_string(),
+        line: Some(position.line),
+        column: Some(position.column),
+        message: if path.is_empty() {
+            message.to_string()
+        } else {
+            format!("{path}: {message}")
+        },
+    }
+}
+
+/// The semantic checks, run on what serde accepted.
+struct Check<'a> {
+    file: &'a str,
+}
+
+impl Check<'_> {
+    /// An error at a spanned value, or at `fallback` when serde-saphyr has no span for it.
+    fn at<T>(
+        &self,
+        value: &Spanned<T>,
+        fallback: Position,
+        path: &str,
+        message: &str,
+    ) -> WorkflowError {
+        at_position(
+            self.file,
+            Position::of(value.referenced).unwrap_or(fallback),
+            path,
+            message,
+        )
+    }
+
+    fn workflow(
+        &self,
+        name: &str,
+        root: Position,
+        raw: WorkflowRaw,
+    ) -> Result<Workflow, WorkflowError> {
+        let on = match &raw.on {
+            Some(on) => self.triggers(on, root)?,
+            None => Triggers::default(),
+        };
+        if let Some(image) = &raw.image {
+            self.not_blank(image, root, "image")?;
+        }
+        let resources = match raw.resources {
+            Some(resources) => Resources {
+                cpu: self.quantity(resources.cpu, root, "resources.cpu")?,
+                memory: self.quantity(resources.memory, root, "resources.memory")?,
+            },
+            None => Resources::default(),
+        };
+        let timeout = match &raw.timeout {
+            Some(timeout) => self.timeout(timeout, root, "timeout")?,
+            None => DEFAULT_TIMEOUT,
+        };
+        let env = self.env(raw.env, root, "env")?;
+        let cache = raw.cache.unwrap_or_default();
+        for (index, path) in cache.iter().enumerate() {
+            self.cache_path(path, root, &format!("cache[{index}]"))?;
+        }
+        let runners = raw.runners.unwrap_or_default();
+        for (index, runner) in runners.iter().enumerate() {
+            self.not_blank(runner, root, &format!("runners[{index}]"))?;
+        }
+        let Some(steps_raw) = raw.steps else {
+            return Err(at_position(self.file, root, "", "missing field `steps`"));
+        };
+        let steps_at = Position::of(steps_raw.referenced).unwrap_or(root);
+        if steps_raw.value.is_empty() {
+            return Err(at_position(
+                self.file,
+                steps_at,
+                "steps",
+                "a workflow needs at least one step",
+            ));
+        }
+        let mut steps = Vec::new();
+        let mut names = BTreeSet::new();
+        for (index, step) in steps_raw.value.into_iter().enumerate() {
+            let path = format!("steps[{index}]");
+            let step_at = Position::of(step.referenced).unwrap_or(steps_at);
+            if !names.insert(step.value.name.value.clone()) {
+                let message = format!("duplicate step name {:?}", step.value.name.value);
+                return Err(self.at(&step.value.name, step_at, &format!("{path}.name"), &message));
+            }
+            steps.push(self.step(step.value, step_at, &path)?);
+        }
+        Ok(Workflow {
+            name: name.to_string(),
+            file: self.file.to_string(),
+            on,
+            image: raw.image.map(|image| image.value),
+            resources,
+            timeout,
+            env,
+            cache: cache.into_iter().map(|path| path.value).collect(),
+            runners: runners.into_iter().map(|runner| runner.value).collect(),
+            queue: raw.queue,
+            network: raw.network.unwrap_or(false),
+            steps,
+        })
+    }
+
+    fn step(&self, raw: StepRaw, at: Position, path: &str) -> Result<Step, WorkflowError> {
+        self.not_blank(&raw.name, at, &format!("{path}.name"))?;
+        match (&raw.run, &raw.uses) {
+            (None, None) => {
+                return Err(at_position(
+                    self.file,
+                    at,
+                    path,
+                    "a step needs `run` or `uses`",
+                ));
+            }
+            (Some(_), Some(uses)) => {
+                let message = "a step has either `run` or `uses`, not both";
+                return Err(self.at(uses, at, &format!("{path}.uses"), message));
+            }
+            (Some(run), None) => self.not_blank(run, at, &format!("{path}.run"))?,
+            (None, Some(uses)) => self.shared_step_name(uses, at, &format!("{path}.uses"))?,
+        }
+        let timeout = match &raw.timeout {
+            Some(timeout) => Some(self.timeout(timeout, at, &format!("{path}.timeout"))?),
+            None => None,
+        };
+        let secrets = raw.secrets.unwrap_or_default();
+        for (index, secret) in secrets.iter().enumerate() {
+            self.variable_name(secret, at, &format!("{path}.secrets[{index}]"), "secret")?;
+        }
+        if let Some(index) = first_duplicate(secrets.iter().map(|secret| secret.value.as_str())) {
+            let message = format!("secret {:?} is listed twice", secrets[index].value);
+            return Err(self.at(
+                &secrets[index],
+                at,
+                &format!("{path}.secrets[{index}]"),
+                &message,
+            ));
+        }
+        Ok(Step {
+            name: raw.name.value,
+            run: raw.run.map(|run| run.value),
+            uses: raw.uses.map(|uses| uses.value),
+            timeout,
+            secrets: secrets.into_iter().map(|secret| secret.value).collect(),
+            env: self.env(raw.env, at, &format!("{path}.env"))?,
+        })
+    }
+
+    fn triggers(&self, on: &Spanned<OnRaw>, root: Position) -> Result<Triggers, WorkflowError> {
+        let on_at = Position::of(on.referenced).unwrap_or(root);
+        let mut triggers = Triggers {
+            push: None,
+            pull: None,
+            queue: false,
+        };
+        if on.value.0.is_empty() {
+            return Err(at_position(
+                self.file,
+                on_at,
+                "on",
+                "no events, expected push, pull or queue",
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (name, filter) in &on.value.0 {
+            let path = format!("on.{}", name.value);
+            let event: Event = name
+                .value
+                .parse()
+                .map_err(|e: super::UnknownEvent| self.at(name, on_at, "on", &e.to_string()))?;
+            if !seen.insert(event) {
+                let message = format!("event {event} is listed twice");
+                return Err(self.at(name, on_at, "on", &message));
+            }
+            let branches = match filter.as_ref().and_then(|filter| filter.branches.as_ref()) {
+                None => None,
+                Some(_) if event == Event::Queue => {
+                    let message =
+                        "a queue trigger takes no branches (batches are for the queue's branch)";
+                    return Err(self.at(name, on_at, &path, message));
+                }
+                Some(patterns) => {
+                    if patterns.is_empty() {
+                        let message =
+                            "no branch patterns; leave `branches` out to match every branch";
+                        return Err(self.at(name, on_at, &format!("{path}.branches"), message));
+                    }
+                    for (index, pattern) in patterns.iter().enumerate() {
+                        self.not_blank(pattern, on_at, &format!("{path}.branches[{index}]"))?;
+                    }
+                    Some(
+                        patterns
+                            .iter()
+                            .map(|pattern| pattern.value.clone())
+                            .collect(),
+                    )
+                }
+            };
+            match event {
+                Event::Push => triggers.push = Some(BranchFilter { branches }),
+                Event::Pull => triggers.pull = Some(BranchFilter { branches }),
+                Event::Queue => triggers.queue = true,
+            }
+        }
+        Ok(triggers)
+    }
+
+    fn env(
+        &self,
+        env: Option<EnvRaw>,
+        fallback: Position,
+        path: &str,
+    ) -> Result<BTreeMap<String, String>, WorkflowError> {
+        let mut variables = BTreeMap::new();
+        for (name, value) in env.map(|env| env.0).unwrap_or_default() {
+            let field = format!("{path}.{}", name.value);
+            self.variable_name(&name, fallback, &field, "variable")?;
+            variables.insert(name.value, value.value);
+        }
+        Ok(variables)
+    }
+
+    fn variable_name(
+        &self,
+        name: &Spanned<String>,
+        fallback: Position,
+        path: &str,
+        what: &str,
+    ) -> Result<(), WorkflowError> {
+        if !is_variable_name(&name.value) {
+            let message = format!(
+                "invalid {what} name {:?}, expected letters, digits and _, not starting with a digit",
+                name.value
+            );
+            return Err(self.at(name, fallback, path, &message));
+        }
+        if name.value.starts_with(RESERVED_PREFIX) {
+            let message = format!(
+                "{what} name {:?} is reserved: names starting with {RESERVED_PREFIX} are the runner's",
+                name.value
+            );
+            return Err(self.at(name, fallback, path, &message));
+        }
+        Ok(())
+    }
+
+    fn timeout(
+        &self,
+        timeout: &Spanned<DurationRaw>,
+        fallback: Position,
+        path: &str,
+    ) -> Result<Duration, WorkflowError> {
+        if timeout.value.0.is_zero() {
+            return Err(self.at(timeout, fallback, path, "timeout must be greater than zero"));
+        }
+        Ok(timeout.value.0)
+    }
+
+    fn not_blank(
+        &self,
+        text: &Spanned<String>,
+        fallback: Position,
+        path: &str,
+    ) -> Result<(), WorkflowError> {
+        if text.value.trim().is_empty() {
+            return Err(self.at(text, fallback, path, "must not be empty"));
+        }
+        Ok(())
+    }
+
+    fn cache_path(
+        &self,
+        path_text: &Spanned<String>,
+        fallback: Position,
+        path: &str,
+    ) -> Result<(), WorkflowError> {
+        self.not_blank(path_text, fallback, path)?;
+        if path_text.value.split('/').any(|part| part == "..") {
+            let message = format!("cache path {:?} must not contain ..", path_text.value);
+            return Err(self.at(path_text, fallback, path, &message));
+        }
+        Ok(())
+    }
+
+    fn shared_step_name(
+        &self,
+        uses: &Spanned<String>,
+        fallback: Position,
+        path: &str,
+    ) -> Result<(), WorkflowError> {
+        let name = &uses.value;
+        let valid = !name.is_empty()
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !valid {
+            let message = format!(
+                "invalid shared step {name:?}, expected the name of a folder of .knotless/steps/ (letters, digits, ., _ and -)"
+            );
+            return Err(self.at(uses, fallback, path, &message));
+        }
+        Ok(())
+    }
+
+    fn quantity(
+        &self,
+        quantity: Option<Spanned<String>>,
+        fallback: Position,
+        path: &str,
+    ) -> Result<Option<String>, WorkflowError> {
+        let Some(quantity) = quantity else {
+            return Ok(None);
+        };
+        if !is_quantity(&quantity.value) {
+            let message = format!(
+                "invalid quantity {:?}, expected e.g. 2, 500m, 4Gi",
+                quantity.value
+            );
+            return Err(self.at(&quantity, fallback, path, &message));
+        }
+        Ok(Some(quantity.value))
+    }
+}
+
+/// Whether `text` is a Kubernetes quantity: a decimal number with an optional suffix
+/// (`m`, `k`, `M`, `G`, `T`, `P`, `E`, `Ki` ... `Ei`) or exponent (`1e3`).
+fn is_quantity(text: &str) -> bool {
+    let number_len = text
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .count();
+    let (number, suffix) = text.split_at(number_len);
+    let number_ok = !number.is_empty()
+        && number.bytes().filter(|b| *b == b'.').count() <= 1
+        && number.bytes().any(|b| b.is_ascii_digit());
+    let suffix_ok = matches!(
+        suffix,
+        "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
+    ) || suffix
+        .strip_prefix(['e', 'E'])
+        .map(|exponent| exponent.strip_prefix(['+', '-']).unwrap_or(exponent))
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
+    number_ok && suffix_ok
+}

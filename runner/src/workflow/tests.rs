@@ -1,0 +1,460 @@
+//! Tests of workflow parsing: the model, defaults, and every error's file, line, column and field.
+
+use std::time::Duration;
+
+use super::*;
+
+const FILE: &str = ".knotless/workflows/build.yml";
+
+/// Parses `text` and checks the error's `line:column: message` (file is always [`FILE`]).
+fn check(text: &str, expected: &str) {
+    match parse("build", FILE, text) {
+        Ok(workflow) => panic!("expected {expected:?}, parsed {workflow:?}"),
+        Err(error) => {
+            assert_eq!(error.file, FILE);
+            assert_eq!(error.to_string(), format!("{FILE}:{expected}"), "{text}");
+        }
+    }
+}
+
+fn parse_ok(text: &str) -> Workflow {
+    match parse("build", FILE, text) {
+        Ok(workflow) => workflow,
+        Err(error) => panic!("{error}"),
+    }
+}
+
+const FULL: &str = r#"
+on:
+  push: { branches: [main, "release/*"] }
+  pull: { branches: [main] }
+  queue: {}
+image: debian:stable
+resources: { cpu: "2", memory: 4Gi }
+timeout: 30m
+env: { RUST_LOG: info, RETRIES: 3, VERBOSE: true, RATIO: 1.50 }
+cache: [target, /cache]
+runners: [did:plc:abc]
+queue: first
+network: true
+steps:
+  - name: build
+    run: |
+      cargo build
+      cargo test
+    timeout: 10m
+    secrets: [DEPLOY_TOKEN]
+    env: { PROFILE: release }
+  - name: lint
+    uses: lint-shell
+"#;
+
+#[test]
+fn reads_every_field() {
+    let workflow = parse_ok(FULL);
+    let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let expected = Workflow {
+        name: "build".to_string(),
+        file: FILE.to_string(),
+        on: Triggers {
+            push: Some(BranchFilter {
+                branches: Some(vec!["main".to_string(), "release/*".to_string()]),
+            }),
+            pull: Some(BranchFilter {
+                branches: Some(vec!["main".to_string()]),
+            }),
+            queue: true,
+        },
+        image: Some("debian:stable".to_string()),
+        resources: Resources {
+            cpu: Some("2".to_string()),
+            memory: Some("4Gi".to_string()),
+        },
+        timeout: Duration::from_secs(30 * 60),
+        env: map(&[
+            ("RUST_LOG", "info"),
+            ("RETRIES", "3"),
+            ("VERBOSE", "true"),
+            ("RATIO", "1.50"),
+        ]),
+        cache: vec!["target".to_string(), "/cache".to_string()],
+        runners: vec!["did:plc:abc".to_string()],
+        queue: Some(QueuePhase::First),
+        network: true,
+        steps: vec![
+            Step {
+                name: "build".to_string(),
+                run: Some("cargo build\ncargo test\n".to_string()),
+                uses: None,
+                timeout: Some(Duration::from_secs(600)),
+                secrets: vec!["DEPLOY_TOKEN".to_string()],
+                env: map(&[("PROFILE", "release")]),
+            },
+            Step {
+                name: "lint".to_string(),
+                run: None,
+                uses: Some("lint-shell".to_string()),
+                timeout: None,
+                secrets: vec![],
+                env: BTreeMap::new(),
+            },
+        ],
+    };
+    assert_eq!(workflow, expected);
+    assert_eq!(workflow.step_timeout(0), Duration::from_secs(600));
+    assert_eq!(workflow.step_timeout(1), Duration::from_secs(30 * 60));
+    assert_eq!(workflow.step_timeout(9), Duration::from_secs(30 * 60));
+}
+
+#[test]
+fn defaults() {
+    let workflow = parse_ok("steps:\n  - { name: a, run: 'true' }\n");
+    assert_eq!(workflow.on, Triggers::default());
+    assert!(workflow.on.matches(Event::Push, Some("any/branch")));
+    assert!(!workflow.on.matches(Event::Pull, Some("main")));
+    assert!(!workflow.on.matches(Event::Queue, None));
+    assert_eq!(workflow.timeout, DEFAULT_TIMEOUT);
+    assert_eq!(workflow.image, None);
+    assert_eq!(workflow.resources, Resources::default());
+    assert!(workflow.env.is_empty() && workflow.cache.is_empty() && workflow.runners.is_empty());
+    assert_eq!(workflow.queue, None);
+    assert!(!workflow.network);
+    // A step timeout longer than the run's is capped by it.
+    let workflow = parse_ok("timeout: 1m\nsteps:\n  - { name: a, run: 'true', timeout: 1h }\n");
+    assert_eq!(workflow.step_timeout(0), Duration::from_secs(60));
+}
+
+#[test]
+fn on_forms() {
+    let on = |text: &str| parse_ok(&format!("on: {text}\nsteps:\n  - {{ name: a, run: x }}\n")).on;
+    let all = Some(BranchFilter::default());
+    assert_eq!(
+        on("[push, pull]"),
+        Triggers {
+            push: all.clone(),
+            pull: all.clone(),
+            queue: false
+        }
+    );
+    assert_eq!(
+        on("queue"),
+        Triggers {
+            push: None,
+            pull: None,
+            queue: true
+        }
+    );
+    assert_eq!(
+        on("{pull: }"),
+        Triggers {
+            push: None,
+            pull: all.clone(),
+            queue: false
+        }
+    );
+    assert_eq!(
+        on("{push: {}, queue: }"),
+        Triggers {
+            push: all,
+            pull: None,
+            queue: true
+        }
+    );
+}
+
+#[test]
+fn trigger_matching() {
+    let triggers = parse_ok(FULL).on;
+    let cases = [
+        (Event::Push, Some("main"), true),
+        (Event::Push, Some("release/1.0"), true),
+        (Event::Push, Some("release/"), true),
+        (Event::Push, Some("feature"), false),
+        (Event::Push, None, false),
+        (Event::Pull, Some("main"), true),
+        (Event::Pull, Some("release/1.0"), false),
+        (Event::Queue, None, true),
+    ];
+    for (event, branch, expected) in cases {
+        assert_eq!(
+            triggers.matches(event, branch),
+            expected,
+            "{event} {branch:?}"
+        );
+    }
+    for (pattern, text, expected) in [
+        ("main", "main", true),
+        ("main", "mainx", false),
+        ("*", "", true),
+        ("*", "a/b", true),
+        ("release/*", "release/a/b", true),
+        ("*-rc", "1.0-rc", true),
+        ("*-rc", "1.0-rc2", false),
+        ("a*b*c", "aXbYbZc", true),
+        ("a*b*c", "aXbYbZ", false),
+        ("**", "x", true),
+    ] {
+        assert_eq!(glob_matches(pattern, text), expected, "{pattern} {text}");
+    }
+}
+
+#[test]
+fn events_round_trip() {
+    for event in Event::ALL {
+        assert_eq!(event.as_str().parse::<Event>(), Ok(event));
+    }
+    let error = "merge"
+        .parse::<Event>()
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    assert_eq!(
+        error,
+        Err("unknown event \"merge\", expected push, pull or queue".to_string())
+    );
+}
+
+#[test]
+fn yaml_errors_name_line_column_and_field() {
+    check(
+        "steps:\n  - name: a\n    run: x\n  - name: b\n    run: y\n    timeout: 10 minutes\n",
+        r#"6:14: steps[1].timeout: invalid duration "10 minutes", expected e.g. 90s, 10m, 1h"#,
+    );
+    check(
+        "timeout: 90\nsteps:\n  - {name: a, run: x}\n",
+        "1:10: timeout: invalid duration 90, expected e.g. 90s, 10m, 1h",
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    tmeout: 5s\n",
+        "4:5: steps[0].tmeout: unknown field `tmeout`, expected one of name, run, uses, timeout, secrets, env",
+    );
+    check(
+        "steps:\n  - run: a\n",
+        "2:5: steps[0]: missing field `name`",
+    );
+    check(
+        "steps:\n  - name: [a]\n    run: x\n",
+        "2:11: steps[0].name: expected string scalar",
+    );
+    check("steps: [\n", "1:8: unclosed bracket '['");
+    check(
+        "stepz: []\n",
+        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, steps",
+    );
+    check(
+        "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
+        "1:13: on.push.branch: unknown field `branch`, expected one of branches",
+    );
+    check(
+        "queue: last\nsteps:\n  - {name: a, run: x}\n",
+        "1:8: queue: unknown variant `last`, expected one of first",
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    env: {A: ~}\n",
+        "4:14: steps[0].env.A: null is not allowed here",
+    );
+    check(
+        "steps:\n  - {name: a, run: x}\n  - name: b\n    name: c\n",
+        "4:5: steps[1].name: duplicate mapping key `name` is not allowed here",
+    );
+    check(
+        "steps:\n  - {name: a, run: x}\n---\nsteps: []\n",
+        "4:1: only single YAML document expected but multiple found",
+    );
+    check("", "1:1: the file is empty, expected a mapping with steps");
+    check(
+        "# only a comment\n",
+        "1:1: the file is empty, expected a mapping with steps",
+    );
+}
+
+#[test]
+fn semantic_errors_point_at_the_field() {
+    check("image: debian\n", "1:1: missing field `steps`");
+    check(
+        "steps: []\n",
+        "1:8: steps: a workflow needs at least one step",
+    );
+    check(
+        "steps:\n  - name: a\n",
+        "2:5: steps[0]: a step needs `run` or `uses`",
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    uses: y\n",
+        "4:11: steps[0].uses: a step has either `run` or `uses`, not both",
+    );
+    check(
+        "steps:\n  - {name: a, run: x}\n  - {name: a, run: y}\n",
+        r#"3:12: steps[1].name: duplicate step name "a""#,
+    );
+    check(
+        "env:\n  1X: y\nsteps:\n  - {name: a, run: x}\n",
+        r#"2:3: env.1X: invalid variable name "1X", expected letters, digits and _, not starting with a digit"#,
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    env: {KNOTLESS_COMMIT: x}\n",
+        r#"4:11: steps[0].env.KNOTLESS_COMMIT: variable name "KNOTLESS_COMMIT" is reserved: names starting with KNOTLESS_ are the runner's"#,
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    secrets: [OK, bad-name]\n",
+        r#"4:19: steps[0].secrets[1]: invalid secret name "bad-name", expected letters, digits and _, not starting with a digit"#,
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    secrets: [KNOTLESS_X]\n",
+        r#"4:15: steps[0].secrets[0]: secret name "KNOTLESS_X" is reserved: names starting with KNOTLESS_ are the runner's"#,
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    secrets: [A, A]\n",
+        r#"4:18: steps[0].secrets[1]: secret "A" is listed twice"#,
+    );
+    check(
+        "steps:\n  - name: a\n    run: x\n    timeout: 0s\n",
+        "4:14: steps[0].timeout: timeout must be greater than zero",
+    );
+    check(
+        "timeout: 0m\nsteps:\n  - {name: a, run: x}\n",
+        "1:10: timeout: timeout must be greater than zero",
+    );
+    check(
+        "cache: [target, ../up]\nsteps:\n  - {name: a, run: x}\n",
+        r#"1:17: cache[1]: cache path "../up" must not contain .."#,
+    );
+    check(
+        "steps:\n  - name: a\n    uses: ../../bin\n",
+        r#"3:11: steps[0].uses: invalid shared step "../../bin", expected the name of a folder of .knotless/steps/ (letters, digits, ., _ and -)"#,
+    );
+    check(
+        "steps:\n  - name: a\n    run: ''\n",
+        "3:10: steps[0].run: must not be empty",
+    );
+    check(
+        "steps:\n  - name: ''\n    run: x\n",
+        "2:11: steps[0].name: must not be empty",
+    );
+    check(
+        "resources: {cpu: 2, memory: 4GB}\nsteps:\n  - {name: a, run: x}\n",
+        r#"1:29: resources.memory: invalid quantity "4GB", expected e.g. 2, 500m, 4Gi"#,
+    );
+    check(
+        "on: [push, pul]\nsteps:\n  - {name: a, run: x}\n",
+        r#"1:12: on: unknown event "pul", expected push, pull or queue"#,
+    );
+    check(
+        "on: nightly\nsteps:\n  - {name: a, run: x}\n",
+        r#"1:5: on: unknown event "nightly", expected push, pull or queue"#,
+    );
+    check(
+        "on: [push, push]\nsteps:\n  - {name: a, run: x}\n",
+        "1:12: on: event push is listed twice",
+    );
+    check(
+        "on: []\nsteps:\n  - {name: a, run: x}\n",
+        "1:5: on: no events, expected push, pull or queue",
+    );
+    check(
+        "on: {queue: {branches: [main]}}\nsteps:\n  - {name: a, run: x}\n",
+        "1:6: on.queue: a queue trigger takes no branches (batches are for the queue's branch)",
+    );
+    check(
+        "on: {push: {branches: []}}\nsteps:\n  - {name: a, run: x}\n",
+        "1:6: on.push.branches: no branch patterns; leave `branches` out to match every branch",
+    );
+}
+
+#[test]
+fn alias_bombs_fail_fast() {
+    let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for level in 1..12 {
+        let previous = format!("*a{}", level - 1);
+        text.push_str(&format!(
+            "a{level}: &a{level} [{}]\n",
+            vec![previous; 10].join(", ")
+        ));
+    }
+    text.push_str("steps:\n  - {name: a, run: x}\n");
+    let started = std::time::Instant::now();
+    let error = parse("build", FILE, &text)
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    assert!(error.is_err(), "{error:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn oversized_text_is_refused() {
+    let text = "#".repeat(MAX_WORKFLOW_BYTES as usize + 1);
+    let error = parse("build", FILE, &text)
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    assert_eq!(
+        error,
+        Err(format!(
+            "{FILE}: file is larger than {MAX_WORKFLOW_BYTES} bytes"
+        ))
+    );
+}
+
+#[test]
+fn error_display_omits_unknown_positions() {
+    let error = WorkflowError::whole_file(FILE, "cannot read: denied");
+    assert_eq!(error.to_string(), format!("{FILE}: cannot read: denied"));
+}
+
+#[test]
+fn load_dir_keeps_going_past_bad_files() -> Result<(), Box<dyn std::error::Error>> {
+    let root = tempfile::tempdir()?;
+    let folder = root.path().join(WORKFLOWS_DIR);
+    std::fs::create_dir_all(&folder)?;
+    std::fs::write(
+        folder.join("test.yaml"),
+        "steps:\n  - {name: t, run: 'true'}\n",
+    )?;
+    std::fs::write(
+        folder.join("build.yml"),
+        "steps:\n  - {name: b, run: 'true'}\n",
+    )?;
+    std::fs::write(
+        folder.join("broken.yml"),
+        "steps:\n  - name: b\n    run: x\n    timeout: soon\n",
+    )?;
+    std::fs::write(
+        folder.join("build.yaml"),
+        "steps:\n  - {name: b, run: 'true'}\n",
+    )?;
+    std::fs::write(folder.join("notes.txt"), "not a workflow")?;
+    std::os::unix::fs::symlink("/etc/hostname", folder.join("linked.yml"))?;
+    let (workflows, errors) = load_dir(root.path());
+    let names: Vec<&str> = workflows.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["build", "test"]);
+    assert_eq!(workflows[0].file, ".knotless/workflows/build.yaml");
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        [
+            r#".knotless/workflows/broken.yml:4:14: steps[0].timeout: invalid duration "soon", expected e.g. 90s, 10m, 1h"#,
+            r#".knotless/workflows/build.yml: workflow "build" is already defined by .knotless/workflows/build.yaml"#,
+            ".knotless/workflows/linked.yml: not a regular file (symlinks are not followed)",
+        ]
+    );
+    // No folder: no workflows and no errors.
+    let empty = tempfile::tempdir()?;
+    assert_eq!(load_dir(empty.path()), (vec![], vec![]));
+    Ok(())
+}
+
+#[test]
+fn demo_workflows_parse() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo");
+    let (workflows, errors) = load_dir(&demo);
+    assert_eq!(errors, vec![]);
+    let names: Vec<&str> = workflows.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["build", "test"]);
+}
