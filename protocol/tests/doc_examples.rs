@@ -42,8 +42,7 @@ struct Example {
 
 fn reference() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/protocol.md");
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()))
+    std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()))
 }
 
 /// Every `json` block with its marker; panics on a block without a well-formed marker or an
@@ -66,33 +65,20 @@ fn examples(markdown: &str) -> Vec<Example> {
             body.push(lines[index]);
             index += 1;
         }
-        assert!(
-            index < lines.len(),
-            "line {}: the code block is never closed",
-            opening + 1
-        );
+        assert!(index < lines.len(), "line {}: the code block is never closed", opening + 1);
         index += 1;
         if info != "json" {
             continue;
         }
-        let marker = lines[..opening]
-            .iter()
-            .rev()
-            .find(|line| !line.trim().is_empty())
-            .map(|line| line.trim())
-            .unwrap_or("");
+        let marker =
+            lines[..opening].iter().rev().find(|line| !line.trim().is_empty()).map(|line| line.trim()).unwrap_or("");
         let (kind, method) = parse_marker(marker).unwrap_or_else(|| {
             panic!(
                 "line {}: a json block must follow a marker such as `<!-- example: request start -->`, found {marker:?}",
                 opening + 1
             )
         });
-        found.push(Example {
-            line: opening + 1,
-            kind,
-            method,
-            text: body.join("\n"),
-        });
+        found.push(Example { line: opening + 1, kind, method, text: body.join("\n") });
     }
     found
 }
@@ -112,11 +98,9 @@ fn parse_marker(line: &str) -> Option<(String, String)> {
 /// The method names declared in `messages::method`, read from the source.
 fn declared_methods() -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/messages.rs");
-    let source = std::fs::read_to_string(&path)
-        .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
-    let start = source
-        .find("pub mod method {")
-        .expect("messages.rs declares `pub mod method`");
+    let source =
+        std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
+    let start = source.find("pub mod method {").expect("messages.rs declares `pub mod method`");
     let end = start + source[start..].find("\n}").expect("the method module ends");
     source[start..end]
         .lines()
@@ -141,9 +125,7 @@ fn assert_covers(written: &Value, typed: &Value, at: &str) -> Result<(), String>
         (Value::Object(written), Value::Object(typed)) => {
             for (key, value) in written {
                 let Some(back) = typed.get(key) else {
-                    return Err(format!(
-                        "{at}.{key} is not a field of the type (misspelled or unknown)"
-                    ));
+                    return Err(format!("{at}.{key} is not a field of the type (misspelled or unknown)"));
                 };
                 assert_covers(value, back, &format!("{at}.{key}"))?;
             }
@@ -156,18 +138,15 @@ fn assert_covers(written: &Value, typed: &Value, at: &str) -> Result<(), String>
             Ok(())
         }
         _ if written == typed => Ok(()),
-        _ => Err(format!(
-            "{at} is {written} in the example but {typed} once typed"
-        )),
+        _ => Err(format!("{at} is {written} in the example but {typed} once typed")),
     }
 }
 
 /// Deserializes `value` into `T` and checks that nothing was dropped or changed.
 fn strictly<T: DeserializeOwned + Serialize>(value: &Value, at: &str) -> Result<(), String> {
-    let typed: T = serde_json::from_value(value.clone())
-        .map_err(|error| format!("{at} does not deserialize: {error}"))?;
-    let back = serde_json::to_value(&typed)
-        .map_err(|error| format!("{at} does not serialize again: {error}"))?;
+    let typed: T =
+        serde_json::from_value(value.clone()).map_err(|error| format!("{at} does not deserialize: {error}"))?;
+    let back = serde_json::to_value(&typed).map_err(|error| format!("{at} does not serialize again: {error}"))?;
     assert_covers(value, &back, at)
 }
 
@@ -196,9 +175,7 @@ fn check_result(name: &str, result: &Value) -> Result<(), String> {
         method::STOP => strictly::<messages::StopResult>(result, "result"),
         method::CLEANUP => strictly::<messages::CleanupResult>(result, "result"),
         method::UPLOAD | method::DOWNLOAD => strictly::<messages::TransferResult>(result, "result"),
-        other if is_notification(other) => {
-            Err(format!("{other} is a notification and has no response"))
-        }
+        other if is_notification(other) => Err(format!("{other} is a notification and has no response")),
         other => Err(format!("unknown method {other:?}")),
     }
 }
@@ -223,16 +200,10 @@ const KNOWN_CODES: &[i32] = &[
 
 fn check_error(error: &Value) -> Result<(), String> {
     let object = error.as_object().ok_or("error is not an object")?;
-    if let Some(key) = object
-        .keys()
-        .find(|key| !["code", "message", "data"].contains(&key.as_str()))
-    {
+    if let Some(key) = object.keys().find(|key| !["code", "message", "data"].contains(&key.as_str())) {
         return Err(format!("error.{key} is not a field of a JSON-RPC error"));
     }
-    let code = object
-        .get("code")
-        .and_then(Value::as_i64)
-        .ok_or("error.code is not an integer")?;
+    let code = object.get("code").and_then(Value::as_i64).ok_or("error.code is not an integer")?;
     if !KNOWN_CODES.iter().any(|known| i64::from(*known) == code) {
         return Err(format!("error.code {code} is not a code of the protocol"));
     }
@@ -244,8 +215,7 @@ fn check_error(error: &Value) -> Result<(), String> {
 
 /// Checks one example; the error says what is wrong.
 fn check(example: &Example) -> Result<(), String> {
-    let message: Value =
-        serde_json::from_str(&example.text).map_err(|error| format!("not JSON: {error}"))?;
+    let message: Value = serde_json::from_str(&example.text).map_err(|error| format!("not JSON: {error}"))?;
     let object = message.as_object().ok_or("not a JSON object")?;
     if object.get("jsonrpc") != Some(&Value::from("2.0")) {
         return Err("`jsonrpc` is not \"2.0\"".to_string());
@@ -259,21 +229,12 @@ fn check(example: &Example) -> Result<(), String> {
     if let Some(key) = object.keys().find(|key| !allowed.contains(&key.as_str())) {
         return Err(format!("a {} has no `{key}` member", example.kind));
     }
-    let member = |name: &str| {
-        object
-            .get(name)
-            .ok_or(format!("a {} needs `{name}`", example.kind))
-    };
+    let member = |name: &str| object.get(name).ok_or(format!("a {} needs `{name}`", example.kind));
     match example.kind.as_str() {
         "request" | "notification" => {
-            let name = member("method")?
-                .as_str()
-                .ok_or("`method` is not a string")?;
+            let name = member("method")?.as_str().ok_or("`method` is not a string")?;
             if name != example.method {
-                return Err(format!(
-                    "the marker names {} but the message is {name}",
-                    example.method
-                ));
+                return Err(format!("the marker names {} but the message is {name}", example.method));
             }
             if (example.kind == "notification") != is_notification(name) {
                 return Err(format!("{name} is not a {}", example.kind));
@@ -308,51 +269,32 @@ fn every_example_is_a_valid_message() {
     let failures: Vec<String> = found
         .iter()
         .filter_map(|example| {
-            check(example).err().map(|error| {
-                format!(
-                    "line {} ({} {}): {error}",
-                    example.line, example.kind, example.method
-                )
-            })
+            check(example)
+                .err()
+                .map(|error| format!("line {} ({} {}): {error}", example.line, example.kind, example.method))
         })
         .collect();
-    assert!(
-        failures.is_empty(),
-        "bad examples in docs/reference/protocol.md:\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "bad examples in docs/reference/protocol.md:\n{}", failures.join("\n"));
 }
 
 #[test]
 fn every_method_has_its_examples() {
     let markdown = reference();
     let found = examples(&markdown);
-    let present: BTreeSet<(String, String)> = found
-        .iter()
-        .map(|example| (example.kind.clone(), example.method.clone()))
-        .collect();
+    let present: BTreeSet<(String, String)> =
+        found.iter().map(|example| (example.kind.clone(), example.method.clone())).collect();
     let declared = declared_methods();
-    assert!(
-        declared.len() >= 12,
-        "expected the twelve methods of version 1, read {declared:?}"
-    );
+    assert!(declared.len() >= 12, "expected the twelve methods of version 1, read {declared:?}");
     let mut missing = Vec::new();
     for name in &declared {
-        let kinds: &[&str] = if is_notification(name) {
-            &["notification"]
-        } else {
-            &["request", "response"]
-        };
+        let kinds: &[&str] = if is_notification(name) { &["notification"] } else { &["request", "response"] };
         for kind in kinds {
             if !present.contains(&(kind.to_string(), name.clone())) {
                 missing.push(format!("{kind} {name}"));
             }
         }
     }
-    assert!(
-        missing.is_empty(),
-        "methods without an example in docs/reference/protocol.md: {missing:?}"
-    );
+    assert!(missing.is_empty(), "methods without an example in docs/reference/protocol.md: {missing:?}");
     for example in &found {
         assert!(
             declared.contains(&example.method),
@@ -366,15 +308,9 @@ fn every_method_has_its_examples() {
 #[test]
 fn a_misspelled_field_is_caught() {
     let written = serde_json::json!({"session": "s", "keep": false, "timeout_msec": 5});
-    assert!(
-        check_params(method::STOP, &written).is_err(),
-        "serde alone would ignore `timeout_msec`"
-    );
+    assert!(check_params(method::STOP, &written).is_err(), "serde alone would ignore `timeout_msec`");
     let written = serde_json::json!({"session": "s", "kep": true, "timeout_ms": 5});
-    assert!(
-        check_params(method::STOP, &written).is_err(),
-        "a misspelled optional field must fail"
-    );
+    assert!(check_params(method::STOP, &written).is_err(), "a misspelled optional field must fail");
     let written = serde_json::json!({"session": "s", "keep": true, "timeout_ms": 5});
     assert_eq!(check_params(method::STOP, &written), Ok(()));
 }
@@ -384,14 +320,7 @@ fn markers_and_blocks_are_read() {
     let markdown = "text\n\n<!-- example: request ping -->\n\n```json\n{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": \"ping\", \"params\": {}}\n```\n\n```text\nnot an example\n```\n";
     let found = examples(markdown);
     assert_eq!(found.len(), 1);
-    assert_eq!(
-        (
-            found[0].kind.as_str(),
-            found[0].method.as_str(),
-            found[0].line
-        ),
-        ("request", "ping", 5)
-    );
+    assert_eq!((found[0].kind.as_str(), found[0].method.as_str(), found[0].line), ("request", "ping", 5));
     assert_eq!(check(&found[0]), Ok(()));
     assert_eq!(parse_marker("<!-- example: reply ping -->"), None);
 }

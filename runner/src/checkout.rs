@@ -49,7 +49,12 @@ pub async fn git(repo: &Path, args: &[&str]) -> anyhow::Result<Vec<u8>> {
         .await
         .with_context(|| format!("cannot run git in {}", repo.display()))?;
     if !output.status.success() {
-        bail!("git {} in {} failed: {}", args.join(" "), repo.display(), String::from_utf8_lossy(&output.stderr).trim());
+        bail!(
+            "git {} in {} failed: {}",
+            args.join(" "),
+            repo.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
     }
     Ok(output.stdout)
 }
@@ -65,8 +70,10 @@ impl Checkout {
         if !root.is_dir() {
             bail!("{} is not a folder", root.display());
         }
-        let repository = root.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_else(|| "repository".into());
-        let git_tree = git_line(&root, &["rev-parse", "--is-inside-work-tree"]).await.is_ok_and(|answer| answer == "true");
+        let repository =
+            root.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_else(|| "repository".into());
+        let git_tree =
+            git_line(&root, &["rev-parse", "--is-inside-work-tree"]).await.is_ok_and(|answer| answer == "true");
         match rev {
             Some(rev) => {
                 let spec = format!("{rev}^{{commit}}");
@@ -79,7 +86,8 @@ impl Checkout {
             }
             None => {
                 let (commit, git_ref) = if git_tree {
-                    let commit = git_line(&root, &["rev-parse", "--verify", "--quiet", "HEAD"]).await.unwrap_or_default();
+                    let commit =
+                        git_line(&root, &["rev-parse", "--verify", "--quiet", "HEAD"]).await.unwrap_or_default();
                     let git_ref = git_line(&root, &["symbolic-ref", "--quiet", "HEAD"]).await.unwrap_or_default();
                     (if commit.is_empty() { "working-tree".to_string() } else { commit }, git_ref)
                 } else {
@@ -151,9 +159,11 @@ impl Checkout {
                 if self.has_folder(folder).await {
                     let archive = self.archive(Some(folder)).await?;
                     let dest = scratch.path().join(folder);
-                    tokio::task::spawn_blocking(move || knotless_protocol::tarball::unpack_vetted(archive, &dest, 64 << 20))
-                        .await?
-                        .context("cannot read the workflows of the commit")?;
+                    tokio::task::spawn_blocking(move || {
+                        knotless_protocol::tarball::unpack_vetted(archive, &dest, 64 << 20)
+                    })
+                    .await?
+                    .context("cannot read the workflows of the commit")?;
                 }
                 Ok(workflow::load_dir(scratch.path()))
             }

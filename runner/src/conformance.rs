@@ -11,7 +11,9 @@ use knotless_protocol::messages::*;
 use knotless_protocol::{ErrorKind, tarball};
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{Closed, Connection, ExecutorHost, ExecutorProcess, HostConfig, HostError, Reply, Session, SessionEvent};
+use crate::host::{
+    Closed, Connection, ExecutorHost, ExecutorProcess, HostConfig, HostError, Reply, Session, SessionEvent,
+};
 
 /// The outcome of one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +81,11 @@ async fn version_refusal(config: &HostConfig) -> Outcome {
     let (process, stdin, stdout) = ExecutorProcess::spawn(&config.process).map_err(|error| format!("{error:#}"))?;
     let (unrouted, _logs) = tokio::sync::mpsc::unbounded_channel();
     let connection = Connection::new(stdout, stdin, unrouted);
-    let params = InitializeParams { protocol_versions: vec![999], runner: config.runner.clone(), config: config.options.clone() };
+    let params = InitializeParams {
+        protocol_versions: vec![999],
+        runner: config.runner.clone(),
+        config: config.options.clone(),
+    };
     let (_, answer) = connection.send(method::INITIALIZE, &params).await;
     let answer = tokio::time::timeout(Duration::from_secs(30), answer).await;
     connection.close(Closed::ByRunner("check done".into()));
@@ -92,7 +98,9 @@ async fn version_refusal(config: &HostConfig) -> Outcome {
                 None => Err("the refusal has no data.supported list".into()),
             }
         }
-        Ok(Ok(Err(Reply::Error(error)))) => Err(format!("expected error -32005, got {}: {}", error.kind.code(), error.message)),
+        Ok(Ok(Err(Reply::Error(error)))) => {
+            Err(format!("expected error -32005, got {}: {}", error.kind.code(), error.message))
+        }
         Ok(Ok(Ok(result))) => Err(format!("accepted version 999: {result}")),
         Ok(Ok(Err(Reply::Lost(cause)))) => Err(format!("the executor {cause}; {}", process.tail().render())),
         Ok(Err(_)) => Err("no answer".into()),
@@ -249,7 +257,9 @@ impl Suite {
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Timeout => {
                 Ok(format!("killed and answered TIMEOUT after {} ms", ran.elapsed.as_millis()))
             }
-            Ok(result) => Err(format!("the step ran to its end (exit code {}) past its timeout of 1500 ms", result.exit_code)),
+            Ok(result) => {
+                Err(format!("the step ran to its end (exit code {}) past its timeout of 1500 ms", result.exit_code))
+            }
             Err(error) => Err(format!("expected TIMEOUT, got: {error}")),
         }
     }
@@ -257,9 +267,13 @@ impl Suite {
     async fn cancellation(&self, session: &Session) -> Outcome {
         let cancel = CancellationToken::new();
         let script = "echo started; sleep 60";
-        let ran = self.step_with(session, script, 120_000, BTreeMap::new(), BTreeMap::new(), &cancel, Some("started")).await;
+        let ran =
+            self.step_with(session, script, 120_000, BTreeMap::new(), BTreeMap::new(), &cancel, Some("started")).await;
         if !cancel.is_cancelled() {
-            return Err(format!("never saw the step's output \"started\" (result: {:?})", ran.result.map(|r| r.exit_code)));
+            return Err(format!(
+                "never saw the step's output \"started\" (result: {:?})",
+                ran.result.map(|r| r.exit_code)
+            ));
         }
         match ran.result {
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Cancelled => {
@@ -295,7 +309,9 @@ impl Suite {
         let path = format!("{}/no-such-path-{}", session.paths().work, self.nonce);
         let never = CancellationToken::new();
         match session.download(&path, &back.path().join("x"), 1 << 20, Duration::from_secs(60), &never).await {
-            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::NotFound => Ok("answered NOT_FOUND".into()),
+            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::NotFound => {
+                Ok("answered NOT_FOUND".into())
+            }
             Err(error) => Err(format!("expected NOT_FOUND, got: {error}")),
             Ok(_) => Err("a missing path downloaded as if it existed".into()),
         }
@@ -378,9 +394,11 @@ fn make_tree(root: &Path) -> std::io::Result<()> {
 fn compare_trees(expected: &Path, got: &Path) -> Result<(), String> {
     for relative in ["empty", "a", "a/b", "run.sh", "data", "a/b/deep.txt", "link", "a/b/up"] {
         let want = std::fs::symlink_metadata(expected.join(relative)).map_err(|error| error.to_string())?;
-        let have = std::fs::symlink_metadata(got.join(relative)).map_err(|_| format!("{relative} did not come back"))?;
+        let have =
+            std::fs::symlink_metadata(got.join(relative)).map_err(|_| format!("{relative} did not come back"))?;
         if want.file_type().is_symlink() {
-            let target = std::fs::read_link(got.join(relative)).map_err(|_| format!("{relative} came back as no symlink"))?;
+            let target =
+                std::fs::read_link(got.join(relative)).map_err(|_| format!("{relative} came back as no symlink"))?;
             let wanted = std::fs::read_link(expected.join(relative)).map_err(|error| error.to_string())?;
             if target != wanted {
                 return Err(format!("{relative} points to {}, expected {}", target.display(), wanted.display()));
@@ -393,7 +411,10 @@ fn compare_trees(expected: &Path, got: &Path) -> Result<(), String> {
         if !want.is_dir() {
             let mode = have.permissions().mode() & 0o777;
             if mode != want.permissions().mode() & 0o777 {
-                return Err(format!("{relative} came back with mode {mode:o}, expected {:o}", want.permissions().mode() & 0o777));
+                return Err(format!(
+                    "{relative} came back with mode {mode:o}, expected {:o}",
+                    want.permissions().mode() & 0o777
+                ));
             }
             if std::fs::read(got.join(relative)).ok() != std::fs::read(expected.join(relative)).ok() {
                 return Err(format!("{relative} came back with other content"));

@@ -35,40 +35,24 @@ pub struct MaskError(#[from] aho_corasick::BuildError);
 impl fmt::Debug for Masker {
     /// Never prints a value.
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter
-            .debug_struct("Masker")
-            .field("values", &self.inner.values.len())
-            .finish()
+        formatter.debug_struct("Masker").field("values", &self.inner.values.len()).finish()
     }
 }
 
 impl Masker {
     /// A masker for `values`; empty values are ignored.
     pub fn new(values: impl IntoIterator<Item = impl AsRef<[u8]>>) -> Result<Masker, MaskError> {
-        let mut values: Vec<Vec<u8>> = values
-            .into_iter()
-            .map(|value| value.as_ref().to_vec())
-            .filter(|value| !value.is_empty())
-            .collect();
+        let mut values: Vec<Vec<u8>> =
+            values.into_iter().map(|value| value.as_ref().to_vec()).filter(|value| !value.is_empty()).collect();
         values.sort();
         values.dedup();
         let longest = values.iter().map(Vec::len).max().unwrap_or(0);
         let automaton = if values.is_empty() {
             None
         } else {
-            Some(
-                AhoCorasick::builder()
-                    .match_kind(MatchKind::LeftmostLongest)
-                    .build(&values)?,
-            )
+            Some(AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&values)?)
         };
-        Ok(Masker {
-            inner: Arc::new(Inner {
-                automaton,
-                values,
-                longest,
-            }),
-        })
+        Ok(Masker { inner: Arc::new(Inner { automaton, values, longest }) })
     }
 
     /// Whether there is nothing to mask.
@@ -91,10 +75,7 @@ impl Masker {
 
     /// A stream for masking output that arrives in chunks.
     pub fn stream(&self) -> MaskStream {
-        MaskStream {
-            masker: self.clone(),
-            carry: Vec::new(),
-        }
+        MaskStream { masker: self.clone(), carry: Vec::new() }
     }
 
     /// Appends `bytes`, masked, to `out` up to the first byte at or after `hold` that no match
@@ -125,17 +106,13 @@ impl Masker {
     /// the bytes a stream must hold back (`bytes.len()` when there is none).
     fn hold_from(&self, bytes: &[u8]) -> usize {
         let values = &self.inner.values;
-        let earliest = bytes
-            .len()
-            .saturating_sub(self.inner.longest.saturating_sub(1));
+        let earliest = bytes.len().saturating_sub(self.inner.longest.saturating_sub(1));
         (earliest..bytes.len())
             .find(|&position| {
                 let tail = &bytes[position..];
                 // Values longer than `tail` that start with it sort right after it.
                 let after = values.partition_point(|value| value.as_slice() <= tail);
-                values
-                    .get(after)
-                    .is_some_and(|value| value.starts_with(tail))
+                values.get(after).is_some_and(|value| value.starts_with(tail))
             })
             .unwrap_or(bytes.len())
     }
@@ -186,11 +163,7 @@ mod tests {
     /// Masks `text` whole and checks the result.
     fn check(values: &[&str], text: &str, expected: &str) {
         let masked = masker(values).mask(text.as_bytes());
-        assert_eq!(
-            String::from_utf8_lossy(&masked),
-            expected,
-            "{values:?} {text:?}"
-        );
+        assert_eq!(String::from_utf8_lossy(&masked), expected, "{values:?} {text:?}");
     }
 
     /// Streams `text` cut at `cuts` (ascending positions) and returns the output.
@@ -303,11 +276,7 @@ mod tests {
         for first in 0..=text.len() {
             assert_eq!(stream_cut(&masker, text, &[first]), whole, "cut at {first}");
             for second in first..=text.len() {
-                assert_eq!(
-                    stream_cut(&masker, text, &[first, second]),
-                    whole,
-                    "cuts {first} {second}"
-                );
+                assert_eq!(stream_cut(&masker, text, &[first, second]), whole, "cuts {first} {second}");
             }
         }
     }
@@ -318,27 +287,15 @@ mod tests {
         let alphabet = b"abcz-";
         for _ in 0..500 {
             let values: Vec<Vec<u8>> = (0..1 + rng.below(4))
-                .map(|_| {
-                    (0..1 + rng.below(5))
-                        .map(|_| alphabet[rng.below(alphabet.len())])
-                        .collect()
-                })
+                .map(|_| (0..1 + rng.below(5)).map(|_| alphabet[rng.below(alphabet.len())]).collect())
                 .collect();
             let masker = Masker::new(&values).expect("masker builds");
-            let text: Vec<u8> = (0..rng.below(60))
-                .map(|_| alphabet[rng.below(alphabet.len())])
-                .collect();
+            let text: Vec<u8> = (0..rng.below(60)).map(|_| alphabet[rng.below(alphabet.len())]).collect();
             let whole = masker.mask(&text);
             for _ in 0..20 {
-                let mut cuts: Vec<usize> = (0..rng.below(8))
-                    .map(|_| rng.below(text.len() + 1))
-                    .collect();
+                let mut cuts: Vec<usize> = (0..rng.below(8)).map(|_| rng.below(text.len() + 1)).collect();
                 cuts.sort();
-                assert_eq!(
-                    stream_cut(&masker, &text, &cuts),
-                    whole,
-                    "{values:?} {text:?} {cuts:?}"
-                );
+                assert_eq!(stream_cut(&masker, &text, &cuts), whole, "{values:?} {text:?} {cuts:?}");
             }
         }
     }

@@ -27,9 +27,7 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
         [] => Ok(Cli::Serve(None)),
         [flag] if flag == "--help" || flag == "-h" => Ok(Cli::Help),
         [flag, mode] if flag == "--mode" => Ok(Cli::Serve(Some(mode.parse()?))),
-        [flag] if flag.starts_with("--mode=") => {
-            Ok(Cli::Serve(Some(flag["--mode=".len()..].parse()?)))
-        }
+        [flag] if flag.starts_with("--mode=") => Ok(Cli::Serve(Some(flag["--mode=".len()..].parse()?))),
         _ => anyhow::bail!("unexpected arguments {args:?}; see --help"),
     }
 }
@@ -84,14 +82,8 @@ mod tests {
     fn the_command_line_takes_a_mode_or_help() {
         assert_eq!(parse(&args(&[])).expect("parse"), Cli::Serve(None));
         assert_eq!(parse(&args(&["--help"])).expect("parse"), Cli::Help);
-        assert_eq!(
-            parse(&args(&["--mode", "garbage"])).expect("parse"),
-            Cli::Serve(Some(Mode::Garbage))
-        );
-        assert_eq!(
-            parse(&args(&["--mode=drop-output"])).expect("parse"),
-            Cli::Serve(Some(Mode::DropOutput))
-        );
+        assert_eq!(parse(&args(&["--mode", "garbage"])).expect("parse"), Cli::Serve(Some(Mode::Garbage)));
+        assert_eq!(parse(&args(&["--mode=drop-output"])).expect("parse"), Cli::Serve(Some(Mode::DropOutput)));
         assert!(parse(&args(&["--mode", "nope"])).is_err());
         assert!(parse(&args(&["--mode"])).is_err());
         assert!(parse(&args(&["extra", "args", "here"])).is_err());

@@ -38,75 +38,24 @@ pub enum Mode {
 /// Every mode with its name and a one-line description, in the order of the usage text.
 pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::Ok, "ok", "a minimal but real executor (the default)"),
-    (
-        Mode::ExitBeforeHandshake,
-        "exit-before-handshake",
-        "write a line to stderr and exit 3 before reading anything",
-    ),
-    (
-        Mode::WrongVersion,
-        "wrong-version",
-        "answer initialize with protocol_version 99 (a result, not an error)",
-    ),
-    (
-        Mode::RefuseVersion,
-        "refuse-version",
-        "answer initialize with UNSUPPORTED_VERSION, speaking only [2]",
-    ),
-    (
-        Mode::Garbage,
-        "garbage",
-        "at the first command write a line that is not JSON instead of output",
-    ),
-    (
-        Mode::GarbageAtStart,
-        "garbage-at-start",
-        "write a line that is not JSON before answering anything",
-    ),
-    (
-        Mode::HangInStep,
-        "hang-in-step",
-        "never answer command, and ignore cancel",
-    ),
-    (
-        Mode::CrashMidStep,
-        "crash-mid-step",
-        "at command send one output notification, then exit 101",
-    ),
-    (
-        Mode::LoseSession,
-        "lose-session",
-        "start succeeds, then every command answers UNKNOWN_SESSION",
-    ),
-    (
-        Mode::NoReplyToCancel,
-        "no-reply-to-cancel",
-        "ignore cancel: a step runs to its timeout",
-    ),
-    (
-        Mode::DropOutput,
-        "drop-output",
-        "run steps for real but send no output notifications",
-    ),
-    (
-        Mode::IgnoreTimeout,
-        "ignore-timeout",
-        "run steps without enforcing timeout_ms",
-    ),
-    (
-        Mode::BadTransfer,
-        "bad-transfer",
-        "answer download with one byte more than was written",
-    ),
+    (Mode::ExitBeforeHandshake, "exit-before-handshake", "write a line to stderr and exit 3 before reading anything"),
+    (Mode::WrongVersion, "wrong-version", "answer initialize with protocol_version 99 (a result, not an error)"),
+    (Mode::RefuseVersion, "refuse-version", "answer initialize with UNSUPPORTED_VERSION, speaking only [2]"),
+    (Mode::Garbage, "garbage", "at the first command write a line that is not JSON instead of output"),
+    (Mode::GarbageAtStart, "garbage-at-start", "write a line that is not JSON before answering anything"),
+    (Mode::HangInStep, "hang-in-step", "never answer command, and ignore cancel"),
+    (Mode::CrashMidStep, "crash-mid-step", "at command send one output notification, then exit 101"),
+    (Mode::LoseSession, "lose-session", "start succeeds, then every command answers UNKNOWN_SESSION"),
+    (Mode::NoReplyToCancel, "no-reply-to-cancel", "ignore cancel: a step runs to its timeout"),
+    (Mode::DropOutput, "drop-output", "run steps for real but send no output notifications"),
+    (Mode::IgnoreTimeout, "ignore-timeout", "run steps without enforcing timeout_ms"),
+    (Mode::BadTransfer, "bad-transfer", "answer download with one byte more than was written"),
 ];
 
 impl Mode {
     /// The mode's name on the command line.
     pub fn name(self) -> &'static str {
-        MODES
-            .iter()
-            .find(|(mode, _, _)| *mode == self)
-            .map_or("ok", |(_, name, _)| name)
+        MODES.iter().find(|(mode, _, _)| *mode == self).map_or("ok", |(_, name, _)| name)
     }
 
     /// Whether the mode acts before the handshake, so that only `--mode` can choose it.
@@ -130,14 +79,10 @@ impl FromStr for Mode {
     type Err = anyhow::Error;
 
     fn from_str(text: &str) -> anyhow::Result<Mode> {
-        MODES
-            .iter()
-            .find(|(_, name, _)| *name == text)
-            .map(|(mode, _, _)| *mode)
-            .ok_or_else(|| {
-                let names: Vec<&str> = MODES.iter().map(|(_, name, _)| *name).collect();
-                anyhow::anyhow!("unknown mode {text:?}; the modes are {}", names.join(", "))
-            })
+        MODES.iter().find(|(_, name, _)| *name == text).map(|(mode, _, _)| *mode).ok_or_else(|| {
+            let names: Vec<&str> = MODES.iter().map(|(_, name, _)| *name).collect();
+            anyhow::anyhow!("unknown mode {text:?}; the modes are {}", names.join(", "))
+        })
     }
 }
 

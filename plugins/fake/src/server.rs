@@ -42,9 +42,7 @@ pub struct Shared {
 
 impl Shared {
     fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 }
 
@@ -79,15 +77,10 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
                 continue;
             }
         };
-        let Some(name) = message
-            .get("method")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-        else {
+        let Some(name) = message.get("method").and_then(Value::as_str).map(str::to_string) else {
             // A response to nothing we asked: the fake sends no requests.
-            if let Some(id) = message
-                .get("id")
-                .filter(|_| message.get("result").is_none() && message.get("error").is_none())
+            if let Some(id) =
+                message.get("id").filter(|_| message.get("result").is_none() && message.get("error").is_none())
             {
                 let fault = Fault::new(rpc::INVALID_REQUEST, "a message without a method");
                 shared.out.reply(id.clone(), Err(fault)).await;
@@ -115,19 +108,11 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
                 shared.out.reply(id, Ok(json!({}))).await;
                 return Ok(());
             }
-            method::START
-            | method::COMMAND
-            | method::STOP
-            | method::CLEANUP
-            | method::UPLOAD
-            | method::DOWNLOAD => {
+            method::START | method::COMMAND | method::STOP | method::CLEANUP | method::UPLOAD | method::DOWNLOAD => {
                 if let Err(fault) = setup(&shared) {
                     shared.out.reply(id, Err(fault)).await;
                 } else if name == method::COMMAND
-                    && shared
-                        .setup
-                        .get()
-                        .is_some_and(|setup| setup.mode == Mode::HangInStep)
+                    && shared.setup.get().is_some_and(|setup| setup.mode == Mode::HangInStep)
                 {
                     eprintln!("fake: hanging in the step (simulated)");
                 } else {
@@ -150,10 +135,8 @@ async fn wind_down(shared: &Shared, tasks: &mut JoinSet<()>) {
     for token in shared.in_flight().values() {
         token.cancel();
     }
-    let drained = tokio::time::timeout(Duration::from_secs(10), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(Duration::from_secs(10), async { while tasks.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         eprintln!("fake: requests still running at shutdown were aborted");
         tasks.abort_all();
@@ -165,10 +148,7 @@ async fn wind_down(shared: &Shared, tasks: &mut JoinSet<()>) {
 }
 
 fn setup(shared: &Shared) -> Result<&Setup, Fault> {
-    shared
-        .setup
-        .get()
-        .ok_or_else(|| Fault::new(code::NOT_INITIALIZED, "initialize first"))
+    shared.setup.get().ok_or_else(|| Fault::new(code::NOT_INITIALIZED, "initialize first"))
 }
 
 fn cancel(shared: &Shared, params: Option<&Value>) {
@@ -176,11 +156,7 @@ fn cancel(shared: &Shared, params: Option<&Value>) {
         eprintln!("fake: a cancel without an id");
         return;
     };
-    if shared
-        .setup
-        .get()
-        .is_some_and(|setup| setup.mode.ignores_cancel())
-    {
+    if shared.setup.get().is_some_and(|setup| setup.mode.ignores_cancel()) {
         eprintln!("fake: ignoring the cancel of request {id} (simulated)");
         return;
     }
@@ -190,13 +166,7 @@ fn cancel(shared: &Shared, params: Option<&Value>) {
 }
 
 /// Runs one request in a task, registered for cancellation until it answers.
-fn spawn(
-    shared: &Arc<Shared>,
-    tasks: &mut JoinSet<()>,
-    id: Value,
-    name: String,
-    params: Option<Value>,
-) {
+fn spawn(shared: &Arc<Shared>, tasks: &mut JoinSet<()>, id: Value, name: String, params: Option<Value>) {
     let token = CancellationToken::new();
     shared.in_flight().insert(id.to_string(), token.clone());
     let shared = shared.clone();
@@ -221,50 +191,26 @@ async fn handle(
     match name {
         method::START => {
             let params: StartParams = params(raw)?;
-            guarded(&token, params.timeout_ms, "start", async {
-                result(&sessions.start(&params)?)
-            })
-            .await
+            guarded(&token, params.timeout_ms, "start", async { result(&sessions.start(&params)?) }).await
         }
         method::STOP => {
             let params: StopParams = params(raw)?;
-            guarded(&token, params.timeout_ms, "stop", async {
-                result(&sessions.stop(&params)?)
-            })
-            .await
+            guarded(&token, params.timeout_ms, "stop", async { result(&sessions.stop(&params)?) }).await
         }
         method::CLEANUP => {
             let params: CleanupParams = params(raw)?;
-            guarded(&token, params.timeout_ms, "cleanup", async {
-                result(&sessions.cleanup(&params)?)
-            })
-            .await
+            guarded(&token, params.timeout_ms, "cleanup", async { result(&sessions.cleanup(&params)?) }).await
         }
         method::COMMAND => result(&step::command(shared, setup, params(raw)?, token).await?),
         method::UPLOAD => {
             let params: TransferParams = params(raw)?;
-            guarded(
-                &token,
-                params.timeout_ms,
-                "upload",
-                transfer::upload(setup, &params),
-            )
-            .await
+            guarded(&token, params.timeout_ms, "upload", transfer::upload(setup, &params)).await
         }
         method::DOWNLOAD => {
             let params: TransferParams = params(raw)?;
-            guarded(
-                &token,
-                params.timeout_ms,
-                "download",
-                transfer::download(setup, &params),
-            )
-            .await
+            guarded(&token, params.timeout_ms, "download", transfer::download(setup, &params)).await
         }
-        other => Err(Fault::new(
-            rpc::METHOD_NOT_FOUND,
-            format!("unknown method {other}"),
-        )),
+        other => Err(Fault::new(rpc::METHOD_NOT_FOUND, format!("unknown method {other}"))),
     }
 }
 
@@ -284,47 +230,28 @@ async fn guarded<T>(
 }
 
 /// Negotiates the version, reads the configuration and settles the mode.
-fn initialize(
-    shared: &Shared,
-    cli_mode: Option<Mode>,
-    raw: Option<&Value>,
-) -> Result<Value, Fault> {
+fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> Result<Value, Fault> {
     if shared.setup.get().is_some() {
-        return Err(Fault::new(
-            rpc::INVALID_REQUEST,
-            "initialize was already answered",
-        ));
+        return Err(Fault::new(rpc::INVALID_REQUEST, "initialize was already answered"));
     }
     let params: InitializeParams = params(raw)?;
     let config = &params.config;
-    if let Some(key) = config
-        .keys()
-        .find(|key| !matches!(key.as_str(), "work-dir" | "ledger" | "mode"))
-    {
-        return Err(Fault::configuration(format!(
-            "unknown option {key}; the fake takes work-dir, ledger and mode"
-        )));
+    if let Some(key) = config.keys().find(|key| !matches!(key.as_str(), "work-dir" | "ledger" | "mode")) {
+        return Err(Fault::configuration(format!("unknown option {key}; the fake takes work-dir, ledger and mode")));
     }
     let mode = match (cli_mode, config.get("mode")) {
         (Some(mode), _) => mode,
         (None, None) => Mode::Ok,
         (None, Some(name)) => {
-            let mode: Mode = name
-                .parse()
-                .map_err(|error: anyhow::Error| Fault::configuration(format!("mode: {error}")))?;
+            let mode: Mode =
+                name.parse().map_err(|error: anyhow::Error| Fault::configuration(format!("mode: {error}")))?;
             if mode.before_handshake() {
-                return Err(Fault::configuration(format!(
-                    "mode {mode} acts before the handshake; pass it as --mode"
-                )));
+                return Err(Fault::configuration(format!("mode {mode} acts before the handshake; pass it as --mode")));
             }
             mode
         }
     };
-    let supported: &[u32] = if mode == Mode::RefuseVersion {
-        &[2]
-    } else {
-        SUPPORTED_VERSIONS
-    };
+    let supported: &[u32] = if mode == Mode::RefuseVersion { &[2] } else { SUPPORTED_VERSIONS };
     let version = match negotiate(&params.protocol_versions, supported) {
         Some(_) if mode == Mode::RefuseVersion => None,
         negotiated => negotiated,
@@ -338,16 +265,9 @@ fn initialize(
         let data = json!({"offered": params.protocol_versions, "supported": supported});
         return Err(Fault::new(code::UNSUPPORTED_VERSION, message).with_data(data));
     };
-    let sessions = Sessions::new(
-        &work_dir(config),
-        &params.runner.id,
-        config.get("ledger").map(PathBuf::from),
-    )?;
+    let sessions = Sessions::new(&work_dir(config), &params.runner.id, config.get("ledger").map(PathBuf::from))?;
     if shared.setup.set(Setup { mode, sessions }).is_err() {
-        return Err(Fault::new(
-            rpc::INVALID_REQUEST,
-            "initialize was already answered",
-        ));
+        return Err(Fault::new(rpc::INVALID_REQUEST, "initialize was already answered"));
     }
     if mode != Mode::Ok {
         eprintln!("fake: running in mode {mode}");
@@ -360,15 +280,8 @@ fn initialize(
         ..Capabilities::default()
     };
     result(&InitializeResult {
-        protocol_version: if mode == Mode::WrongVersion {
-            99
-        } else {
-            version
-        },
-        executor: ExecutorInfo {
-            name: "fake".to_string(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-        },
+        protocol_version: if mode == Mode::WrongVersion { 99 } else { version },
+        executor: ExecutorInfo { name: "fake".to_string(), version: env!("CARGO_PKG_VERSION").to_string() },
         capabilities,
     })
 }

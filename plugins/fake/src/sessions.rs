@@ -22,48 +22,29 @@ pub struct Sessions {
 
 impl Sessions {
     /// Sessions under `work_dir` for the runner `runner_id`.
-    pub fn new(
-        work_dir: &Path,
-        runner_id: &str,
-        ledger: Option<PathBuf>,
-    ) -> Result<Sessions, Fault> {
+    pub fn new(work_dir: &Path, runner_id: &str, ledger: Option<PathBuf>) -> Result<Sessions, Fault> {
         if !is_plain_name(runner_id) {
-            return Err(Fault::configuration(format!(
-                "runner id {runner_id:?} cannot name a folder"
-            )));
+            return Err(Fault::configuration(format!("runner id {runner_id:?} cannot name a folder")));
         }
-        let work_dir = std::path::absolute(work_dir).map_err(|error| {
-            Fault::configuration(format!("work-dir {}: {error}", work_dir.display()))
-        })?;
-        let sessions = Sessions {
-            root: work_dir.join(runner_id),
-            ledger,
-            live: Mutex::new(BTreeMap::new()),
-        };
+        let work_dir = std::path::absolute(work_dir)
+            .map_err(|error| Fault::configuration(format!("work-dir {}: {error}", work_dir.display())))?;
+        let sessions = Sessions { root: work_dir.join(runner_id), ledger, live: Mutex::new(BTreeMap::new()) };
         sessions.write_ledger(&BTreeMap::new());
         Ok(sessions)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, PathBuf>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        self.live.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Creates a session's folders.
     pub fn start(&self, params: &StartParams) -> Result<StartResult, Fault> {
         if !is_plain_name(&params.session) {
-            return Err(Fault::configuration(format!(
-                "session id {:?} cannot name a folder",
-                params.session
-            )));
+            return Err(Fault::configuration(format!("session id {:?} cannot name a folder", params.session)));
         }
         let mut live = self.lock();
         if live.contains_key(&params.session) {
-            return Err(Fault::configuration(format!(
-                "session {} is already started",
-                params.session
-            )));
+            return Err(Fault::configuration(format!("session {} is already started", params.session)));
         }
         let dir = self.root.join(&params.session);
         let paths = SessionPaths {
@@ -72,9 +53,8 @@ impl Sessions {
             outputs: dir.join("outputs").to_string_lossy().into_owned(),
         };
         for folder in [&paths.work, &paths.steps, &paths.outputs] {
-            fs::create_dir_all(folder).map_err(|error| {
-                Fault::infrastructure(format!("cannot create {folder}: {error}"))
-            })?;
+            fs::create_dir_all(folder)
+                .map_err(|error| Fault::infrastructure(format!("cannot create {folder}: {error}")))?;
         }
         let description = Some(format!("folder {}", dir.display()));
         live.insert(params.session.clone(), dir);
@@ -89,11 +69,8 @@ impl Sessions {
             return Err(Fault::unknown_session(&params.session));
         };
         let mut removed = Vec::new();
-        let outcome = if params.keep {
-            Ok(())
-        } else {
-            remove(&dir).map(|()| removed.push(folder(&dir, &params.session)))
-        };
+        let outcome =
+            if params.keep { Ok(()) } else { remove(&dir).map(|()| removed.push(folder(&dir, &params.session))) };
         self.write_ledger(&live);
         outcome.map(|()| StopResult { removed })
     }
@@ -112,21 +89,13 @@ impl Sessions {
             }
             Err(error) => {
                 self.write_ledger(&live);
-                return Err(Fault::infrastructure(format!(
-                    "cannot list {}: {error}",
-                    self.root.display()
-                )));
+                return Err(Fault::infrastructure(format!("cannot list {}: {error}", self.root.display())));
             }
         };
-        let mut names: Vec<String> = entries
-            .flatten()
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .collect();
+        let mut names: Vec<String> =
+            entries.flatten().map(|entry| entry.file_name().to_string_lossy().into_owned()).collect();
         names.sort();
-        for name in names
-            .into_iter()
-            .filter(|name| !keep.contains(name.as_str()))
-        {
+        for name in names.into_iter().filter(|name| !keep.contains(name.as_str())) {
             let dir = self.root.join(&name);
             match remove(&dir) {
                 Ok(()) => result.removed.push(folder(&dir, &name)),
@@ -150,10 +119,7 @@ impl Sessions {
 
     /// A live session's folder.
     pub fn dir(&self, session: &str) -> Result<PathBuf, Fault> {
-        self.lock()
-            .get(session)
-            .cloned()
-            .ok_or_else(|| Fault::unknown_session(session))
+        self.lock().get(session).cloned().ok_or_else(|| Fault::unknown_session(session))
     }
 
     /// Where a transfer's path is on the host. An absolute path inside the session is used as
@@ -162,21 +128,13 @@ impl Sessions {
     pub fn resolve(&self, session: &str, path: &str) -> Result<PathBuf, Fault> {
         let dir = self.dir(session)?;
         let path = Path::new(path);
-        if path
-            .components()
-            .any(|component| component == Component::ParentDir)
-        {
-            return Err(Fault::new(
-                code::NOT_FOUND,
-                format!("path {} may not contain `..`", path.display()),
-            ));
+        if path.components().any(|component| component == Component::ParentDir) {
+            return Err(Fault::new(code::NOT_FOUND, format!("path {} may not contain `..`", path.display())));
         }
         if path.starts_with(&dir) {
             Ok(path.to_path_buf())
         } else if path.is_absolute() {
-            Ok(dir
-                .join("extra")
-                .join(path.strip_prefix("/").unwrap_or(path)))
+            Ok(dir.join("extra").join(path.strip_prefix("/").unwrap_or(path)))
         } else {
             Ok(dir.join("work").join(path))
         }
@@ -191,10 +149,7 @@ impl Sessions {
         let temporary = ledger.with_extension("tmp");
         let written = fs::write(&temporary, text).and_then(|()| fs::rename(&temporary, ledger));
         if let Err(error) = written {
-            eprintln!(
-                "fake: cannot write the ledger {}: {error}",
-                ledger.display()
-            );
+            eprintln!("fake: cannot write the ledger {}: {error}", ledger.display());
         }
     }
 }
@@ -211,10 +166,7 @@ fn remove(dir: &Path) -> Result<(), Fault> {
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(error) => Err(Fault::infrastructure(format!(
-            "cannot remove {}: {error}",
-            dir.display()
-        ))),
+        Err(error) => Err(Fault::infrastructure(format!("cannot remove {}: {error}", dir.display()))),
     }
 }
 
@@ -222,9 +174,7 @@ fn remove(dir: &Path) -> Result<(), Fault> {
 fn is_plain_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|char| char.is_ascii_alphanumeric() || matches!(char, '-' | '_' | '.'))
+        && name.chars().all(|char| char.is_ascii_alphanumeric() || matches!(char, '-' | '_' | '.'))
 }
 
 #[cfg(test)]

@@ -60,15 +60,7 @@ pub async fn command(
 
 /// Sends one output notification, says so on stderr and exits 101 at once.
 async fn crash(out: &Out, params: &CommandParams) -> ! {
-    if let Err(error) = out
-        .output(
-            &params.session,
-            params.step,
-            Stream::Stdout,
-            b"partial output\n",
-        )
-        .await
-    {
+    if let Err(error) = out.output(&params.session, params.step, Stream::Stdout, b"partial output\n").await {
         eprintln!("fake: cannot write the partial output: {error}");
     }
     eprintln!("fake: crashing mid-step (simulated)");
@@ -119,25 +111,14 @@ async fn run(
         .process_group(0)
         .kill_on_drop(true);
     let started = Instant::now();
-    let mut child = command.spawn().map_err(|error| {
-        Fault::infrastructure(format!("cannot start sh in {}: {error}", workdir.display()))
-    })?;
-    let pid = child
-        .id()
-        .ok_or_else(|| Fault::infrastructure("the step ended before it started"))?;
-    let mut group = Group {
-        pgid: Pid::from_raw(pid as i32),
-        armed: true,
-    };
+    let mut child = command
+        .spawn()
+        .map_err(|error| Fault::infrastructure(format!("cannot start sh in {}: {error}", workdir.display())))?;
+    let pid = child.id().ok_or_else(|| Fault::infrastructure("the step ended before it started"))?;
+    let mut group = Group { pgid: Pid::from_raw(pid as i32), armed: true };
     let pumps = [
-        child
-            .stdout
-            .take()
-            .map(|stdout| pump(stdout, output.clone(), params, Stream::Stdout)),
-        child
-            .stderr
-            .take()
-            .map(|stderr| pump(stderr, output.clone(), params, Stream::Stderr)),
+        child.stdout.take().map(|stdout| pump(stdout, output.clone(), params, Stream::Stdout)),
+        child.stderr.take().map(|stderr| pump(stderr, output.clone(), params, Stream::Stderr)),
     ];
     let deadline = async {
         match timeout {
@@ -151,8 +132,7 @@ async fn run(
         () = token.cancelled() => Err(Fault::cancelled()),
     };
     let status = match ended {
-        Ok(status) => status
-            .map_err(|error| Fault::infrastructure(format!("cannot wait for the step: {error}")))?,
+        Ok(status) => status.map_err(|error| Fault::infrastructure(format!("cannot wait for the step: {error}")))?,
         Err(fault) => {
             group.kill();
             let _ = child.wait().await;
@@ -167,20 +147,13 @@ async fn run(
     }
     group.armed = false;
     drain(pumps).await;
-    Ok(CommandResult {
-        exit_code: exit_code(status),
-        duration_ms,
-        killed_processes,
-    })
+    Ok(CommandResult { exit_code: exit_code(status), duration_ms, killed_processes })
 }
 
 /// The exit code, or 128 + the signal that ended the step.
 fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt as _;
-    status
-        .code()
-        .or_else(|| status.signal().map(|signal| 128 + signal))
-        .unwrap_or(-1)
+    status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1)
 }
 
 /// Reads one stream to its end, sending each chunk as an `output` notification (or dropping

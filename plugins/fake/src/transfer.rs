@@ -23,10 +23,7 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
     let max_bytes = params.max_bytes;
     let handle = tokio::runtime::Handle::current();
     let bytes = blocking(move || {
-        let mut input = Counting {
-            inner: SyncIoBridge::new_with_handle(stream, handle),
-            bytes: 0,
-        };
+        let mut input = Counting { inner: SyncIoBridge::new_with_handle(stream, handle), bytes: 0 };
         let unpacked = tarball::unpack_vetted(&mut input, &dest, max_bytes);
         if let Err(error) = unpacked {
             return Err(match error {
@@ -37,8 +34,7 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
             });
         }
         // Whatever follows the archive is part of the stream the runner counted.
-        io::copy(&mut input, &mut io::sink())
-            .map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
+        io::copy(&mut input, &mut io::sink()).map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
         if input.bytes > max_bytes {
             return Err(too_large(max_bytes));
         }
@@ -52,22 +48,12 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
 pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, Fault> {
     let source = setup.sessions.resolve(&params.session, &params.path)?;
     if !source.is_dir() {
-        return Err(Fault::new(
-            code::NOT_FOUND,
-            format!("no folder {} in session {}", params.path, params.session),
-        ));
+        return Err(Fault::new(code::NOT_FOUND, format!("no folder {} in session {}", params.path, params.session)));
     }
     let stream = connect(params).await?;
     let max_bytes = params.max_bytes;
     let handle = tokio::runtime::Handle::current();
-    let bytes = blocking(move || {
-        pack(
-            source,
-            SyncIoBridge::new_with_handle(stream, handle),
-            max_bytes,
-        )
-    })
-    .await?;
+    let bytes = blocking(move || pack(source, SyncIoBridge::new_with_handle(stream, handle), max_bytes)).await?;
     let bytes = if setup.mode == Mode::BadTransfer {
         eprintln!("fake: answering one byte more than written (simulated)");
         bytes + 1
@@ -77,22 +63,9 @@ pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, F
     result(&TransferResult { bytes })
 }
 
-fn pack<T: AsyncWrite + Unpin>(
-    source: PathBuf,
-    stream: SyncIoBridge<T>,
-    max_bytes: u64,
-) -> Result<u64, Fault> {
-    let output = Counting {
-        inner: stream,
-        bytes: 0,
-    };
-    let packed = tarball::pack_dir(
-        &source,
-        Bounded {
-            inner: output,
-            max_bytes,
-        },
-    );
+fn pack<T: AsyncWrite + Unpin>(source: PathBuf, stream: SyncIoBridge<T>, max_bytes: u64) -> Result<u64, Fault> {
+    let output = Counting { inner: stream, bytes: 0 };
+    let packed = tarball::pack_dir(&source, Bounded { inner: output, max_bytes });
     let mut bounded = packed.map_err(|error| {
         if error.kind() == io::ErrorKind::FileTooLarge {
             too_large(max_bytes)
@@ -100,47 +73,27 @@ fn pack<T: AsyncWrite + Unpin>(
             Fault::infrastructure(format!("cannot pack {}: {error}", source.display()))
         }
     })?;
-    bounded
-        .flush()
-        .map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
+    bounded.flush().map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
     let bytes = bounded.inner.bytes;
     // Closing our end ends the stream for the runner.
-    bounded
-        .inner
-        .inner
-        .shutdown()
-        .map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
+    bounded.inner.inner.shutdown().map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
     Ok(bytes)
 }
 
-async fn connect(
-    params: &TransferParams,
-) -> Result<impl AsyncRead + AsyncWrite + Unpin + Send + 'static, Fault> {
+async fn connect(params: &TransferParams) -> Result<impl AsyncRead + AsyncWrite + Unpin + Send + 'static, Fault> {
     channel::connect(&params.channel).await.map_err(|error| {
-        Fault::infrastructure(format!(
-            "cannot connect to the side channel {}: {error}",
-            params.channel
-        ))
+        Fault::infrastructure(format!("cannot connect to the side channel {}: {error}", params.channel))
     })
 }
 
 fn too_large(max_bytes: u64) -> Fault {
-    Fault::new(
-        code::TOO_LARGE,
-        format!("the tar stream is over its bound of {max_bytes} bytes"),
-    )
+    Fault::new(code::TOO_LARGE, format!("the tar stream is over its bound of {max_bytes} bytes"))
 }
 
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, Fault> + Send + 'static,
-) -> Result<T, Fault> {
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Fault> + Send + 'static) -> Result<T, Fault> {
     tokio::task::spawn_blocking(work)
         .await
-        .unwrap_or_else(|error| {
-            Err(Fault::infrastructure(format!(
-                "the transfer failed: {error}"
-            )))
-        })
+        .unwrap_or_else(|error| Err(Fault::infrastructure(format!("the transfer failed: {error}"))))
 }
 
 /// Counts the bytes that pass.
@@ -178,10 +131,7 @@ struct Bounded<T> {
 impl<T: Write> Write for Bounded<T> {
     fn write(&mut self, buffer: &[u8]) -> io::Result<usize> {
         if self.inner.bytes + buffer.len() as u64 > self.max_bytes {
-            return Err(io::Error::new(
-                io::ErrorKind::FileTooLarge,
-                "over the bound",
-            ));
+            return Err(io::Error::new(io::ErrorKind::FileTooLarge, "over the bound"));
         }
         self.inner.write(buffer)
     }

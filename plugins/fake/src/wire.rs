@@ -37,11 +37,7 @@ pub struct Fault {
 impl Fault {
     /// A fault with a code and a message.
     pub fn new(code: i32, message: impl Into<String>) -> Fault {
-        Fault {
-            code,
-            message: message.into(),
-            data: None,
-        }
+        Fault { code, message: message.into(), data: None }
     }
 
     /// Adds structured detail.
@@ -82,14 +78,12 @@ impl Fault {
 /// Parses a request's params into a message type, or answers INVALID_PARAMS.
 pub fn params<T: serde::de::DeserializeOwned>(params: Option<&Value>) -> Result<T, Fault> {
     let value = params.cloned().unwrap_or(Value::Null);
-    serde_json::from_value(value)
-        .map_err(|error| Fault::new(rpc::INVALID_PARAMS, format!("invalid params: {error}")))
+    serde_json::from_value(value).map_err(|error| Fault::new(rpc::INVALID_PARAMS, format!("invalid params: {error}")))
 }
 
 /// Serializes a result, or answers an internal error.
 pub fn result<T: Serialize>(value: &T) -> Result<Value, Fault> {
-    serde_json::to_value(value)
-        .map_err(|error| Fault::new(-32603, format!("cannot encode the result: {error}")))
+    serde_json::to_value(value).map_err(|error| Fault::new(-32603, format!("cannot encode the result: {error}")))
 }
 
 /// The single writer of stdout: every line is written whole and flushed under one lock.
@@ -101,9 +95,7 @@ pub struct Out {
 impl Out {
     /// The writer of this process's stdout.
     pub fn stdout() -> Out {
-        Out {
-            stdout: Arc::new(Mutex::new(tokio::io::stdout())),
-        }
+        Out { stdout: Arc::new(Mutex::new(tokio::io::stdout())) }
     }
 
     /// Writes bytes and a newline, then flushes.
@@ -140,13 +132,7 @@ impl Out {
     }
 
     /// Sends bytes a step wrote as an `output` notification.
-    pub async fn output(
-        &self,
-        session: &str,
-        step: u32,
-        stream: Stream,
-        bytes: &[u8],
-    ) -> anyhow::Result<()> {
+    pub async fn output(&self, session: &str, step: u32, stream: Stream, bytes: &[u8]) -> anyhow::Result<()> {
         let params = OutputParams {
             session: session.to_string(),
             step,
@@ -163,10 +149,7 @@ mod tests {
 
     #[test]
     fn a_fault_carries_its_data_only_when_given() {
-        assert_eq!(
-            Fault::cancelled().to_json(),
-            json!({"code": -32003, "message": "cancelled"})
-        );
+        assert_eq!(Fault::cancelled().to_json(), json!({"code": -32003, "message": "cancelled"}));
         let fault = Fault::new(1, "x").with_data(json!({"a": 1}));
         assert_eq!(fault.to_json()["data"], json!({"a": 1}));
     }

@@ -35,32 +35,22 @@ pub async fn cleanup(
                         Ok(name) if is_safe_component(&name) => {
                             sessions.insert(name);
                         }
-                        Ok(name) => result.failures.push(format!(
-                            "left {name:?} in {}: not a session folder",
-                            runner_dir.display()
-                        )),
-                        Err(name) => result.failures.push(format!(
-                            "left {name:?} in {}: not a session folder",
-                            runner_dir.display()
-                        )),
+                        Ok(name) => result
+                            .failures
+                            .push(format!("left {name:?} in {}: not a session folder", runner_dir.display())),
+                        Err(name) => result
+                            .failures
+                            .push(format!("left {name:?} in {}: not a session folder", runner_dir.display())),
                     },
-                    Err(error) => result
-                        .failures
-                        .push(format!("cannot list {}: {error}", runner_dir.display())),
+                    Err(error) => result.failures.push(format!("cannot list {}: {error}", runner_dir.display())),
                 }
             }
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => result
-            .failures
-            .push(format!("cannot list {}: {error}", runner_dir.display())),
+        Err(error) => result.failures.push(format!("cannot list {}: {error}", runner_dir.display())),
     }
     for process in processes::scan() {
-        if let Some(session) = process
-            .marker
-            .as_deref()
-            .and_then(|marker| marker.strip_prefix(&prefix))
-        {
+        if let Some(session) = process.marker.as_deref().and_then(|marker| marker.strip_prefix(&prefix)) {
             if is_safe_component(session) {
                 sessions.insert(session.to_string());
             }
@@ -78,10 +68,6 @@ pub async fn cleanup(
             Err(error) => result.failures.push(error.message),
         }
     }
-    tracing::info!(
-        removed = result.removed.len(),
-        failures = result.failures.len(),
-        "orphan sweep done"
-    );
+    tracing::info!(removed = result.removed.len(), failures = result.failures.len(), "orphan sweep done");
     Ok(result)
 }

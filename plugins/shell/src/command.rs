@@ -44,11 +44,7 @@ pub async fn run(
 ) -> Result<CommandResult, ExecutorError> {
     let config = executor.config()?;
     let session = executor.session(&params.session)?;
-    let step_name = if params.name.is_empty() {
-        params.step.to_string()
-    } else {
-        params.name.clone()
-    };
+    let step_name = if params.name.is_empty() { params.step.to_string() } else { params.name.clone() };
     let workdir = match &params.workdir {
         Some(workdir) => session.folder("work").join(workdir),
         None => session.folder("work"),
@@ -79,8 +75,7 @@ pub async fn run(
     // The step's processes: the session's, but what ran before the step and what that forks
     // since (a service's workers) are spared.
     let belongs = |process: &ProcessInfo, table: &Table| {
-        process.marker.as_deref() == Some(session.marker.as_str())
-            && !processes::descends_from(process, table, &before)
+        process.marker.as_deref() == Some(session.marker.as_str()) && !processes::descends_from(process, table, &before)
     };
 
     let ending = loop {
@@ -113,13 +108,8 @@ pub async fn run(
             tracing::info!(session = %session.id, step = params.step, killed = killed.len(), "step killed");
             return Err(match ending {
                 Ending::TimedOut => {
-                    let message = format!(
-                        "step {step_name} passed its timeout of {} ms",
-                        params.timeout_ms
-                    );
-                    context
-                        .log(&session.id, LogLevel::Error, message.clone())
-                        .await;
+                    let message = format!("step {step_name} passed its timeout of {} ms", params.timeout_ms);
+                    context.log(&session.id, LogLevel::Error, message.clone()).await;
                     ExecutorError::timeout(message)
                 }
                 _ => ExecutorError::cancelled(),
@@ -140,16 +130,9 @@ pub async fn run(
         }
     }
     pipes.drain(&context, &session.id, params.step).await;
-    let exit_code = status
-        .code()
-        .or_else(|| status.signal().map(|signal| 128 + signal))
-        .unwrap_or(-1);
+    let exit_code = status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1);
     tracing::info!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
-    Ok(CommandResult {
-        exit_code,
-        duration_ms,
-        killed_processes,
-    })
+    Ok(CommandResult { exit_code, duration_ms, killed_processes })
 }
 
 /// The step's `sh -ec <script>`: a cleared environment with only what the step is given,
@@ -185,12 +168,7 @@ struct Pipes {
 
 impl Pipes {
     fn new(stdout: Option<ChildStdout>, stderr: Option<ChildStderr>) -> Pipes {
-        Pipes {
-            stdout,
-            stderr,
-            stdout_buffer: vec![0; CHUNK],
-            stderr_buffer: vec![0; CHUNK],
-        }
+        Pipes { stdout, stderr, stdout_buffer: vec![0; CHUNK], stderr_buffer: vec![0; CHUNK] }
     }
 
     fn open(&self) -> bool {
@@ -200,12 +178,7 @@ impl Pipes {
     /// The next chunk from either pipe; `None` when a pipe just closed. Cancel-safe: no
     /// bytes are lost when the future is dropped unfinished.
     async fn read(&mut self) -> Option<(Stream, Vec<u8>)> {
-        let Pipes {
-            stdout,
-            stderr,
-            stdout_buffer,
-            stderr_buffer,
-        } = self;
+        let Pipes { stdout, stderr, stdout_buffer, stderr_buffer } = self;
         tokio::select! {
             read = read_from(stdout, stdout_buffer) => match read {
                 Ok(count) if count > 0 => Some((Stream::Stdout, stdout_buffer[..count].to_vec())),
@@ -245,10 +218,7 @@ impl Pipes {
 }
 
 /// Reads from a pipe that may be closed already (then it never resolves).
-async fn read_from<R: AsyncReadExt + Unpin>(
-    pipe: &mut Option<R>,
-    buffer: &mut [u8],
-) -> std::io::Result<usize> {
+async fn read_from<R: AsyncReadExt + Unpin>(pipe: &mut Option<R>, buffer: &mut [u8]) -> std::io::Result<usize> {
     match pipe {
         Some(pipe) => pipe.read(buffer).await,
         None => std::future::pending().await,

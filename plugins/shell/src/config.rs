@@ -24,21 +24,13 @@ pub struct Config {
 impl Config {
     /// Validates `initialize`'s options and the runner id, and creates the runner's folder.
     pub fn from_params(params: &InitializeParams) -> Result<Config, ExecutorError> {
-        if let Some(unknown) = params
-            .config
-            .keys()
-            .find(|key| !OPTIONS.contains(&key.as_str()))
-        {
-            return Err(ExecutorError::configuration(format!(
-                "unknown option --{unknown} for the shell executor"
-            )));
+        if let Some(unknown) = params.config.keys().find(|key| !OPTIONS.contains(&key.as_str())) {
+            return Err(ExecutorError::configuration(format!("unknown option --{unknown} for the shell executor")));
         }
         check_component("runner id", &params.runner.id)?;
         let work_dir = match params.config.get("work-dir") {
             Some(dir) if dir.is_empty() => {
-                return Err(ExecutorError::configuration(
-                    "option --work-dir of the shell executor is empty",
-                ));
+                return Err(ExecutorError::configuration("option --work-dir of the shell executor is empty"));
             }
             Some(dir) => PathBuf::from(dir),
             None => default_work_dir(),
@@ -58,20 +50,11 @@ impl Config {
         })?;
         // Canonical, so that the paths handed to the runner and the checks on upload paths agree.
         let work_dir = work_dir.canonicalize().map_err(|error| {
-            ExecutorError::configuration(format!(
-                "cannot resolve the work folder {}: {error}",
-                work_dir.display()
-            ))
+            ExecutorError::configuration(format!("cannot resolve the work folder {}: {error}", work_dir.display()))
         })?;
-        let path = std::env::var("PATH")
-            .ok()
-            .filter(|path| !path.is_empty())
-            .unwrap_or_else(|| DEFAULT_PATH.to_string());
-        Ok(Config {
-            work_dir,
-            runner_id: params.runner.id.clone(),
-            path,
-        })
+        let path =
+            std::env::var("PATH").ok().filter(|path| !path.is_empty()).unwrap_or_else(|| DEFAULT_PATH.to_string());
+        Ok(Config { work_dir, runner_id: params.runner.id.clone(), path })
     }
 
     /// `<work_dir>/<runner_id>`: this runner's sessions, and nothing else.
@@ -100,12 +83,8 @@ pub fn capabilities() -> Capabilities {
 
 /// `$TMPDIR/knotless-shell`, or `/tmp/knotless-shell`.
 fn default_work_dir() -> PathBuf {
-    let tmp = std::env::var_os("TMPDIR")
-        .filter(|tmp| !tmp.is_empty())
-        .map(PathBuf::from);
-    tmp.filter(|tmp| tmp.is_absolute())
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("knotless-shell")
+    let tmp = std::env::var_os("TMPDIR").filter(|tmp| !tmp.is_empty()).map(PathBuf::from);
+    tmp.filter(|tmp| tmp.is_absolute()).unwrap_or_else(|| PathBuf::from("/tmp")).join("knotless-shell")
 }
 
 /// Whether a name is one safe path component: letters, digits, `-`, `_`, `.`, not starting
@@ -113,9 +92,7 @@ fn default_work_dir() -> PathBuf {
 pub fn is_safe_component(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('.')
-        && name
-            .chars()
-            .all(|char| char.is_ascii_alphanumeric() || matches!(char, '-' | '_' | '.'))
+        && name.chars().all(|char| char.is_ascii_alphanumeric() || matches!(char, '-' | '_' | '.'))
 }
 
 /// Refuses a name that is not [`is_safe_component`] with a configuration error.
@@ -132,10 +109,7 @@ pub fn check_component(what: &str, name: &str) -> Result<(), ExecutorError> {
 /// Creates a folder and its parents, the new ones private to this user (mode 0700).
 pub fn create_private_dir_all(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)
 }
 
 #[cfg(test)]
@@ -160,10 +134,7 @@ mod tests {
                 version: "0".to_string(),
                 id: runner.to_string(),
             },
-            config: config
-                .iter()
-                .map(|(key, value)| (key.to_string(), value.to_string()))
-                .collect(),
+            config: config.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect(),
         }
     }
 

@@ -39,9 +39,7 @@ pub struct ShellExecutor {
 impl ShellExecutor {
     /// The configuration `initialize` accepted.
     fn config(&self) -> Result<Arc<Config>, ExecutorError> {
-        lock(&self.config)
-            .clone()
-            .ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
+        lock(&self.config).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
     }
 
     /// The sessions this process started and has not stopped.
@@ -51,10 +49,7 @@ impl ShellExecutor {
 
     /// A session this process started, or the protocol's unknown-session error.
     fn session(&self, session: &str) -> Result<Arc<Session>, ExecutorError> {
-        self.sessions()
-            .get(session)
-            .cloned()
-            .ok_or_else(|| ExecutorError::unknown_session(session))
+        self.sessions().get(session).cloned().ok_or_else(|| ExecutorError::unknown_session(session))
     }
 }
 
@@ -65,10 +60,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Executor for ShellExecutor {
     fn info(&self) -> ExecutorInfo {
-        ExecutorInfo {
-            name: "shell".to_string(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-        }
+        ExecutorInfo { name: "shell".to_string(), version: env!("CARGO_PKG_VERSION").to_string() }
     }
 
     async fn initialize(&self, params: &InitializeParams) -> Result<Capabilities, ExecutorError> {
@@ -81,44 +73,23 @@ impl Executor for ShellExecutor {
         Ok(config::capabilities())
     }
 
-    async fn start(
-        &self,
-        params: StartParams,
-        context: Context,
-    ) -> Result<StartResult, ExecutorError> {
+    async fn start(&self, params: StartParams, context: Context) -> Result<StartResult, ExecutorError> {
         session::start(self, params, context).await
     }
 
-    async fn command(
-        &self,
-        params: CommandParams,
-        context: Context,
-    ) -> Result<CommandResult, ExecutorError> {
+    async fn command(&self, params: CommandParams, context: Context) -> Result<CommandResult, ExecutorError> {
         command::run(self, params, context).await
     }
 
-    async fn stop(
-        &self,
-        params: StopParams,
-        context: Context,
-    ) -> Result<StopResult, ExecutorError> {
+    async fn stop(&self, params: StopParams, context: Context) -> Result<StopResult, ExecutorError> {
         session::stop(self, params, context).await
     }
 
-    async fn cleanup(
-        &self,
-        params: CleanupParams,
-        context: Context,
-    ) -> Result<CleanupResult, ExecutorError> {
+    async fn cleanup(&self, params: CleanupParams, context: Context) -> Result<CleanupResult, ExecutorError> {
         cleanup::cleanup(self, params, context).await
     }
 
-    async fn upload(
-        &self,
-        params: &TransferParams,
-        data: UploadStream,
-        context: Context,
-    ) -> Result<(), ExecutorError> {
+    async fn upload(&self, params: &TransferParams, data: UploadStream, context: Context) -> Result<(), ExecutorError> {
         transfer::upload(self, params, data, context).await
     }
 

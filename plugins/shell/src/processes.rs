@@ -61,15 +61,8 @@ fn read_process(pid: i32) -> Option<ProcessInfo> {
     }
     let ppid = fields.next()?.parse().ok()?;
     let pgid = fields.next()?.parse().ok()?;
-    let marker = fs::read(format!("/proc/{pid}/environ"))
-        .ok()
-        .and_then(|environ| marker_of(&environ));
-    Some(ProcessInfo {
-        pid,
-        ppid,
-        pgid,
-        marker,
-    })
+    let marker = fs::read(format!("/proc/{pid}/environ")).ok().and_then(|environ| marker_of(&environ));
+    Some(ProcessInfo { pid, ppid, pgid, marker })
 }
 
 /// The value of [`MARKER`] in the bytes of a `/proc/<pid>/environ`.
@@ -83,11 +76,7 @@ fn marker_of(environ: &[u8]) -> Option<String> {
 
 /// The live processes carrying exactly this marker value.
 pub fn marked(marker: &str) -> BTreeSet<i32> {
-    scan()
-        .into_iter()
-        .filter(|process| process.marker.as_deref() == Some(marker))
-        .map(|process| process.pid)
-        .collect()
+    scan().into_iter().filter(|process| process.marker.as_deref() == Some(marker)).map(|process| process.pid).collect()
 }
 
 /// Live processes by pid, as one [`scan`] saw them.
@@ -123,10 +112,7 @@ pub async fn terminate(
     let mut escalated = false;
     let mut group_signalled = false;
     loop {
-        let table: Table = scan()
-            .into_iter()
-            .map(|process| (process.pid, process))
-            .collect();
+        let table: Table = scan().into_iter().map(|process| (process.pid, process)).collect();
         let picked: Vec<i32> = table
             .values()
             .filter(|process| select(process, &table) || Some(process.pgid) == group)
@@ -178,21 +164,11 @@ mod tests {
 
     #[test]
     fn descendants_are_found_through_parents() {
-        let process = |pid, ppid| ProcessInfo {
-            pid,
-            ppid,
-            pgid: pid,
-            marker: None,
-        };
-        let table: Table = [
-            process(10, 1),
-            process(11, 10),
-            process(12, 11),
-            process(20, 1),
-        ]
-        .into_iter()
-        .map(|process| (process.pid, process))
-        .collect();
+        let process = |pid, ppid| ProcessInfo { pid, ppid, pgid: pid, marker: None };
+        let table: Table = [process(10, 1), process(11, 10), process(12, 11), process(20, 1)]
+            .into_iter()
+            .map(|process| (process.pid, process))
+            .collect();
         let ancestors = BTreeSet::from([10]);
         assert!(descends_from(&table[&12], &table, &ancestors));
         assert!(descends_from(&table[&10], &table, &ancestors));

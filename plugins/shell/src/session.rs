@@ -38,20 +38,12 @@ impl Session {
     /// path inside the session, refusing `..`, paths elsewhere, and paths that a symlink
     /// leads out of the session.
     pub fn resolve(&self, path: &str) -> Result<PathBuf, ExecutorError> {
-        let outside =
-            || ExecutorError::configuration(format!("path {path} is outside session {}", self.id));
+        let outside = || ExecutorError::configuration(format!("path {path} is outside session {}", self.id));
         let given = Path::new(path);
-        if given
-            .components()
-            .any(|component| component == Component::ParentDir)
-        {
+        if given.components().any(|component| component == Component::ParentDir) {
             return Err(outside());
         }
-        let joined = if given.is_absolute() {
-            given.to_path_buf()
-        } else {
-            self.root.join(given)
-        };
+        let joined = if given.is_absolute() { given.to_path_buf() } else { self.root.join(given) };
         let relative = joined.strip_prefix(&self.root).map_err(|_| outside())?;
         let mut resolved = self.root.clone();
         for component in relative.components() {
@@ -99,48 +91,29 @@ pub async fn start(
             .await;
     }
     if executor.sessions().contains_key(&params.session) {
-        return Err(ExecutorError::configuration(format!(
-            "session {} is already started",
-            params.session
-        )));
+        return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
     let runner_dir = config.runner_dir();
-    create_private_dir_all(&runner_dir).map_err(|error| {
-        ExecutorError::infrastructure(format!("cannot create {}: {error}", runner_dir.display()))
-    })?;
+    create_private_dir_all(&runner_dir)
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot create {}: {error}", runner_dir.display())))?;
     let root = runner_dir.join(&params.session);
     {
         use std::os::unix::fs::DirBuilderExt;
         // Not recursive: an existing folder is an error, atomically.
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&root)
-            .map_err(|error| match error.kind() {
-                std::io::ErrorKind::AlreadyExists => ExecutorError::configuration(format!(
-                    "session {} already exists at {}",
-                    params.session,
-                    root.display()
-                )),
-                _ => ExecutorError::infrastructure(format!(
-                    "cannot create the session folder {}: {error}",
-                    root.display()
-                )),
-            })?;
+        std::fs::DirBuilder::new().mode(0o700).create(&root).map_err(|error| match error.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                ExecutorError::configuration(format!("session {} already exists at {}", params.session, root.display()))
+            }
+            _ => ExecutorError::infrastructure(format!("cannot create the session folder {}: {error}", root.display())),
+        })?;
     }
-    let session = Session {
-        id: params.session.clone(),
-        root,
-        marker: config.marker(&params.session),
-        keep: params.keep,
-    };
+    let session =
+        Session { id: params.session.clone(), root, marker: config.marker(&params.session), keep: params.keep };
     for name in FOLDERS {
         let folder = session.folder(name);
         if let Err(error) = create_private_dir_all(&folder) {
             let _ = std::fs::remove_dir_all(&session.root);
-            return Err(ExecutorError::infrastructure(format!(
-                "cannot create {}: {error}",
-                folder.display()
-            )));
+            return Err(ExecutorError::infrastructure(format!("cannot create {}: {error}", folder.display())));
         }
     }
     let paths = SessionPaths {
@@ -150,36 +123,19 @@ pub async fn start(
     };
     let description = format!("folder {}", session.root.display());
     tracing::info!(session = %session.id, root = %session.root.display(), "session started");
-    executor
-        .sessions()
-        .insert(session.id.clone(), Arc::new(session));
-    Ok(StartResult {
-        paths,
-        description: Some(description),
-    })
+    executor.sessions().insert(session.id.clone(), Arc::new(session));
+    Ok(StartResult { paths, description: Some(description) })
 }
 
 /// `stop`: kills the session's processes and removes its folder, unless keeping (then the
 /// session is only forgotten, and nothing is removed).
-pub async fn stop(
-    executor: &ShellExecutor,
-    params: StopParams,
-    context: Context,
-) -> Result<StopResult, ExecutorError> {
+pub async fn stop(executor: &ShellExecutor, params: StopParams, context: Context) -> Result<StopResult, ExecutorError> {
     let session = executor.session(&params.session)?;
     let keep = params.keep || session.keep;
     executor.sessions().remove(&params.session);
     if keep {
-        context
-            .log(
-                &session.id,
-                LogLevel::Info,
-                format!("kept the session folder {}", session.root.display()),
-            )
-            .await;
-        return Ok(StopResult {
-            removed: Vec::new(),
-        });
+        context.log(&session.id, LogLevel::Info, format!("kept the session folder {}", session.root.display())).await;
+        return Ok(StopResult { removed: Vec::new() });
     }
     let removed = remove_session(&session.id, &session.root, &session.marker).await?;
     Ok(StopResult { removed })
@@ -187,11 +143,7 @@ pub async fn stop(
 
 /// `shutdown`: stops every session this process started that is not kept.
 pub async fn shutdown(executor: &ShellExecutor) {
-    let sessions: Vec<Arc<Session>> = executor
-        .sessions()
-        .drain()
-        .map(|(_, session)| session)
-        .collect();
+    let sessions: Vec<Arc<Session>> = executor.sessions().drain().map(|(_, session)| session).collect();
     for session in sessions {
         if session.keep {
             tracing::info!(session = %session.id, root = %session.root.display(), "keeping the session at shutdown");
@@ -209,24 +161,12 @@ pub async fn shutdown(executor: &ShellExecutor) {
 }
 
 /// Kills every process carrying `marker`, then removes `root`. Returns what it removed.
-pub async fn remove_session(
-    session: &str,
-    root: &Path,
-    marker: &str,
-) -> Result<Vec<Resource>, ExecutorError> {
-    let killed = processes::terminate(
-        |process, _| process.marker.as_deref() == Some(marker),
-        None,
-        processes::GRACE,
-    )
-    .await;
+pub async fn remove_session(session: &str, root: &Path, marker: &str) -> Result<Vec<Resource>, ExecutorError> {
+    let killed =
+        processes::terminate(|process, _| process.marker.as_deref() == Some(marker), None, processes::GRACE).await;
     let mut removed: Vec<Resource> = killed
         .iter()
-        .map(|pid| Resource {
-            kind: "process".to_string(),
-            name: pid.to_string(),
-            session: Some(session.to_string()),
-        })
+        .map(|pid| Resource { kind: "process".to_string(), name: pid.to_string(), session: Some(session.to_string()) })
         .collect();
     if !killed.is_empty() {
         tracing::info!(%session, processes = ?killed, "killed the session's processes");

@@ -22,26 +22,20 @@ pub async fn upload(
     let max_bytes = params.max_bytes;
     let bridge = SyncIoBridge::new(data);
     let shown = dest.display().to_string();
-    let unpacked =
-        tokio::task::spawn_blocking(move || tarball::unpack_vetted(bridge, &dest, max_bytes))
-            .await
-            .map_err(|error| {
-                ExecutorError::infrastructure(format!("the upload into {shown} failed: {error}"))
-            })?;
+    let unpacked = tokio::task::spawn_blocking(move || tarball::unpack_vetted(bridge, &dest, max_bytes))
+        .await
+        .map_err(|error| ExecutorError::infrastructure(format!("the upload into {shown} failed: {error}")))?;
     match unpacked {
         Ok(unpacked) => {
             tracing::info!(session = %session.id, path = %shown, bytes = unpacked.bytes, entries = unpacked.entries, "uploaded");
             Ok(())
         }
         Err(error @ (UnpackError::Refused { .. } | UnpackError::TooLarge { .. })) => {
-            Err(ExecutorError::new(
-                ErrorKind::TooLarge,
-                format!("cannot upload into {shown}: {error}"),
-            ))
+            Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {shown}: {error}")))
         }
-        Err(UnpackError::Io(error)) => Err(ExecutorError::infrastructure(format!(
-            "cannot upload into {shown}: {error}"
-        ))),
+        Err(UnpackError::Io(error)) => {
+            Err(ExecutorError::infrastructure(format!("cannot upload into {shown}: {error}")))
+        }
     }
 }
 
@@ -58,9 +52,7 @@ pub async fn download(
     match tokio::fs::metadata(&source).await {
         Ok(metadata) if metadata.is_dir() => {}
         Ok(_) => {
-            return Err(ExecutorError::configuration(format!(
-                "cannot download {shown}: not a folder"
-            )));
+            return Err(ExecutorError::configuration(format!("cannot download {shown}: not a folder")));
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return Err(ExecutorError::new(
@@ -69,9 +61,7 @@ pub async fn download(
             ));
         }
         Err(error) => {
-            return Err(ExecutorError::infrastructure(format!(
-                "cannot read {shown}: {error}"
-            )));
+            return Err(ExecutorError::infrastructure(format!("cannot read {shown}: {error}")));
         }
     }
     let bridge = SyncIoBridge::new(data);
@@ -82,12 +72,8 @@ pub async fn download(
         Ok(())
     })
     .await
-    .map_err(|error| {
-        ExecutorError::infrastructure(format!("the download of {shown} failed: {error}"))
-    })?;
-    packed.map_err(|error| {
-        ExecutorError::infrastructure(format!("cannot download {shown}: {error}"))
-    })?;
+    .map_err(|error| ExecutorError::infrastructure(format!("the download of {shown} failed: {error}")))?;
+    packed.map_err(|error| ExecutorError::infrastructure(format!("cannot download {shown}: {error}")))?;
     tracing::info!(session = %session.id, path = %shown, "downloaded");
     Ok(())
 }

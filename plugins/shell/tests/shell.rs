@@ -17,40 +17,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 #[tokio::test]
 async fn initialize_says_it_isolates_nothing_and_refuses_unknown_options() {
     let mut harness = Harness::uninitialized().await;
-    let error = harness
-        .initialize(json!({"foo": "1"}))
-        .await
-        .expect_err("refused");
-    assert_eq!(
-        error,
-        (
-            code::CONFIGURATION as i64,
-            "unknown option --foo for the shell executor".to_string()
-        )
-    );
+    let error = harness.initialize(json!({"foo": "1"})).await.expect_err("refused");
+    assert_eq!(error, (code::CONFIGURATION as i64, "unknown option --foo for the shell executor".to_string()));
     let work_dir = harness.work_dir.path().to_string_lossy().into_owned();
-    let result = harness
-        .initialize(json!({"work-dir": work_dir}))
-        .await
-        .expect("initialize");
+    let result = harness.initialize(json!({"work-dir": work_dir})).await.expect("initialize");
     assert_eq!(result["executor"]["name"], "shell");
     let capabilities = &result["capabilities"];
     assert_eq!(capabilities["isolation"], "none");
     assert_eq!(
-        (
-            capabilities["caches"].clone(),
-            capabilities["secrets"].clone(),
-            capabilities["outputs"].clone()
-        ),
+        (capabilities["caches"].clone(), capabilities["secrets"].clone(), capabilities["outputs"].clone()),
         (json!(true), json!(true), json!(true))
     );
-    assert_eq!(
-        (
-            capabilities["images"].clone(),
-            capabilities["network_policy"].clone()
-        ),
-        (json!(false), json!(false))
-    );
+    assert_eq!((capabilities["images"].clone(), capabilities["network_policy"].clone()), (json!(false), json!(false)));
 }
 
 #[tokio::test]
@@ -58,41 +36,20 @@ async fn start_makes_private_folders_and_refuses_duplicates_and_unsafe_ids() {
     let harness = Harness::new().await;
     let result = harness.start("s1").await;
     let root = harness.session_dir("s1");
-    assert_eq!(
-        result["paths"]["work"],
-        json!(root.join("work").to_string_lossy())
-    );
-    assert_eq!(
-        result["paths"]["steps"],
-        json!(root.join("steps").to_string_lossy())
-    );
-    assert_eq!(
-        result["paths"]["outputs"],
-        json!(root.join("outputs").to_string_lossy())
-    );
+    assert_eq!(result["paths"]["work"], json!(root.join("work").to_string_lossy()));
+    assert_eq!(result["paths"]["steps"], json!(root.join("steps").to_string_lossy()));
+    assert_eq!(result["paths"]["outputs"], json!(root.join("outputs").to_string_lossy()));
     for folder in ["work", "steps", "outputs", "home", "tmp"] {
         assert!(root.join(folder).is_dir(), "{folder}");
     }
-    assert_eq!(
-        std::fs::metadata(&root).expect("stat").permissions().mode() & 0o777,
-        0o700
-    );
-    let again = harness
-        .request("start", json!({"session": "s1", "timeout_ms": 1000}))
-        .await
-        .expect_err("refused");
+    assert_eq!(std::fs::metadata(&root).expect("stat").permissions().mode() & 0o777, 0o700);
+    let again = harness.request("start", json!({"session": "s1", "timeout_ms": 1000})).await.expect_err("refused");
     assert_eq!(again.0, code::CONFIGURATION as i64);
     for bad in ["../x", ".hidden", "a/b", ""] {
-        let refused = harness
-            .request("start", json!({"session": bad, "timeout_ms": 1000}))
-            .await
-            .expect_err("refused");
+        let refused = harness.request("start", json!({"session": bad, "timeout_ms": 1000})).await.expect_err("refused");
         assert_eq!(refused.0, code::CONFIGURATION as i64, "{bad:?}");
     }
-    let unknown = harness
-        .command("never", 0, "true", json!({}), 1000)
-        .await
-        .expect_err("unknown");
+    let unknown = harness.command("never", 0, "true", json!({}), 1000).await.expect_err("unknown");
     assert_eq!(unknown.0, code::UNKNOWN_SESSION as i64);
 }
 
@@ -100,65 +57,33 @@ async fn start_makes_private_folders_and_refuses_duplicates_and_unsafe_ids() {
 async fn a_step_streams_its_output_and_gives_its_exit_code() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    let result = harness
-        .command("s", 0, "echo hi; echo oops >&2; exit 3", json!({}), 10_000)
-        .await
-        .expect("command");
+    let result = harness.command("s", 0, "echo hi; echo oops >&2; exit 3", json!({}), 10_000).await.expect("command");
     assert_eq!(result["exit_code"], 3);
     assert_eq!(result["killed_processes"], 0);
     assert_eq!(harness.output("s", 0, "stdout"), "hi\n");
     assert_eq!(harness.output("s", 0, "stderr"), "oops\n");
     // `-e`: the first failing command ends the step.
-    let result = harness
-        .command("s", 1, "false; echo unreachable", json!({}), 10_000)
-        .await
-        .expect("command");
+    let result = harness.command("s", 1, "false; echo unreachable", json!({}), 10_000).await.expect("command");
     assert_eq!(result["exit_code"], 1);
     assert_eq!(harness.output("s", 1, "stdout"), "");
     // Killed by a signal: 128 + N.
-    let result = harness
-        .command("s", 2, "kill -9 $$", json!({}), 10_000)
-        .await
-        .expect("command");
+    let result = harness.command("s", 2, "kill -9 $$", json!({}), 10_000).await.expect("command");
     assert_eq!(result["exit_code"], 128 + 9);
     // Runs in the work folder, with the step's variables.
-    harness
-        .command("s", 3, "pwd; echo $GREETING", json!({}), 10_000)
-        .await
-        .expect("command");
+    harness.command("s", 3, "pwd; echo $GREETING", json!({}), 10_000).await.expect("command");
     let work = harness.session_dir("s").join("work");
-    assert_eq!(
-        harness.output("s", 3, "stdout"),
-        format!("{}\nhello\n", work.display())
-    );
+    assert_eq!(harness.output("s", 3, "stdout"), format!("{}\nhello\n", work.display()));
 }
 
 #[tokio::test]
 async fn a_timed_out_step_and_its_background_processes_are_killed() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    let error = harness
-        .command(
-            "s",
-            0,
-            "sleep 100 & echo $! > bg.pid; sleep 100",
-            json!({}),
-            500,
-        )
-        .await
-        .expect_err("timeout");
-    assert_eq!(
-        error,
-        (
-            code::TIMEOUT as i64,
-            "step step-0 passed its timeout of 500 ms".to_string()
-        )
-    );
+    let error =
+        harness.command("s", 0, "sleep 100 & echo $! > bg.pid; sleep 100", json!({}), 500).await.expect_err("timeout");
+    assert_eq!(error, (code::TIMEOUT as i64, "step step-0 passed its timeout of 500 ms".to_string()));
     let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
-    assert!(
-        !alive(background),
-        "the background sleep {background} is gone"
-    );
+    assert!(!alive(background), "the background sleep {background} is gone");
     assert!(processes_with(&format!("KNOTLESS_SHELL_SESSION={}", harness.marker("s"))).is_empty());
 }
 
@@ -166,19 +91,15 @@ async fn a_timed_out_step_and_its_background_processes_are_killed() {
 async fn a_cancelled_step_is_killed() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    let params = json!({"session": "s", "step": 0, "script": "sleep 100 & echo $! > bg.pid; sleep 100", "timeout_ms": 60_000});
+    let params =
+        json!({"session": "s", "step": 0, "script": "sleep 100 & echo $! > bg.pid; sleep 100", "timeout_ms": 60_000});
     let (id, receiver) = harness.send("command", params).await;
     let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
     assert!(alive(background));
-    harness
-        .write(json!({"jsonrpc": "2.0", "method": "cancel", "params": {"id": id}}))
-        .await;
+    harness.write(json!({"jsonrpc": "2.0", "method": "cancel", "params": {"id": id}})).await;
     let error = answer(receiver).await.expect_err("cancelled");
     assert_eq!(error.0, code::CANCELLED as i64);
-    assert!(
-        !alive(background),
-        "the background sleep {background} is gone"
-    );
+    assert!(!alive(background), "the background sleep {background} is gone");
 }
 
 #[tokio::test]
@@ -186,21 +107,12 @@ async fn what_a_secret_step_leaves_running_is_killed_and_counted() {
     let harness = Harness::new().await;
     harness.start("s").await;
     let script = "sleep 100 & echo $! > bg.pid; echo started";
-    let result = harness
-        .command("s", 0, script, json!({"TOKEN": "t0ps3cret"}), 10_000)
-        .await
-        .expect("command");
+    let result = harness.command("s", 0, script, json!({"TOKEN": "t0ps3cret"}), 10_000).await.expect("command");
     assert_eq!(result["exit_code"], 0);
-    assert!(
-        result["killed_processes"].as_u64().expect("count") >= 1,
-        "{result}"
-    );
+    assert!(result["killed_processes"].as_u64().expect("count") >= 1, "{result}");
     assert_eq!(harness.output("s", 0, "stdout"), "started\n");
     let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
-    assert!(
-        !alive(background),
-        "the background sleep {background} is gone"
-    );
+    assert!(!alive(background), "the background sleep {background} is gone");
     assert!(processes_with("TOKEN=t0ps3cret").is_empty());
 }
 
@@ -209,54 +121,26 @@ async fn what_a_plain_step_leaves_running_lives_on_until_stop() {
     let harness = Harness::new().await;
     harness.start("s").await;
     let script = "sleep 100 & echo $! > bg.pid; echo started";
-    let result = harness
-        .command("s", 0, script, json!({}), 10_000)
-        .await
-        .expect("command");
-    assert_eq!(
-        (
-            result["exit_code"].clone(),
-            result["killed_processes"].clone()
-        ),
-        (json!(0), json!(0))
-    );
+    let result = harness.command("s", 0, script, json!({}), 10_000).await.expect("command");
+    assert_eq!((result["exit_code"].clone(), result["killed_processes"].clone()), (json!(0), json!(0)));
     assert!(
         result["duration_ms"].as_u64().expect("duration") < 5_000,
         "the step did not wait for the background sleep"
     );
     let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
-    assert!(
-        alive(background),
-        "a plain step may leave a service running"
-    );
+    assert!(alive(background), "a plain step may leave a service running");
     // A later secret step does not kill what was there before it.
-    let result = harness
-        .command("s", 1, "true", json!({"TOKEN": "x"}), 10_000)
-        .await
-        .expect("command");
+    let result = harness.command("s", 1, "true", json!({"TOKEN": "x"}), 10_000).await.expect("command");
     assert_eq!(result["killed_processes"], 0);
     assert!(alive(background));
-    let stopped = harness
-        .request("stop", json!({"session": "s", "timeout_ms": 10_000}))
-        .await
-        .expect("stop");
+    let stopped = harness.request("stop", json!({"session": "s", "timeout_ms": 10_000})).await.expect("stop");
     assert!(!alive(background), "stop kills the session's processes");
     let removed = stopped["removed"].as_array().expect("removed");
-    assert!(
-        removed
-            .contains(&json!({"kind": "process", "name": background.to_string(), "session": "s"})),
-        "{stopped}"
-    );
+    assert!(removed.contains(&json!({"kind": "process", "name": background.to_string(), "session": "s"})), "{stopped}");
     let folder = harness.session_dir("s").to_string_lossy().into_owned();
-    assert!(
-        removed.contains(&json!({"kind": "folder", "name": folder, "session": "s"})),
-        "{stopped}"
-    );
+    assert!(removed.contains(&json!({"kind": "folder", "name": folder, "session": "s"})), "{stopped}");
     assert!(!harness.session_dir("s").exists());
-    let again = harness
-        .command("s", 2, "true", json!({}), 1000)
-        .await
-        .expect_err("stopped");
+    let again = harness.command("s", 2, "true", json!({}), 1000).await.expect_err("stopped");
     assert_eq!(again.0, code::UNKNOWN_SESSION as i64);
 }
 
@@ -264,28 +148,13 @@ async fn what_a_plain_step_leaves_running_lives_on_until_stop() {
 async fn a_step_sees_only_its_own_secrets_and_a_clean_environment() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    harness
-        .command("s", 0, "env", json!({"FIRST": "alpha-secret"}), 10_000)
-        .await
-        .expect("command");
-    harness
-        .command("s", 1, "env", json!({"SECOND": "beta-secret"}), 10_000)
-        .await
-        .expect("command");
+    harness.command("s", 0, "env", json!({"FIRST": "alpha-secret"}), 10_000).await.expect("command");
+    harness.command("s", 1, "env", json!({"SECOND": "beta-secret"}), 10_000).await.expect("command");
     let first = harness.output("s", 0, "stdout");
     let second = harness.output("s", 1, "stdout");
-    assert!(
-        first.lines().any(|line| line == "FIRST=alpha-secret"),
-        "{first}"
-    );
-    assert!(
-        second.lines().any(|line| line == "SECOND=beta-secret"),
-        "{second}"
-    );
-    assert!(
-        !second.contains("alpha-secret") && !second.contains("FIRST="),
-        "{second}"
-    );
+    assert!(first.lines().any(|line| line == "FIRST=alpha-secret"), "{first}");
+    assert!(second.lines().any(|line| line == "SECOND=beta-secret"), "{second}");
+    assert!(!second.contains("alpha-secret") && !second.contains("FIRST="), "{second}");
     let root = harness.session_dir("s");
     for expected in [
         format!("HOME={}", root.join("home").display()),
@@ -294,10 +163,7 @@ async fn a_step_sees_only_its_own_secrets_and_a_clean_environment() {
         "LANG=C.UTF-8".to_string(),
         "GREETING=hello".to_string(),
     ] {
-        assert!(
-            second.lines().any(|line| line == expected),
-            "{expected} in {second}"
-        );
+        assert!(second.lines().any(|line| line == expected), "{expected} in {second}");
     }
     // Nothing of the executor's own environment but PATH (cargo sets CARGO_* for tests).
     assert!(!second.contains("CARGO_"), "{second}");
@@ -309,13 +175,10 @@ async fn a_secret_is_never_in_an_argv() {
     harness.start("s").await;
     let secret = "v3ry-s3cret-value-in-argv-check";
     let script = "echo ready; while [ ! -e go ]; do sleep 0.02; done; test -n \"$API_TOKEN\"";
-    let params = json!({"session": "s", "step": 0, "script": script, "secrets": {"API_TOKEN": secret}, "timeout_ms": 30_000});
+    let params =
+        json!({"session": "s", "step": 0, "script": script, "secrets": {"API_TOKEN": secret}, "timeout_ms": 30_000});
     let (_, receiver) = harness.send("command", params).await;
-    assert!(
-        eventually(Duration::from_secs(10), || harness.output("s", 0, "stdout")
-            == "ready\n")
-        .await
-    );
+    assert!(eventually(Duration::from_secs(10), || harness.output("s", 0, "stdout") == "ready\n").await);
     assert!(
         !processes_with(&format!("API_TOKEN={secret}")).is_empty(),
         "the step runs with the secret in its environment"
@@ -332,30 +195,17 @@ fn tree() -> tempfile::TempDir {
     std::fs::create_dir_all(root.join("bin")).expect("mkdir");
     std::fs::create_dir_all(root.join("empty")).expect("mkdir");
     std::fs::write(root.join("bin/run.sh"), "#!/bin/sh\necho ran\n").expect("write");
-    std::fs::set_permissions(
-        root.join("bin/run.sh"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .expect("chmod");
+    std::fs::set_permissions(root.join("bin/run.sh"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     symlink("bin/run.sh", root.join("link")).expect("symlink");
     dir
 }
 
 fn check_tree(root: &std::path::Path) {
-    let mode = std::fs::metadata(root.join("bin/run.sh"))
-        .expect("stat")
-        .permissions()
-        .mode();
+    let mode = std::fs::metadata(root.join("bin/run.sh")).expect("stat").permissions().mode();
     assert_eq!(mode & 0o777, 0o755);
-    assert_eq!(
-        std::fs::read_link(root.join("link")).expect("readlink"),
-        PathBuf::from("bin/run.sh")
-    );
+    assert_eq!(std::fs::read_link(root.join("link")).expect("readlink"), PathBuf::from("bin/run.sh"));
     assert!(root.join("empty").is_dir());
-    assert_eq!(
-        std::fs::read_dir(root.join("empty")).expect("list").count(),
-        0
-    );
+    assert_eq!(std::fs::read_dir(root.join("empty")).expect("list").count(), 0);
 }
 
 #[tokio::test]
@@ -378,10 +228,7 @@ async fn upload_then_download_round_trips_modes_links_and_empty_folders() {
     assert_eq!(result["bytes"], archive.len() as u64);
     check_tree(&harness.session_dir("s").join("work/checkout"));
     // The step sees it and can run it.
-    harness
-        .command("s", 0, "./checkout/link", json!({}), 10_000)
-        .await
-        .expect("command");
+    harness.command("s", 0, "./checkout/link", json!({}), 10_000).await.expect("command");
     assert_eq!(harness.output("s", 0, "stdout"), "ran\n");
 
     let listener = ChannelListener::bind(&sockets.path().join("down.sock")).expect("bind");
@@ -403,38 +250,20 @@ async fn paths_outside_the_session_are_refused_and_missing_ones_not_found() {
     let harness = Harness::new().await;
     harness.start("s").await;
     // A symlink a step made that leads out of the session.
-    harness
-        .command("s", 0, "ln -s /etc escape", json!({}), 10_000)
-        .await
-        .expect("command");
+    harness.command("s", 0, "ln -s /etc escape", json!({}), 10_000).await.expect("command");
     let sockets = tempfile::tempdir().expect("tempdir");
-    for (index, path) in ["../other", "/etc", "work/../../x", "work/escape/sub"]
-        .into_iter()
-        .enumerate()
-    {
-        let listener =
-            ChannelListener::bind(&sockets.path().join(format!("{index}.sock"))).expect("bind");
+    for (index, path) in ["../other", "/etc", "work/../../x", "work/escape/sub"].into_iter().enumerate() {
+        let listener = ChannelListener::bind(&sockets.path().join(format!("{index}.sock"))).expect("bind");
         let channel = listener.path().to_string_lossy().into_owned();
         let params = json!({"session": "s", "path": path, "channel": channel, "max_bytes": 1024, "timeout_ms": 10_000});
-        let error = harness
-            .request("upload", params)
-            .await
-            .expect_err("refused");
-        assert_eq!(
-            error,
-            (
-                code::CONFIGURATION as i64,
-                format!("path {path} is outside session s")
-            )
-        );
+        let error = harness.request("upload", params).await.expect_err("refused");
+        assert_eq!(error, (code::CONFIGURATION as i64, format!("path {path} is outside session s")));
     }
     let listener = ChannelListener::bind(&sockets.path().join("missing.sock")).expect("bind");
     let channel = listener.path().to_string_lossy().into_owned();
-    let params = json!({"session": "s", "path": "outputs/none", "channel": channel, "max_bytes": 1024, "timeout_ms": 10_000});
-    let error = harness
-        .request("download", params)
-        .await
-        .expect_err("missing");
+    let params =
+        json!({"session": "s", "path": "outputs/none", "channel": channel, "max_bytes": 1024, "timeout_ms": 10_000});
+    let error = harness.request("download", params).await.expect_err("missing");
     assert_eq!(error.0, code::NOT_FOUND as i64);
 }
 
@@ -443,48 +272,26 @@ async fn cleanup_removes_sessions_not_kept_and_leaves_other_runners_alone() {
     let harness = Harness::new().await;
     harness.start("gone").await;
     harness.start("kept").await;
-    harness
-        .command("gone", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000)
-        .await
-        .expect("command");
-    harness
-        .command("kept", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000)
-        .await
-        .expect("command");
+    harness.command("gone", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000).await.expect("command");
+    harness.command("kept", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000).await.expect("command");
     let gone_pid = read_pid(&harness.session_dir("gone").join("work/bg.pid")).await;
     let kept_pid = read_pid(&harness.session_dir("kept").join("work/bg.pid")).await;
     let other_runner = harness.work_dir.path().join("other-runner/session");
     std::fs::create_dir_all(&other_runner).expect("mkdir");
 
-    let result = harness
-        .request("cleanup", json!({"keep": ["kept"], "timeout_ms": 10_000}))
-        .await
-        .expect("cleanup");
+    let result = harness.request("cleanup", json!({"keep": ["kept"], "timeout_ms": 10_000})).await.expect("cleanup");
     assert_eq!(result["failures"], json!([]));
     let removed = result["removed"].as_array().expect("removed");
-    assert!(
-        removed
-            .contains(&json!({"kind": "process", "name": gone_pid.to_string(), "session": "gone"})),
-        "{result}"
-    );
-    assert!(
-        removed.iter().all(|resource| resource["session"] == "gone"),
-        "{result}"
-    );
+    assert!(removed.contains(&json!({"kind": "process", "name": gone_pid.to_string(), "session": "gone"})), "{result}");
+    assert!(removed.iter().all(|resource| resource["session"] == "gone"), "{result}");
     assert!(!harness.session_dir("gone").exists());
     assert!(!alive(gone_pid));
     assert!(harness.session_dir("kept").is_dir());
     assert!(alive(kept_pid));
     assert!(other_runner.is_dir());
-    let error = harness
-        .command("gone", 1, "true", json!({}), 1000)
-        .await
-        .expect_err("gone");
+    let error = harness.command("gone", 1, "true", json!({}), 1000).await.expect_err("gone");
     assert_eq!(error.0, code::UNKNOWN_SESSION as i64);
-    harness
-        .request("stop", json!({"session": "kept", "timeout_ms": 10_000}))
-        .await
-        .expect("stop");
+    harness.request("stop", json!({"session": "kept", "timeout_ms": 10_000})).await.expect("stop");
     assert!(!alive(kept_pid));
 }
 
@@ -493,10 +300,7 @@ async fn the_end_of_stdin_stops_every_session() {
     let mut harness = Harness::new().await;
     harness.start("a").await;
     harness.start("b").await;
-    harness
-        .command("a", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000)
-        .await
-        .expect("command");
+    harness.command("a", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000).await.expect("command");
     let background = read_pid(&harness.session_dir("a").join("work/bg.pid")).await;
     assert!(alive(background));
     harness.close_input().await;
@@ -510,19 +314,10 @@ async fn stop_removes_folders_a_step_made_read_only() {
     let harness = Harness::new().await;
     harness.start("s").await;
     let result = harness
-        .command(
-            "s",
-            0,
-            "mkdir -p cache/mod && touch cache/mod/file && chmod -R a-w cache",
-            json!({}),
-            10_000,
-        )
+        .command("s", 0, "mkdir -p cache/mod && touch cache/mod/file && chmod -R a-w cache", json!({}), 10_000)
         .await;
     assert_eq!(result.expect("command")["exit_code"], 0);
-    harness
-        .request("stop", json!({"session": "s", "timeout_ms": 10_000}))
-        .await
-        .expect("stop");
+    harness.request("stop", json!({"session": "s", "timeout_ms": 10_000})).await.expect("stop");
     assert!(!harness.session_dir("s").exists());
 }
 
@@ -530,19 +325,11 @@ async fn stop_removes_folders_a_step_made_read_only() {
 async fn stop_with_keep_leaves_the_folder() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    let stopped = harness
-        .request(
-            "stop",
-            json!({"session": "s", "keep": true, "timeout_ms": 10_000}),
-        )
-        .await
-        .expect("stop");
+    let stopped =
+        harness.request("stop", json!({"session": "s", "keep": true, "timeout_ms": 10_000})).await.expect("stop");
     assert_eq!(stopped["removed"], json!([]));
     assert!(harness.session_dir("s").join("work").is_dir());
-    let error = harness
-        .command("s", 0, "true", json!({}), 1000)
-        .await
-        .expect_err("forgotten");
+    let error = harness.command("s", 0, "true", json!({}), 1000).await.expect_err("forgotten");
     assert_eq!(error.0, code::UNKNOWN_SESSION as i64);
 }
 
@@ -552,20 +339,11 @@ async fn a_secret_step_spares_a_service_an_earlier_step_started_and_its_workers(
     harness.start("s").await;
     // A service that forks a short-lived worker again and again.
     let service = "sh -c 'while :; do sleep 0.05; done' > /dev/null 2>&1 & echo $! > service.pid";
-    harness
-        .command("s", 0, service, json!({}), 10_000)
-        .await
-        .expect("command");
+    harness.command("s", 0, service, json!({}), 10_000).await.expect("command");
     let service = read_pid(&harness.session_dir("s").join("work/service.pid")).await;
-    let result = harness
-        .command("s", 1, "sleep 0.2", json!({"TOKEN": "x"}), 10_000)
-        .await
-        .expect("command");
+    let result = harness.command("s", 1, "sleep 0.2", json!({"TOKEN": "x"}), 10_000).await.expect("command");
     assert_eq!(result["killed_processes"], 0, "{result}");
     assert!(alive(service));
-    harness
-        .request("stop", json!({"session": "s", "timeout_ms": 10_000}))
-        .await
-        .expect("stop");
+    harness.request("stop", json!({"session": "s", "timeout_ms": 10_000})).await.expect("stop");
     assert!(!alive(service));
 }

@@ -55,26 +55,53 @@ pub trait Executor: Send + Sync + 'static {
 
     /// Validates the configuration and says what this executor can do. A bad configuration
     /// is a [`ExecutorError::configuration`] naming the option to fix.
-    fn initialize(&self, params: &InitializeParams) -> impl Future<Output = Result<Capabilities, ExecutorError>> + Send;
+    fn initialize(&self, params: &InitializeParams)
+    -> impl Future<Output = Result<Capabilities, ExecutorError>> + Send;
 
     /// Creates a session.
-    fn start(&self, params: StartParams, context: Context) -> impl Future<Output = Result<StartResult, ExecutorError>> + Send;
+    fn start(
+        &self,
+        params: StartParams,
+        context: Context,
+    ) -> impl Future<Output = Result<StartResult, ExecutorError>> + Send;
 
     /// Runs one step, streaming its output with [`Context::output`].
-    fn command(&self, params: CommandParams, context: Context) -> impl Future<Output = Result<CommandResult, ExecutorError>> + Send;
+    fn command(
+        &self,
+        params: CommandParams,
+        context: Context,
+    ) -> impl Future<Output = Result<CommandResult, ExecutorError>> + Send;
 
     /// Ends a session and deletes its resources unless `keep`.
-    fn stop(&self, params: StopParams, context: Context) -> impl Future<Output = Result<StopResult, ExecutorError>> + Send;
+    fn stop(
+        &self,
+        params: StopParams,
+        context: Context,
+    ) -> impl Future<Output = Result<StopResult, ExecutorError>> + Send;
 
     /// Deletes every resource of this runner that belongs to no session in `keep`.
-    fn cleanup(&self, params: CleanupParams, context: Context) -> impl Future<Output = Result<CleanupResult, ExecutorError>> + Send;
+    fn cleanup(
+        &self,
+        params: CleanupParams,
+        context: Context,
+    ) -> impl Future<Output = Result<CleanupResult, ExecutorError>> + Send;
 
     /// Reads a tar stream to its end and unpacks it at `params.path` in the session.
-    fn upload(&self, params: &TransferParams, data: UploadStream, context: Context) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+    fn upload(
+        &self,
+        params: &TransferParams,
+        data: UploadStream,
+        context: Context,
+    ) -> impl Future<Output = Result<(), ExecutorError>> + Send;
 
     /// Writes a tar stream of the contents of `params.path` in the session. A missing path is
     /// [`crate::ErrorKind::NotFound`].
-    fn download(&self, params: &TransferParams, data: DownloadStream, context: Context) -> impl Future<Output = Result<(), ExecutorError>> + Send;
+    fn download(
+        &self,
+        params: &TransferParams,
+        data: DownloadStream,
+        context: Context,
+    ) -> impl Future<Output = Result<(), ExecutorError>> + Send;
 
     /// Called once when the runner asks to shut down or closes stdin: stop every session that
     /// is not kept, so that a runner that dies leaves nothing behind.

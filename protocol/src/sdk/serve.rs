@@ -58,7 +58,11 @@ where
             None => break,
             Some(Ok(frame)) => frame,
             Some(Err(error)) => {
-                let response = error_response(serde_json::Value::Null, ErrorCode::ParseError.code(), &format!("bad frame: {error}"));
+                let response = error_response(
+                    serde_json::Value::Null,
+                    ErrorCode::ParseError.code(),
+                    &format!("bad frame: {error}"),
+                );
                 let _ = frames.send(response).await;
                 continue;
             }
@@ -73,12 +77,15 @@ where
         };
         let Some(method) = message.get("method").and_then(|method| method.as_str()).map(str::to_string) else {
             let id = message.get("id").cloned().unwrap_or(serde_json::Value::Null);
-            let _ = frames.send(error_response(id, ErrorCode::InvalidRequest.code(), "a message without a method")).await;
+            let _ =
+                frames.send(error_response(id, ErrorCode::InvalidRequest.code(), "a message without a method")).await;
             continue;
         };
         let Some(id) = message.get("id").cloned() else {
             if method == method::CANCEL {
-                if let Some(params) = message.get("params").and_then(|params| serde_json::from_value::<CancelParams>(params.clone()).ok()) {
+                if let Some(params) =
+                    message.get("params").and_then(|params| serde_json::from_value::<CancelParams>(params.clone()).ok())
+                {
                     state.cancel(&params.id);
                 }
             }
@@ -89,6 +96,8 @@ where
             state.executor.shutdown().await;
             let _ = frames.send(framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}}))).await;
             drop(input);
+            drop(module);
+            drop(state);
             return finish(tasks, frames, writer).await;
         }
         let token = CancellationToken::new();
@@ -106,6 +115,8 @@ where
     // The runner closed stdin: it is gone, so nothing it started may outlive it.
     state.cancel_all();
     state.executor.shutdown().await;
+    drop(module);
+    drop(state);
     finish(tasks, frames, writer).await
 }
 
@@ -114,7 +125,11 @@ async fn finish(
     frames: mpsc::Sender<Vec<u8>>,
     writer: tokio::task::JoinHandle<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    while tasks.join_next().await.is_some() {}
+    // Requests still running were cancelled; one that ignores it must not keep the process.
+    let drained = tokio::time::timeout(Duration::from_secs(30), async { while tasks.join_next().await.is_some() {} });
+    if drained.await.is_err() {
+        tasks.abort_all();
+    }
     drop(frames);
     // The writer ends when the last notifier is dropped; a notifier kept by the executor
     // beyond shutdown must not hold the process open.
@@ -164,7 +179,9 @@ async fn dispatch<E: Executor>(
 ) -> Vec<u8> {
     let request: jsonrpsee::types::Request<'_> = match serde_json::from_slice(frame) {
         Ok(request) => request,
-        Err(error) => return error_response(id.clone(), ErrorCode::InvalidRequest.code(), &format!("invalid request: {error}")),
+        Err(error) => {
+            return error_response(id.clone(), ErrorCode::InvalidRequest.code(), &format!("invalid request: {error}"));
+        }
     };
     let Some(MethodCallback::Async(callback)) = module.method(method) else {
         return error_response(id.clone(), ErrorCode::MethodNotFound.code(), &format!("unknown method {method}"));
@@ -181,7 +198,9 @@ async fn dispatch<E: Executor>(
 type Reply<T> = Result<T, ErrorObjectOwned>;
 
 fn parse<T: DeserializeOwned>(params: &Params<'_>) -> Result<T, ExecutorError> {
-    params.parse::<T>().map_err(|error| ExecutorError::new(ErrorKind::Protocol, format!("invalid params: {}", error.message())))
+    params
+        .parse::<T>()
+        .map_err(|error| ExecutorError::new(ErrorKind::Protocol, format!("invalid params: {}", error.message())))
 }
 
 fn context(extensions: &Extensions) -> Context {
@@ -328,15 +347,18 @@ async fn initialize<E: Executor>(state: &State<E>, params: &Params<'_>) -> Resul
         )
         .with_data(serde_json::json!({"offered": params.protocol_versions, "supported": SUPPORTED_VERSIONS})));
     };
+    if state.version.get().is_some() {
+        return Err(ExecutorError::new(ErrorKind::Protocol, "initialize was already answered"));
+    }
     let capabilities = state.executor.initialize(&params).await?;
     let _ = state.version.set(version);
     Ok(InitializeResult { protocol_version: version, executor: state.executor.info(), capabilities })
 }
 
 async fn connect(params: &TransferParams) -> Result<interprocess::local_socket::tokio::Stream, ExecutorError> {
-    channel::connect(&params.channel)
-        .await
-        .map_err(|error| ExecutorError::infrastructure(format!("cannot connect to the side channel {}: {error}", params.channel)))
+    channel::connect(&params.channel).await.map_err(|error| {
+        ExecutorError::infrastructure(format!("cannot connect to the side channel {}: {error}", params.channel))
+    })
 }
 
 fn transfer_result(
@@ -345,7 +367,10 @@ fn transfer_result(
     max_bytes: u64,
 ) -> Result<TransferResult, ExecutorError> {
     if counter.over() {
-        return Err(ExecutorError::new(ErrorKind::TooLarge, format!("the tar stream is over its bound of {max_bytes} bytes")));
+        return Err(ExecutorError::new(
+            ErrorKind::TooLarge,
+            format!("the tar stream is over its bound of {max_bytes} bytes"),
+        ));
     }
     result.map(|()| TransferResult { bytes: counter.bytes() })
 }

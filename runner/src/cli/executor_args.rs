@@ -135,10 +135,14 @@ impl ExecutorArgs {
             None => PluginSearch::from_environment(self.plugin_dir.clone()).find(&name)?,
         };
         let runner_id = self.runner_id.clone().unwrap_or_else(|| default_runner_id.to_string());
-        if runner_id.is_empty() || runner_id.len() > 63 || !runner_id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        if runner_id.is_empty()
+            || runner_id.len() > 63
+            || !runner_id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
             bail!("--runner-id {runner_id:?}: use 1 to 63 letters, digits, '-', '_' or '.'");
         }
-        let runner = RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: runner_id };
+        let runner =
+            RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: runner_id };
         let process = ProcessSpec { name, path, pass_env: self.executor_env.clone() };
         let mut config = HostConfig::new(process, runner, self.options().context("bad executor options")?);
         config.grace = Duration::from_secs(self.executor_grace.max(1));

@@ -68,7 +68,9 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if !args.workflows.is_empty() {
         for name in &args.workflows {
-            if !workflows.iter().any(|workflow| &workflow.name == name) && !errors.iter().any(|error| error.file.contains(name.as_str())) {
+            if !workflows.iter().any(|workflow| &workflow.name == name)
+                && !errors.iter().any(|error| error.file.contains(name.as_str()))
+            {
                 let known: Vec<_> = workflows.iter().map(|workflow| workflow.name.as_str()).collect();
                 bail!("--workflow {name}: no such workflow in .knotless/workflows (there are: {})", known.join(", "));
             }
@@ -76,7 +78,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         workflows.retain(|workflow| args.workflows.contains(&workflow.name));
     }
     let branch = info.git_ref.strip_prefix("refs/heads/");
-    let (selected, skipped): (Vec<_>, Vec<_>) = workflows.into_iter().partition(|workflow| workflow.on.matches(args.event, branch));
+    let (selected, skipped): (Vec<_>, Vec<_>) =
+        workflows.into_iter().partition(|workflow| workflow.on.matches(args.event, branch));
     for workflow in &skipped {
         println!("{} ==> skipped: not triggered by {}", workflow.name, args.event.as_str());
     }
@@ -157,7 +160,8 @@ fn default_outputs_root() -> PathBuf {
 }
 
 fn run_id(workflow: &str) -> String {
-    let safe: String = workflow.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).take(40).collect();
+    let safe: String =
+        workflow.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).take(40).collect();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{safe}-{:x}", nanos & 0xffff_ffff_ffff)
 }
@@ -169,7 +173,13 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
     }
     for (report, _) in reports {
         if report.steps.is_empty() {
-            rows.push([report.workflow.clone(), report.status.as_str().into(), "-".into(), "-".into(), millis(report.duration_ms)]);
+            rows.push([
+                report.workflow.clone(),
+                report.status.as_str().into(),
+                "-".into(),
+                "-".into(),
+                millis(report.duration_ms),
+            ]);
         }
         for step in &report.steps {
             let status = match step.status {
@@ -185,7 +195,8 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
             rows.push([report.workflow.clone(), status.into(), step.name.clone(), exit, time]);
         }
     }
-    let widths: Vec<usize> = (0..5).map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> =
+        (0..5).map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0)).collect();
     println!();
     for row in &rows {
         let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();

@@ -124,7 +124,12 @@ pub async fn execute(
     let mut steps: Vec<StepReport> = workflow
         .steps
         .iter()
-        .map(|step| StepReport { name: step.name.clone(), status: StepStatus::Skipped, exit_code: None, duration_ms: 0 })
+        .map(|step| StepReport {
+            name: step.name.clone(),
+            status: StepStatus::Skipped,
+            exit_code: None,
+            duration_ms: 0,
+        })
         .collect();
     log.note(format!(
         "run {} of workflow {} on {} at {} ({}), executor {}",
@@ -237,7 +242,13 @@ async fn in_session(
         .await
         .map_err(|error| Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {error:#}") })?;
     let bytes = session
-        .upload(&paths.work, tokio::fs::File::from_std(checkout), limits.checkout_max_bytes, limits.transfer_timeout, cancel)
+        .upload(
+            &paths.work,
+            tokio::fs::File::from_std(checkout),
+            limits.checkout_max_bytes,
+            limits.transfer_timeout,
+            cancel,
+        )
         .await
         .map_err(|error| Ended::from_host("cannot upload the checkout", &error))?;
     log.note(format!("checked out {bytes} bytes of tar into {}", paths.work));
@@ -260,13 +271,22 @@ async fn in_session(
                 })?;
                 let target = format!("{}/{index}", paths.steps);
                 session
-                    .upload(&target, tokio::fs::File::from_std(archive), limits.checkout_max_bytes, limits.transfer_timeout, cancel)
+                    .upload(
+                        &target,
+                        tokio::fs::File::from_std(archive),
+                        limits.checkout_max_bytes,
+                        limits.transfer_timeout,
+                        cancel,
+                    )
                     .await
                     .map_err(|error| Ended::from_host(&format!("cannot upload shared step {shared}"), &error))?;
                 scripts.push(format!("exec '{target}/run'"));
             }
             (None, None) => {
-                return Err(Ended { status: RunStatus::Error, cause: format!("step {} has nothing to run", step.name) });
+                return Err(Ended {
+                    status: RunStatus::Error,
+                    cause: format!("step {} has nothing to run", step.name),
+                });
             }
         }
     }
@@ -291,7 +311,9 @@ async fn in_session(
                 Some(value) => {
                     secrets.insert(name.clone(), value.clone());
                 }
-                None => log.note(format!("secret {name} is not granted to this run; step {} runs without it", step.name)),
+                None => {
+                    log.note(format!("secret {name} is not granted to this run; step {} runs without it", step.name))
+                }
             }
         }
         let remaining = deadline.saturating_duration_since(Instant::now());

@@ -136,7 +136,8 @@ impl Connection {
     /// Routes one frame; an error describes a protocol violation.
     fn handle_frame(&self, frame: &[u8], unrouted: &mpsc::UnboundedSender<LogParams>) -> Result<(), String> {
         let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
-        let message: serde_json::Value = serde_json::from_slice(frame).map_err(|_| not_a_message("a line that is not JSON"))?;
+        let message: serde_json::Value =
+            serde_json::from_slice(frame).map_err(|_| not_a_message("a line that is not JSON"))?;
         let Some(object) = message.as_object() else {
             return Err(not_a_message("a JSON value that is not a JSON-RPC message"));
         };
@@ -171,17 +172,20 @@ impl Connection {
                 let params = object.get("params").cloned().unwrap_or(serde_json::Value::Null);
                 match name.as_str() {
                     Some(method::OUTPUT) => {
-                        let output: OutputParams =
-                            serde_json::from_value(params).map_err(|error| not_a_message(&format!("a bad output notification ({error})")))?;
+                        let output: OutputParams = serde_json::from_value(params)
+                            .map_err(|error| not_a_message(&format!("a bad output notification ({error})")))?;
                         let bytes = base64::engine::general_purpose::STANDARD
                             .decode(output.data.as_bytes())
                             .map_err(|error| not_a_message(&format!("output that is not base64 ({error})")))?;
-                        self.route(&output.session, SessionEvent::Output { step: output.step, stream: output.stream, bytes });
+                        self.route(
+                            &output.session,
+                            SessionEvent::Output { step: output.step, stream: output.stream, bytes },
+                        );
                         Ok(())
                     }
                     Some(method::LOG) => {
-                        let log: LogParams =
-                            serde_json::from_value(params).map_err(|error| not_a_message(&format!("a bad log notification ({error})")))?;
+                        let log: LogParams = serde_json::from_value(params)
+                            .map_err(|error| not_a_message(&format!("a bad log notification ({error})")))?;
                         let routed = log.session.as_deref().is_some_and(|session| {
                             self.route(session, SessionEvent::Log { level: log.level, message: log.message.clone() })
                         });
@@ -224,7 +228,8 @@ impl Connection {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (sender, receiver) = oneshot::channel();
         lock(&self.pending).insert(id, sender);
-        let frame = framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let frame =
+            framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         if let Some(cause) = self.cause() {
             self.fail(id, cause);
         } else if let Err(error) = self.write(&frame).await {
@@ -288,7 +293,10 @@ impl Connection {
 pub fn decode<R: DeserializeOwned>(method: &str, value: serde_json::Value) -> Result<R, String> {
     let shown = value.to_string();
     serde_json::from_value(value).map_err(|error| {
-        format!("answered {method} with a result of the wrong shape ({error}): `{}`", framing::first_bytes(shown.as_bytes()))
+        format!(
+            "answered {method} with a result of the wrong shape ({error}): `{}`",
+            framing::first_bytes(shown.as_bytes())
+        )
     })
 }
 

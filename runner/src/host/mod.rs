@@ -300,7 +300,11 @@ impl ExecutorHost {
             Some(Ok(Err(Reply::Lost(cause)))) => Err(self.lost(live, method, cause).await),
             Some(Err(_)) => Err(self.lost(live, method, cause_of(&live.connection)).await),
             None => {
-                let waited = if cancel.is_cancelled() { "after it was cancelled".to_string() } else { format!("within {:?}", timeout + grace) };
+                let waited = if cancel.is_cancelled() {
+                    "after it was cancelled".to_string()
+                } else {
+                    format!("within {:?}", timeout + grace)
+                };
                 let message = format!("executor {name} did not answer {method} {waited}, nor {grace:?} after a cancel");
                 Err(self.kill(live, message).await)
             }
@@ -328,7 +332,11 @@ impl ExecutorHost {
         live.connection.close(Closed::ByRunner(message.clone()));
         let status = live.process.terminate(self.config.grace).await;
         self.mark_dead(live);
-        HostError::Fault(format!("{message}; stopped it ({}); {}", describe_status(status), live.process.tail().render()))
+        HostError::Fault(format!(
+            "{message}; stopped it ({}); {}",
+            describe_status(status),
+            live.process.tail().render()
+        ))
     }
 
     fn mark_dead(&self, live: &Arc<Live>) {
@@ -364,7 +372,9 @@ impl ExecutorHost {
                 if !live.connection.is_closed() {
                     let stop = StopParams { session: session_id.clone(), keep: false, timeout_ms: 60_000 };
                     let never = CancellationToken::new();
-                    let _ = self.call_on::<_, StopResult>(&live, method::STOP, &stop, Duration::from_secs(60), &never).await;
+                    let _ = self
+                        .call_on::<_, StopResult>(&live, method::STOP, &stop, Duration::from_secs(60), &never)
+                        .await;
                 }
                 self.session_ended(&session_id);
                 Err(error)
@@ -378,7 +388,8 @@ impl ExecutorHost {
 
     /// The sessions started and not yet stopped.
     pub fn sessions_in_flight(&self) -> Vec<String> {
-        let mut sessions: Vec<_> = self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).iter().cloned().collect();
+        let mut sessions: Vec<_> =
+            self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).iter().cloned().collect();
         sessions.sort();
         sessions
     }
@@ -425,7 +436,8 @@ fn cause_of(connection: &Connection) -> Closed {
 }
 
 fn log_cleanup(executor: &str, when: &str, result: &CleanupResult) {
-    let removed: Vec<String> = result.removed.iter().map(|resource| format!("{} {}", resource.kind, resource.name)).collect();
+    let removed: Vec<String> =
+        result.removed.iter().map(|resource| format!("{} {}", resource.kind, resource.name)).collect();
     tracing::info!(
         executor = %executor,
         removed = result.removed.len(),

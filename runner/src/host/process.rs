@@ -81,7 +81,8 @@ impl ExecutorProcess {
             .spawn()
             .with_context(|| format!("cannot start executor {} at {}", spec.name, spec.path.display()))?;
         let pgid = child.id().and_then(|pid| i32::try_from(pid).ok()).map(Pid::from_raw);
-        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
+        let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
             anyhow::bail!("executor {} started without its pipes", spec.name);
         };
         let tail = StderrTail::default();

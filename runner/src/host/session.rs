@@ -112,7 +112,10 @@ impl Session {
         let result = answer?;
         let sent = sent.map_err(|error| self.lost_stream(format!("the upload to {path} did not complete: {error}")))?;
         if sent != result.bytes {
-            return Err(self.lost_stream(format!("sent {sent} bytes of tar stream to {path}, the executor read {}", result.bytes)));
+            return Err(self.lost_stream(format!(
+                "sent {sent} bytes of tar stream to {path}, the executor read {}",
+                result.bytes
+            )));
         }
         Ok(sent)
     }
@@ -151,10 +154,16 @@ impl Session {
         Ok(unpacked)
     }
 
-    fn transfer(&self, path: &str, max_bytes: u64, timeout: Duration) -> Result<(ChannelListener, TransferParams), HostError> {
+    fn transfer(
+        &self,
+        path: &str,
+        max_bytes: u64,
+        timeout: Duration,
+    ) -> Result<(ChannelListener, TransferParams), HostError> {
         let socket = self.host.next_channel();
-        let listener = ChannelListener::bind(&socket)
-            .map_err(|error| HostError::Fault(format!("cannot open a side channel at {}: {error}", socket.display())))?;
+        let listener = ChannelListener::bind(&socket).map_err(|error| {
+            HostError::Fault(format!("cannot open a side channel at {}: {error}", socket.display()))
+        })?;
         let params = TransferParams {
             session: self.id.clone(),
             path: path.to_string(),

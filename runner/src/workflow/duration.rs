@@ -65,11 +65,7 @@ mod tests {
     use super::*;
 
     fn check(text: &str, expected: Option<u64>) {
-        assert_eq!(
-            parse_duration(text).map(|d| d.as_millis() as u64),
-            expected,
-            "{text:?}"
-        );
+        assert_eq!(parse_duration(text).map(|d| d.as_millis() as u64), expected, "{text:?}");
     }
 
     #[test]
@@ -98,12 +94,7 @@ mod tests {
 
     #[test]
     fn formats_durations() {
-        for (millis, text) in [
-            (0, "0s"),
-            (500, "500ms"),
-            (90_000, "1m30s"),
-            (5_400_000, "1h30m"),
-        ] {
+        for (millis, text) in [(0, "0s"), (500, "500ms"), (90_000, "1m30s"), (5_400_000, "1h30m")] {
             assert_eq!(format_duration(Duration::from_millis(millis)), text);
             assert_eq!(parse_duration(text), Some(Duration::from_millis(millis)));
         }

@@ -21,10 +21,8 @@ pub(crate) struct Position {
 impl Position {
     /// The position of a serde-saphyr location, `None` when it is unknown (line 0).
     pub(crate) fn of(location: Location) -> Option<Position> {
-        (location != Location::UNKNOWN && location.line() > 0).then(|| Position {
-            line: location.line(),
-            column: location.column(),
-        })
+        (location != Location::UNKNOWN && location.line() > 0)
+            .then(|| Position { line: location.line(), column: location.column() })
     }
 }
 
@@ -57,11 +55,7 @@ impl PathIndex {
             }
             Node::Mapping(pairs) => {
                 for (key, value) in pairs {
-                    let child = if path.is_empty() {
-                        key.value.0.clone()
-                    } else {
-                        format!("{path}.{}", key.value.0)
-                    };
+                    let child = if path.is_empty() { key.value.0.clone() } else { format!("{path}.{}", key.value.0) };
                     if let Some(position) = Position::of(key.referenced) {
                         self.entries.push((position, child.clone()));
                     }
@@ -75,19 +69,11 @@ impl PathIndex {
     /// starting exactly there, else the last one starting before it.
     pub(crate) fn path_at(&self, position: Position, outermost: bool) -> Option<&str> {
         let exact = self.entries.iter().filter(|(at, _)| *at == position);
-        let best = if outermost {
-            exact.min_by_key(|(_, path)| path.len())
-        } else {
-            exact.max_by_key(|(_, path)| path.len())
-        };
-        best.or_else(|| {
-            self.entries
-                .iter()
-                .filter(|(at, _)| *at < position)
-                .max_by_key(|(at, path)| (*at, path.len()))
-        })
-        .map(|(_, path)| path.as_str())
-        .filter(|path| !path.is_empty())
+        let best =
+            if outermost { exact.min_by_key(|(_, path)| path.len()) } else { exact.max_by_key(|(_, path)| path.len()) };
+        best.or_else(|| self.entries.iter().filter(|(at, _)| *at < position).max_by_key(|(at, path)| (*at, path.len())))
+            .map(|(_, path)| path.as_str())
+            .filter(|path| !path.is_empty())
     }
 }
 
@@ -179,29 +165,15 @@ impl<'de> Deserialize<'de> for KeyText {
 pub(crate) fn bare_message(error: &serde_saphyr::Error) -> String {
     use serde_saphyr::MessageFormatter;
     let mut inner = error;
-    while let serde_saphyr::Error::AliasError { error, .. }
-    | serde_saphyr::Error::WithSnippet { error, .. } = inner
-    {
+    while let serde_saphyr::Error::AliasError { error, .. } | serde_saphyr::Error::WithSnippet { error, .. } = inner {
         inner = error;
     }
     let text = serde_saphyr::UserMessageFormatter.format_message(inner);
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_debug().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    text.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
 }
 
 /// A workflow error from a serde-saphyr error, naming the field when the index knows it.
-pub(crate) fn yaml_error(
-    file: &str,
-    error: &serde_saphyr::Error,
-    index: Option<&PathIndex>,
-) -> WorkflowError {
+pub(crate) fn yaml_error(file: &str, error: &serde_saphyr::Error, index: Option<&PathIndex>) -> WorkflowError {
     let position = error.location().and_then(Position::of);
     let message = bare_message(error);
     let outermost = message.starts_with("missing field");

@@ -62,10 +62,7 @@ impl Workflow {
     /// The timeout of step `index`: its own `timeout`, capped by the run's; the run's when it sets
     /// none (or when `index` is out of range). The run's timer still bounds all steps together.
     pub fn step_timeout(&self, index: usize) -> Duration {
-        self.steps
-            .get(index)
-            .and_then(|step| step.timeout)
-            .map_or(self.timeout, |timeout| timeout.min(self.timeout))
+        self.steps.get(index).and_then(|step| step.timeout).map_or(self.timeout, |timeout| timeout.min(self.timeout))
     }
 }
 
@@ -117,11 +114,7 @@ pub struct Triggers {
 impl Default for Triggers {
     /// A push to any branch.
     fn default() -> Self {
-        Triggers {
-            push: Some(BranchFilter::default()),
-            pull: None,
-            queue: false,
-        }
+        Triggers { push: Some(BranchFilter::default()), pull: None, queue: false }
     }
 }
 
@@ -219,10 +212,7 @@ impl FromStr for Event {
     type Err = UnknownEvent;
 
     fn from_str(text: &str) -> Result<Event, UnknownEvent> {
-        Event::ALL
-            .into_iter()
-            .find(|event| event.as_str() == text)
-            .ok_or_else(|| UnknownEvent(text.to_string()))
+        Event::ALL.into_iter().find(|event| event.as_str() == text).ok_or_else(|| UnknownEvent(text.to_string()))
     }
 }
 
@@ -242,12 +232,7 @@ pub struct WorkflowError {
 impl WorkflowError {
     /// An error about the file as a whole, with no position.
     pub fn whole_file(file: &str, message: impl Into<String>) -> WorkflowError {
-        WorkflowError {
-            file: file.to_string(),
-            line: None,
-            column: None,
-            message: message.into(),
-        }
+        WorkflowError { file: file.to_string(), line: None, column: None, message: message.into() }
     }
 }
 
@@ -269,10 +254,7 @@ impl std::error::Error for WorkflowError {}
 /// Reads a workflow from `text`; `name` is the workflow's name and `display_path` names the file in errors.
 pub fn parse(name: &str, display_path: &str, text: &str) -> Result<Workflow, WorkflowError> {
     if text.len() as u64 > MAX_WORKFLOW_BYTES {
-        return Err(WorkflowError::whole_file(
-            display_path,
-            format!("file is larger than {MAX_WORKFLOW_BYTES} bytes"),
-        ));
+        return Err(WorkflowError::whole_file(display_path, format!("file is larger than {MAX_WORKFLOW_BYTES} bytes")));
     }
     raw::parse(name, display_path, text)
 }
@@ -285,17 +267,12 @@ pub fn load_file(path: &Path, display_path: &str) -> Result<Workflow, WorkflowEr
         .file_stem()
         .and_then(|stem| stem.to_str())
         .ok_or_else(|| fail("file name is not valid UTF-8".to_string()))?;
-    let metadata =
-        std::fs::symlink_metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let metadata = std::fs::symlink_metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
     if !metadata.file_type().is_file() {
-        return Err(fail(
-            "not a regular file (symlinks are not followed)".to_string(),
-        ));
+        return Err(fail("not a regular file (symlinks are not followed)".to_string()));
     }
     if metadata.len() > MAX_WORKFLOW_BYTES {
-        return Err(fail(format!(
-            "file is larger than {MAX_WORKFLOW_BYTES} bytes"
-        )));
+        return Err(fail(format!("file is larger than {MAX_WORKFLOW_BYTES} bytes")));
     }
     let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
     let text = String::from_utf8(bytes).map_err(|_| fail("file is not valid UTF-8".to_string()))?;
@@ -313,18 +290,12 @@ pub fn load_dir(repo_root: &Path) -> (Vec<Workflow>, Vec<WorkflowError>) {
         match std::fs::symlink_metadata(repo_root.join(folder)) {
             Ok(metadata) if metadata.is_dir() => {}
             Ok(_) => {
-                errors.push(WorkflowError::whole_file(
-                    folder,
-                    "not a folder (symlinks are not followed)",
-                ));
+                errors.push(WorkflowError::whole_file(folder, "not a folder (symlinks are not followed)"));
                 return (workflows, errors);
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (workflows, errors),
             Err(e) => {
-                errors.push(WorkflowError::whole_file(
-                    folder,
-                    format!("cannot read: {e}"),
-                ));
+                errors.push(WorkflowError::whole_file(folder, format!("cannot read: {e}")));
                 return (workflows, errors);
             }
         }
@@ -332,10 +303,7 @@ pub fn load_dir(repo_root: &Path) -> (Vec<Workflow>, Vec<WorkflowError>) {
     let entries = match std::fs::read_dir(repo_root.join(WORKFLOWS_DIR)) {
         Ok(entries) => entries,
         Err(e) => {
-            errors.push(WorkflowError::whole_file(
-                WORKFLOWS_DIR,
-                format!("cannot read: {e}"),
-            ));
+            errors.push(WorkflowError::whole_file(WORKFLOWS_DIR, format!("cannot read: {e}")));
             return (workflows, errors);
         }
     };
@@ -343,23 +311,14 @@ pub fn load_dir(repo_root: &Path) -> (Vec<Workflow>, Vec<WorkflowError>) {
     for entry in entries {
         match entry {
             Ok(entry) => files.push(entry.path()),
-            Err(e) => errors.push(WorkflowError::whole_file(
-                WORKFLOWS_DIR,
-                format!("cannot read: {e}"),
-            )),
+            Err(e) => errors.push(WorkflowError::whole_file(WORKFLOWS_DIR, format!("cannot read: {e}"))),
         }
     }
-    files.retain(|path| {
-        path.extension()
-            .is_some_and(|extension| extension == "yml" || extension == "yaml")
-    });
+    files.retain(|path| path.extension().is_some_and(|extension| extension == "yml" || extension == "yaml"));
     files.sort();
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
     for path in files {
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let display_path = format!("{WORKFLOWS_DIR}/{file_name}");
         match load_file(&path, &display_path) {
             Ok(workflow) => {
@@ -383,9 +342,7 @@ pub fn load_dir(repo_root: &Path) -> (Vec<Workflow>, Vec<WorkflowError>) {
 /// Whether `name` is a valid shell variable name: `[A-Za-z_][A-Za-z0-9_]*`.
 pub fn is_variable_name(name: &str) -> bool {
     let mut bytes = name.bytes();
-    bytes
-        .next()
-        .is_some_and(|first| first.is_ascii_alphabetic() || first == b'_')
+    bytes.next().is_some_and(|first| first.is_ascii_alphabetic() || first == b'_')
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 

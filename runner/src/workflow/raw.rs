@@ -11,8 +11,8 @@ use serde_saphyr::{Location, Spanned};
 use super::duration::{DURATION_HINT, parse_duration};
 use super::locate::{PathIndex, Position, yaml_error};
 use super::{
-    BranchFilter, DEFAULT_TIMEOUT, Event, QueuePhase, RESERVED_PREFIX, Resources, Step, Triggers,
-    Workflow, WorkflowError, first_duplicate, is_variable_name,
+    BranchFilter, DEFAULT_TIMEOUT, Event, QueuePhase, RESERVED_PREFIX, Resources, Step, Triggers, Workflow,
+    WorkflowError, first_duplicate, is_variable_name,
 };
 
 /// Parser options: one document, duplicate keys refused, and a budget far below the defaults
@@ -44,12 +44,7 @@ pub(crate) fn parse(name: &str, file: &str, text: &str) -> Result<Workflow, Work
         Ok(raw) => {
             let start = Position { line: 1, column: 1 };
             let Some(workflow) = raw.value else {
-                return Err(at_position(
-                    file,
-                    start,
-                    "",
-                    "the file is empty, expected a mapping with steps",
-                ));
+                return Err(at_position(file, start, "", "the file is empty, expected a mapping with steps"));
             };
             let root = Position::of(raw.referenced).unwrap_or(start);
             Check { file }.workflow(name, root, workflow)
@@ -119,9 +114,7 @@ impl<'de> Visitor<'de> for OnVisitor {
     type Value = OnRaw;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-        formatter.write_str(
-            "an event name, a list of event names, or a mapping of event names to branch filters",
-        )
+        formatter.write_str("an event name, a list of event names, or a mapping of event names to branch filters")
     }
 
     fn visit_str<E: de::Error>(self, value: &str) -> Result<OnRaw, E> {
@@ -201,9 +194,7 @@ impl Visitor<'_> for DurationVisitor {
         write!(formatter, "a duration, {DURATION_HINT}")
     }
     fn visit_str<E: de::Error>(self, value: &str) -> Result<DurationRaw, E> {
-        parse_duration(value)
-            .map(DurationRaw)
-            .ok_or_else(|| Self::invalid(format_args!("{value:?}")))
+        parse_duration(value).map(DurationRaw).ok_or_else(|| Self::invalid(format_args!("{value:?}")))
     }
     fn visit_i64<E: de::Error>(self, value: i64) -> Result<DurationRaw, E> {
         Err(Self::invalid(value))
@@ -222,11 +213,7 @@ fn at_position(file: &str, position: Position, path: &str, message: &str) -> Wor
         file: file.to_string(),
         line: Some(position.line),
         column: Some(position.column),
-        message: if path.is_empty() {
-            message.to_string()
-        } else {
-            format!("{path}: {message}")
-        },
+        message: if path.is_empty() { message.to_string() } else { format!("{path}: {message}") },
     }
 }
 
@@ -237,27 +224,11 @@ struct Check<'a> {
 
 impl Check<'_> {
     /// An error at a spanned value, or at `fallback` when serde-saphyr has no span for it.
-    fn at<T>(
-        &self,
-        value: &Spanned<T>,
-        fallback: Position,
-        path: &str,
-        message: &str,
-    ) -> WorkflowError {
-        at_position(
-            self.file,
-            Position::of(value.referenced).unwrap_or(fallback),
-            path,
-            message,
-        )
+    fn at<T>(&self, value: &Spanned<T>, fallback: Position, path: &str, message: &str) -> WorkflowError {
+        at_position(self.file, Position::of(value.referenced).unwrap_or(fallback), path, message)
     }
 
-    fn workflow(
-        &self,
-        name: &str,
-        root: Position,
-        raw: WorkflowRaw,
-    ) -> Result<Workflow, WorkflowError> {
+    fn workflow(&self, name: &str, root: Position, raw: WorkflowRaw) -> Result<Workflow, WorkflowError> {
         let on = match &raw.on {
             Some(on) => self.triggers(on, root)?,
             None => Triggers::default(),
@@ -290,12 +261,7 @@ impl Check<'_> {
         };
         let steps_at = Position::of(steps_raw.referenced).unwrap_or(root);
         if steps_raw.value.is_empty() {
-            return Err(at_position(
-                self.file,
-                steps_at,
-                "steps",
-                "a workflow needs at least one step",
-            ));
+            return Err(at_position(self.file, steps_at, "steps", "a workflow needs at least one step"));
         }
         let mut steps = Vec::new();
         let mut names = BTreeSet::new();
@@ -328,12 +294,7 @@ impl Check<'_> {
         self.not_blank(&raw.name, at, &format!("{path}.name"))?;
         match (&raw.run, &raw.uses) {
             (None, None) => {
-                return Err(at_position(
-                    self.file,
-                    at,
-                    path,
-                    "a step needs `run` or `uses`",
-                ));
+                return Err(at_position(self.file, at, path, "a step needs `run` or `uses`"));
             }
             (Some(_), Some(uses)) => {
                 let message = "a step has either `run` or `uses`, not both";
@@ -352,12 +313,7 @@ impl Check<'_> {
         }
         if let Some(index) = first_duplicate(secrets.iter().map(|secret| secret.value.as_str())) {
             let message = format!("secret {:?} is listed twice", secrets[index].value);
-            return Err(self.at(
-                &secrets[index],
-                at,
-                &format!("{path}.secrets[{index}]"),
-                &message,
-            ));
+            return Err(self.at(&secrets[index], at, &format!("{path}.secrets[{index}]"), &message));
         }
         Ok(Step {
             name: raw.name.value,
@@ -371,26 +327,15 @@ impl Check<'_> {
 
     fn triggers(&self, on: &Spanned<OnRaw>, root: Position) -> Result<Triggers, WorkflowError> {
         let on_at = Position::of(on.referenced).unwrap_or(root);
-        let mut triggers = Triggers {
-            push: None,
-            pull: None,
-            queue: false,
-        };
+        let mut triggers = Triggers { push: None, pull: None, queue: false };
         if on.value.0.is_empty() {
-            return Err(at_position(
-                self.file,
-                on_at,
-                "on",
-                "no events, expected push, pull or queue",
-            ));
+            return Err(at_position(self.file, on_at, "on", "no events, expected push, pull or queue"));
         }
         let mut seen = BTreeSet::new();
         for (name, filter) in &on.value.0 {
             let path = format!("on.{}", name.value);
-            let event: Event = name
-                .value
-                .parse()
-                .map_err(|e: super::UnknownEvent| self.at(name, on_at, "on", &e.to_string()))?;
+            let event: Event =
+                name.value.parse().map_err(|e: super::UnknownEvent| self.at(name, on_at, "on", &e.to_string()))?;
             if !seen.insert(event) {
                 let message = format!("event {event} is listed twice");
                 return Err(self.at(name, on_at, "on", &message));
@@ -398,25 +343,18 @@ impl Check<'_> {
             let branches = match filter.as_ref().and_then(|filter| filter.branches.as_ref()) {
                 None => None,
                 Some(_) if event == Event::Queue => {
-                    let message =
-                        "a queue trigger takes no branches (batches are for the queue's branch)";
+                    let message = "a queue trigger takes no branches (batches are for the queue's branch)";
                     return Err(self.at(name, on_at, &path, message));
                 }
                 Some(patterns) => {
                     if patterns.is_empty() {
-                        let message =
-                            "no branch patterns; leave `branches` out to match every branch";
+                        let message = "no branch patterns; leave `branches` out to match every branch";
                         return Err(self.at(name, on_at, &format!("{path}.branches"), message));
                     }
                     for (index, pattern) in patterns.iter().enumerate() {
                         self.not_blank(pattern, on_at, &format!("{path}.branches[{index}]"))?;
                     }
-                    Some(
-                        patterns
-                            .iter()
-                            .map(|pattern| pattern.value.clone())
-                            .collect(),
-                    )
+                    Some(patterns.iter().map(|pattern| pattern.value.clone()).collect())
                 }
             };
             match event {
@@ -479,24 +417,14 @@ impl Check<'_> {
         Ok(timeout.value.0)
     }
 
-    fn not_blank(
-        &self,
-        text: &Spanned<String>,
-        fallback: Position,
-        path: &str,
-    ) -> Result<(), WorkflowError> {
+    fn not_blank(&self, text: &Spanned<String>, fallback: Position, path: &str) -> Result<(), WorkflowError> {
         if text.value.trim().is_empty() {
             return Err(self.at(text, fallback, path, "must not be empty"));
         }
         Ok(())
     }
 
-    fn cache_path(
-        &self,
-        path_text: &Spanned<String>,
-        fallback: Position,
-        path: &str,
-    ) -> Result<(), WorkflowError> {
+    fn cache_path(&self, path_text: &Spanned<String>, fallback: Position, path: &str) -> Result<(), WorkflowError> {
         self.not_blank(path_text, fallback, path)?;
         if path_text.value.split('/').any(|part| part == "..") {
             let message = format!("cache path {:?} must not contain ..", path_text.value);
@@ -505,18 +433,11 @@ impl Check<'_> {
         Ok(())
     }
 
-    fn shared_step_name(
-        &self,
-        uses: &Spanned<String>,
-        fallback: Position,
-        path: &str,
-    ) -> Result<(), WorkflowError> {
+    fn shared_step_name(&self, uses: &Spanned<String>, fallback: Position, path: &str) -> Result<(), WorkflowError> {
         let name = &uses.value;
         let valid = !name.is_empty()
             && !name.starts_with('.')
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
         if !valid {
             let message = format!(
                 "invalid shared step {name:?}, expected the name of a folder of .knotless/steps/ (letters, digits, ., _ and -)"
@@ -536,10 +457,7 @@ impl Check<'_> {
             return Ok(None);
         };
         if !is_quantity(&quantity.value) {
-            let message = format!(
-                "invalid quantity {:?}, expected e.g. 2, 500m, 4Gi",
-                quantity.value
-            );
+            let message = format!("invalid quantity {:?}, expected e.g. 2, 500m, 4Gi", quantity.value);
             return Err(self.at(&quantity, fallback, path, &message));
         }
         Ok(Some(quantity.value))
@@ -549,20 +467,16 @@ impl Check<'_> {
 /// Whether `text` is a Kubernetes quantity: a decimal number with an optional suffix
 /// (`m`, `k`, `M`, `G`, `T`, `P`, `E`, `Ki` ... `Ei`) or exponent (`1e3`).
 fn is_quantity(text: &str) -> bool {
-    let number_len = text
-        .bytes()
-        .take_while(|b| b.is_ascii_digit() || *b == b'.')
-        .count();
+    let number_len = text.bytes().take_while(|b| b.is_ascii_digit() || *b == b'.').count();
     let (number, suffix) = text.split_at(number_len);
     let number_ok = !number.is_empty()
         && number.bytes().filter(|b| *b == b'.').count() <= 1
         && number.bytes().any(|b| b.is_ascii_digit());
-    let suffix_ok = matches!(
-        suffix,
-        "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
-    ) || suffix
-        .strip_prefix(['e', 'E'])
-        .map(|exponent| exponent.strip_prefix(['+', '-']).unwrap_or(exponent))
-        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
+    let suffix_ok =
+        matches!(suffix, "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei")
+            || suffix
+                .strip_prefix(['e', 'E'])
+                .map(|exponent| exponent.strip_prefix(['+', '-']).unwrap_or(exponent))
+                .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
     number_ok && suffix_ok
 }

@@ -53,35 +53,20 @@ steps:
 fn reads_every_field() {
     let workflow = parse_ok(FULL);
     let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     };
     let expected = Workflow {
         name: "build".to_string(),
         file: FILE.to_string(),
         on: Triggers {
-            push: Some(BranchFilter {
-                branches: Some(vec!["main".to_string(), "release/*".to_string()]),
-            }),
-            pull: Some(BranchFilter {
-                branches: Some(vec!["main".to_string()]),
-            }),
+            push: Some(BranchFilter { branches: Some(vec!["main".to_string(), "release/*".to_string()]) }),
+            pull: Some(BranchFilter { branches: Some(vec!["main".to_string()]) }),
             queue: true,
         },
         image: Some("debian:stable".to_string()),
-        resources: Resources {
-            cpu: Some("2".to_string()),
-            memory: Some("4Gi".to_string()),
-        },
+        resources: Resources { cpu: Some("2".to_string()), memory: Some("4Gi".to_string()) },
         timeout: Duration::from_secs(30 * 60),
-        env: map(&[
-            ("RUST_LOG", "info"),
-            ("RETRIES", "3"),
-            ("VERBOSE", "true"),
-            ("RATIO", "1.50"),
-        ]),
+        env: map(&[("RUST_LOG", "info"), ("RETRIES", "3"), ("VERBOSE", "true"), ("RATIO", "1.50")]),
         cache: vec!["target".to_string(), "/cache".to_string()],
         runners: vec!["did:plc:abc".to_string()],
         queue: Some(QueuePhase::First),
@@ -133,38 +118,10 @@ fn defaults() {
 fn on_forms() {
     let on = |text: &str| parse_ok(&format!("on: {text}\nsteps:\n  - {{ name: a, run: x }}\n")).on;
     let all = Some(BranchFilter::default());
-    assert_eq!(
-        on("[push, pull]"),
-        Triggers {
-            push: all.clone(),
-            pull: all.clone(),
-            queue: false
-        }
-    );
-    assert_eq!(
-        on("queue"),
-        Triggers {
-            push: None,
-            pull: None,
-            queue: true
-        }
-    );
-    assert_eq!(
-        on("{pull: }"),
-        Triggers {
-            push: None,
-            pull: all.clone(),
-            queue: false
-        }
-    );
-    assert_eq!(
-        on("{push: {}, queue: }"),
-        Triggers {
-            push: all,
-            pull: None,
-            queue: true
-        }
-    );
+    assert_eq!(on("[push, pull]"), Triggers { push: all.clone(), pull: all.clone(), queue: false });
+    assert_eq!(on("queue"), Triggers { push: None, pull: None, queue: true });
+    assert_eq!(on("{pull: }"), Triggers { push: None, pull: all.clone(), queue: false });
+    assert_eq!(on("{push: {}, queue: }"), Triggers { push: all, pull: None, queue: true });
 }
 
 #[test]
@@ -181,11 +138,7 @@ fn trigger_matching() {
         (Event::Queue, None, true),
     ];
     for (event, branch, expected) in cases {
-        assert_eq!(
-            triggers.matches(event, branch),
-            expected,
-            "{event} {branch:?}"
-        );
+        assert_eq!(triggers.matches(event, branch), expected, "{event} {branch:?}");
     }
     for (pattern, text, expected) in [
         ("main", "main", true),
@@ -208,14 +161,8 @@ fn events_round_trip() {
     for event in Event::ALL {
         assert_eq!(event.as_str().parse::<Event>(), Ok(event));
     }
-    let error = "merge"
-        .parse::<Event>()
-        .map(|_| ())
-        .map_err(|e| e.to_string());
-    assert_eq!(
-        error,
-        Err("unknown event \"merge\", expected push, pull or queue".to_string())
-    );
+    let error = "merge".parse::<Event>().map(|_| ()).map_err(|e| e.to_string());
+    assert_eq!(error, Err("unknown event \"merge\", expected push, pull or queue".to_string()));
 }
 
 #[test]
@@ -232,14 +179,8 @@ fn yaml_errors_name_line_column_and_field() {
         "steps:\n  - name: a\n    run: x\n    tmeout: 5s\n",
         "4:5: steps[0].tmeout: unknown field `tmeout`, expected one of name, run, uses, timeout, secrets, env",
     );
-    check(
-        "steps:\n  - run: a\n",
-        "2:5: steps[0]: missing field `name`",
-    );
-    check(
-        "steps:\n  - name: [a]\n    run: x\n",
-        "2:11: steps[0].name: expected string scalar",
-    );
+    check("steps:\n  - run: a\n", "2:5: steps[0]: missing field `name`");
+    check("steps:\n  - name: [a]\n    run: x\n", "2:11: steps[0].name: expected string scalar");
     check("steps: [\n", "1:8: unclosed bracket '['");
     check(
         "stepz: []\n",
@@ -249,14 +190,8 @@ fn yaml_errors_name_line_column_and_field() {
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
         "1:13: on.push.branch: unknown field `branch`, expected one of branches",
     );
-    check(
-        "queue: last\nsteps:\n  - {name: a, run: x}\n",
-        "1:8: queue: unknown variant `last`, expected one of first",
-    );
-    check(
-        "steps:\n  - name: a\n    run: x\n    env: {A: ~}\n",
-        "4:14: steps[0].env.A: null is not allowed here",
-    );
+    check("queue: last\nsteps:\n  - {name: a, run: x}\n", "1:8: queue: unknown variant `last`, expected one of first");
+    check("steps:\n  - name: a\n    run: x\n    env: {A: ~}\n", "4:14: steps[0].env.A: null is not allowed here");
     check(
         "steps:\n  - {name: a, run: x}\n  - name: b\n    name: c\n",
         "4:5: steps[1].name: duplicate mapping key `name` is not allowed here",
@@ -266,31 +201,19 @@ fn yaml_errors_name_line_column_and_field() {
         "4:1: only single YAML document expected but multiple found",
     );
     check("", "1:1: the file is empty, expected a mapping with steps");
-    check(
-        "# only a comment\n",
-        "1:1: the file is empty, expected a mapping with steps",
-    );
+    check("# only a comment\n", "1:1: the file is empty, expected a mapping with steps");
 }
 
 #[test]
 fn semantic_errors_point_at_the_field() {
     check("image: debian\n", "1:1: missing field `steps`");
-    check(
-        "steps: []\n",
-        "1:8: steps: a workflow needs at least one step",
-    );
-    check(
-        "steps:\n  - name: a\n",
-        "2:5: steps[0]: a step needs `run` or `uses`",
-    );
+    check("steps: []\n", "1:8: steps: a workflow needs at least one step");
+    check("steps:\n  - name: a\n", "2:5: steps[0]: a step needs `run` or `uses`");
     check(
         "steps:\n  - name: a\n    run: x\n    uses: y\n",
         "4:11: steps[0].uses: a step has either `run` or `uses`, not both",
     );
-    check(
-        "steps:\n  - {name: a, run: x}\n  - {name: a, run: y}\n",
-        r#"3:12: steps[1].name: duplicate step name "a""#,
-    );
+    check("steps:\n  - {name: a, run: x}\n  - {name: a, run: y}\n", r#"3:12: steps[1].name: duplicate step name "a""#);
     check(
         "env:\n  1X: y\nsteps:\n  - {name: a, run: x}\n",
         r#"2:3: env.1X: invalid variable name "1X", expected letters, digits and _, not starting with a digit"#,
@@ -315,10 +238,7 @@ fn semantic_errors_point_at_the_field() {
         "steps:\n  - name: a\n    run: x\n    timeout: 0s\n",
         "4:14: steps[0].timeout: timeout must be greater than zero",
     );
-    check(
-        "timeout: 0m\nsteps:\n  - {name: a, run: x}\n",
-        "1:10: timeout: timeout must be greater than zero",
-    );
+    check("timeout: 0m\nsteps:\n  - {name: a, run: x}\n", "1:10: timeout: timeout must be greater than zero");
     check(
         "cache: [target, ../up]\nsteps:\n  - {name: a, run: x}\n",
         r#"1:17: cache[1]: cache path "../up" must not contain .."#,
@@ -327,14 +247,8 @@ fn semantic_errors_point_at_the_field() {
         "steps:\n  - name: a\n    uses: ../../bin\n",
         r#"3:11: steps[0].uses: invalid shared step "../../bin", expected the name of a folder of .knotless/steps/ (letters, digits, ., _ and -)"#,
     );
-    check(
-        "steps:\n  - name: a\n    run: ''\n",
-        "3:10: steps[0].run: must not be empty",
-    );
-    check(
-        "steps:\n  - name: ''\n    run: x\n",
-        "2:11: steps[0].name: must not be empty",
-    );
+    check("steps:\n  - name: a\n    run: ''\n", "3:10: steps[0].run: must not be empty");
+    check("steps:\n  - name: ''\n    run: x\n", "2:11: steps[0].name: must not be empty");
     check(
         "resources: {cpu: 2, memory: 4GB}\nsteps:\n  - {name: a, run: x}\n",
         r#"1:29: resources.memory: invalid quantity "4GB", expected e.g. 2, 500m, 4Gi"#,
@@ -347,14 +261,8 @@ fn semantic_errors_point_at_the_field() {
         "on: nightly\nsteps:\n  - {name: a, run: x}\n",
         r#"1:5: on: unknown event "nightly", expected push, pull or queue"#,
     );
-    check(
-        "on: [push, push]\nsteps:\n  - {name: a, run: x}\n",
-        "1:12: on: event push is listed twice",
-    );
-    check(
-        "on: []\nsteps:\n  - {name: a, run: x}\n",
-        "1:5: on: no events, expected push, pull or queue",
-    );
+    check("on: [push, push]\nsteps:\n  - {name: a, run: x}\n", "1:12: on: event push is listed twice");
+    check("on: []\nsteps:\n  - {name: a, run: x}\n", "1:5: on: no events, expected push, pull or queue");
     check(
         "on: {queue: {branches: [main]}}\nsteps:\n  - {name: a, run: x}\n",
         "1:6: on.queue: a queue trigger takes no branches (batches are for the queue's branch)",
@@ -370,36 +278,20 @@ fn alias_bombs_fail_fast() {
     let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
     for level in 1..12 {
         let previous = format!("*a{}", level - 1);
-        text.push_str(&format!(
-            "a{level}: &a{level} [{}]\n",
-            vec![previous; 10].join(", ")
-        ));
+        text.push_str(&format!("a{level}: &a{level} [{}]\n", vec![previous; 10].join(", ")));
     }
     text.push_str("steps:\n  - {name: a, run: x}\n");
     let started = std::time::Instant::now();
-    let error = parse("build", FILE, &text)
-        .map(|_| ())
-        .map_err(|e| e.to_string());
+    let error = parse("build", FILE, &text).map(|_| ()).map_err(|e| e.to_string());
     assert!(error.is_err(), "{error:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
 }
 
 #[test]
 fn oversized_text_is_refused() {
     let text = "#".repeat(MAX_WORKFLOW_BYTES as usize + 1);
-    let error = parse("build", FILE, &text)
-        .map(|_| ())
-        .map_err(|e| e.to_string());
-    assert_eq!(
-        error,
-        Err(format!(
-            "{FILE}: file is larger than {MAX_WORKFLOW_BYTES} bytes"
-        ))
-    );
+    let error = parse("build", FILE, &text).map(|_| ()).map_err(|e| e.to_string());
+    assert_eq!(error, Err(format!("{FILE}: file is larger than {MAX_WORKFLOW_BYTES} bytes")));
 }
 
 #[test]
@@ -413,22 +305,10 @@ fn load_dir_keeps_going_past_bad_files() -> Result<(), Box<dyn std::error::Error
     let root = tempfile::tempdir()?;
     let folder = root.path().join(WORKFLOWS_DIR);
     std::fs::create_dir_all(&folder)?;
-    std::fs::write(
-        folder.join("test.yaml"),
-        "steps:\n  - {name: t, run: 'true'}\n",
-    )?;
-    std::fs::write(
-        folder.join("build.yml"),
-        "steps:\n  - {name: b, run: 'true'}\n",
-    )?;
-    std::fs::write(
-        folder.join("broken.yml"),
-        "steps:\n  - name: b\n    run: x\n    timeout: soon\n",
-    )?;
-    std::fs::write(
-        folder.join("build.yaml"),
-        "steps:\n  - {name: b, run: 'true'}\n",
-    )?;
+    std::fs::write(folder.join("test.yaml"), "steps:\n  - {name: t, run: 'true'}\n")?;
+    std::fs::write(folder.join("build.yml"), "steps:\n  - {name: b, run: 'true'}\n")?;
+    std::fs::write(folder.join("broken.yml"), "steps:\n  - name: b\n    run: x\n    timeout: soon\n")?;
+    std::fs::write(folder.join("build.yaml"), "steps:\n  - {name: b, run: 'true'}\n")?;
     std::fs::write(folder.join("notes.txt"), "not a workflow")?;
     std::os::unix::fs::symlink("/etc/hostname", folder.join("linked.yml"))?;
     let (workflows, errors) = load_dir(root.path());

@@ -38,10 +38,7 @@ impl Harness {
     pub async fn new() -> Harness {
         let mut harness = Harness::uninitialized().await;
         let work_dir = harness.work_dir.path().to_string_lossy().into_owned();
-        harness
-            .initialize(json!({"work-dir": work_dir}))
-            .await
-            .expect("initialize");
+        harness.initialize(json!({"work-dir": work_dir})).await.expect("initialize");
         harness
     }
 
@@ -49,19 +46,15 @@ impl Harness {
     pub async fn uninitialized() -> Harness {
         let (input, executor_input) = tokio::io::duplex(1 << 20);
         let (executor_output, output) = tokio::io::duplex(1 << 20);
-        let served = tokio::spawn(knotless_protocol::sdk::serve_io(
-            ShellExecutor::default(),
-            executor_input,
-            executor_output,
-        ));
+        let served =
+            tokio::spawn(knotless_protocol::sdk::serve_io(ShellExecutor::default(), executor_input, executor_output));
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
         let notifications: Arc<Mutex<Vec<Value>>> = Arc::default();
         let (reader_pending, reader_notifications) = (pending.clone(), notifications.clone());
         tokio::spawn(async move {
             let mut lines = BufReader::new(output).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let message: Value =
-                    serde_json::from_str(&line).expect("the executor writes JSON lines only");
+                let message: Value = serde_json::from_str(&line).expect("the executor writes JSON lines only");
                 match message.get("id").and_then(Value::as_u64) {
                     Some(id) => {
                         if let Some(sender) = reader_pending.lock().expect("lock").remove(&id) {
@@ -79,21 +72,13 @@ impl Harness {
             next_id: AtomicU64::new(1),
             served: Some(served),
             work_dir: tempfile::tempdir().expect("tempdir"),
-            runner_id: format!(
-                "runner-{}-{}",
-                std::process::id(),
-                RUNNERS.fetch_add(1, Ordering::SeqCst)
-            ),
+            runner_id: format!("runner-{}-{}", std::process::id(), RUNNERS.fetch_add(1, Ordering::SeqCst)),
         }
     }
 
     pub async fn initialize(&mut self, config: Value) -> Result<Value, RpcError> {
         let runner = json!({"name": "knotless-run", "version": "0.1.0", "id": self.runner_id});
-        self.request(
-            "initialize",
-            json!({"protocol_versions": [1], "runner": runner, "config": config}),
-        )
-        .await
+        self.request("initialize", json!({"protocol_versions": [1], "runner": runner, "config": config})).await
     }
 
     /// Sends a request; the receiver gets the whole response message.
@@ -101,8 +86,7 @@ impl Harness {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (sender, receiver) = oneshot::channel();
         self.pending.lock().expect("lock").insert(id, sender);
-        self.write(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
+        self.write(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
         (id, receiver)
     }
 
@@ -110,12 +94,7 @@ impl Harness {
         let mut line = serde_json::to_vec(&message).expect("encode");
         line.push(b'\n');
         let mut input = self.input.lock().await;
-        input
-            .as_mut()
-            .expect("input open")
-            .write_all(&line)
-            .await
-            .expect("write");
+        input.as_mut().expect("input open").write_all(&line).await.expect("write");
     }
 
     /// Sends a request and waits for its answer.
@@ -125,9 +104,7 @@ impl Harness {
     }
 
     pub async fn start(&self, session: &str) -> Value {
-        self.request("start", json!({"session": session, "timeout_ms": 10_000}))
-            .await
-            .expect("start")
+        self.request("start", json!({"session": session, "timeout_ms": 10_000})).await.expect("start")
     }
 
     pub async fn command(
@@ -147,19 +124,11 @@ impl Harness {
     pub fn output(&self, session: &str, step: u32, stream: &str) -> String {
         let notifications = self.notifications.lock().expect("lock");
         let mut bytes = Vec::new();
-        for notification in notifications
-            .iter()
-            .filter(|message| message["method"] == "output")
-        {
+        for notification in notifications.iter().filter(|message| message["method"] == "output") {
             let params = &notification["params"];
-            if params["session"] == session && params["step"] == step && params["stream"] == stream
-            {
+            if params["session"] == session && params["step"] == step && params["stream"] == stream {
                 let data = params["data"].as_str().expect("data");
-                bytes.extend(
-                    base64::engine::general_purpose::STANDARD
-                        .decode(data)
-                        .expect("base64"),
-                );
+                bytes.extend(base64::engine::general_purpose::STANDARD.decode(data).expect("base64"));
             }
         }
         String::from_utf8_lossy(&bytes).into_owned()
@@ -167,12 +136,7 @@ impl Harness {
 
     /// The folder of a session of this harness's runner.
     pub fn session_dir(&self, session: &str) -> PathBuf {
-        self.work_dir
-            .path()
-            .canonicalize()
-            .expect("canonical")
-            .join(&self.runner_id)
-            .join(session)
+        self.work_dir.path().canonicalize().expect("canonical").join(&self.runner_id).join(session)
     }
 
     pub fn marker(&self, session: &str) -> String {
@@ -183,25 +147,17 @@ impl Harness {
     pub async fn close_input(&mut self) {
         *self.input.lock().await = None;
         let served = self.served.take().expect("served once");
-        tokio::time::timeout(ANSWER_WITHIN, served)
-            .await
-            .expect("serve_io returns")
-            .expect("join")
-            .expect("serve_io");
+        tokio::time::timeout(ANSWER_WITHIN, served).await.expect("serve_io returns").expect("join").expect("serve_io");
     }
 }
 
 /// Waits for an answer: the result, or the error's code and message.
 pub async fn answer(receiver: oneshot::Receiver<Value>) -> Result<Value, RpcError> {
-    let message = tokio::time::timeout(ANSWER_WITHIN, receiver)
-        .await
-        .expect("answered in time")
-        .expect("answered");
+    let message = tokio::time::timeout(ANSWER_WITHIN, receiver).await.expect("answered in time").expect("answered");
     match message.get("error") {
-        Some(error) => Err((
-            error["code"].as_i64().expect("code"),
-            error["message"].as_str().expect("message").to_string(),
-        )),
+        Some(error) => {
+            Err((error["code"].as_i64().expect("code"), error["message"].as_str().expect("message").to_string()))
+        }
         None => Ok(message["result"].clone()),
     }
 }
@@ -223,10 +179,7 @@ pub async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -
 /// Whether a process lives (exists and is not a zombie).
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .map(|(_, fields)| !fields.trim_start().starts_with('Z'))
-            .unwrap_or(false),
+        Ok(stat) => stat.rsplit_once(')').map(|(_, fields)| !fields.trim_start().starts_with('Z')).unwrap_or(false),
         Err(_) => false,
     }
 }
@@ -234,38 +187,26 @@ pub fn alive(pid: i32) -> bool {
 /// The pid a step wrote in a file.
 pub async fn read_pid(path: &Path) -> i32 {
     assert!(
-        eventually(Duration::from_secs(10), || std::fs::read_to_string(path)
-            .is_ok_and(|text| text.ends_with('\n')))
-        .await,
+        eventually(Duration::from_secs(10), || std::fs::read_to_string(path).is_ok_and(|text| text.ends_with('\n')))
+            .await,
         "{} written",
         path.display()
     );
-    std::fs::read_to_string(path)
-        .expect("pid file")
-        .trim()
-        .parse()
-        .expect("a pid")
+    std::fs::read_to_string(path).expect("pid file").trim().parse().expect("a pid")
 }
 
 /// The live processes whose environment holds `NAME=value` exactly.
 pub fn processes_with(variable: &str) -> Vec<i32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<i32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<i32>().ok()) else {
             continue;
         };
         if !alive(pid) {
             continue;
         }
         if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
-            if environ
-                .split(|&byte| byte == 0)
-                .any(|entry| entry == variable.as_bytes())
-            {
+            if environ.split(|&byte| byte == 0).any(|entry| entry == variable.as_bytes()) {
                 found.push(pid);
             }
         }
@@ -278,10 +219,7 @@ pub fn cmdlines_containing(needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            if cmdline
-                .windows(needle.len())
-                .any(|window| window == needle.as_bytes())
-            {
+            if cmdline.windows(needle.len()).any(|window| window == needle.as_bytes()) {
                 found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
             }
         }
