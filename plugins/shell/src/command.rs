@@ -70,7 +70,7 @@ pub async fn run(
         ))
     })?;
     let group = child.id().map(|pid| pid as i32);
-    tracing::info!(session = %session.id, step = params.step, name = %params.name, pid = ?group, "step started");
+    tracing::debug!(session = %session.id, step = params.step, name = %params.name, pid = ?group, "step started");
     let mut pipes = Pipes::new(child.stdout.take(), child.stderr.take());
     // The step's processes: the session's, but what ran before the step and what that forks
     // since (a service's workers) are spared.
@@ -131,7 +131,7 @@ pub async fn run(
     }
     pipes.drain(&context, &session.id, params.step).await;
     let exit_code = status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1);
-    tracing::info!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
+    tracing::debug!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
     Ok(CommandResult { exit_code, duration_ms, killed_processes })
 }
 

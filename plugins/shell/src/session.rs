@@ -122,7 +122,7 @@ pub async fn start(
         outputs: session.folder("outputs").to_string_lossy().into_owned(),
     };
     let description = format!("folder {}", session.root.display());
-    tracing::info!(session = %session.id, root = %session.root.display(), "session started");
+    tracing::debug!(session = %session.id, root = %session.root.display(), "session started");
     executor.sessions().insert(session.id.clone(), Arc::new(session));
     Ok(StartResult { paths, description: Some(description) })
 }

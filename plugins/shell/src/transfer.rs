@@ -27,7 +27,7 @@ pub async fn upload(
         .map_err(|error| ExecutorError::infrastructure(format!("the upload into {shown} failed: {error}")))?;
     match unpacked {
         Ok(unpacked) => {
-            tracing::info!(session = %session.id, path = %shown, bytes = unpacked.bytes, entries = unpacked.entries, "uploaded");
+            tracing::debug!(session = %session.id, path = %shown, bytes = unpacked.bytes, entries = unpacked.entries, "uploaded");
             Ok(())
         }
         Err(error @ (UnpackError::Refused { .. } | UnpackError::TooLarge { .. })) => {
@@ -74,6 +74,6 @@ pub async fn download(
     .await
     .map_err(|error| ExecutorError::infrastructure(format!("the download of {shown} failed: {error}")))?;
     packed.map_err(|error| ExecutorError::infrastructure(format!("cannot download {shown}: {error}")))?;
-    tracing::info!(session = %session.id, path = %shown, "downloaded");
+    tracing::debug!(session = %session.id, path = %shown, "downloaded");
     Ok(())
 }

@@ -1,0 +1,5 @@
+//! End-to-end tests: the real `knotless-run` binary, real executors, real processes and git.
+
+mod executor_faults;
+mod plugin_check;
+mod run_command;

@@ -1,0 +1,208 @@
+//! `knotless-run run` through the shell executor: exit codes, timeouts, cancellation, secrets,
+//! workflow errors, commits and outputs.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use knotless_tests::{Repo, command_lines, eventually, knotless_run, process_running, ran};
+
+fn shell_args(repo: &Repo, work: &std::path::Path) -> Vec<String> {
+    vec![
+        "run".into(),
+        repo.path().display().to_string(),
+        "--executor".into(),
+        "shell".into(),
+        "--executor-option".into(),
+        format!("work-dir={}", work.display()),
+    ]
+}
+
+fn run_shell(repo: &Repo, extra: &[&str]) -> knotless_tests::Ran {
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut args = shell_args(repo, work.path());
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = ran(knotless_run(&args));
+    let left: Vec<_> = walk(work.path());
+    assert!(left.is_empty(), "the shell executor left {left:?}\n{}", run.both());
+    run
+}
+
+/// Every session folder under a shell work folder (`<work>/<runner>/<session>`).
+fn walk(work: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for runner in std::fs::read_dir(work).into_iter().flatten().flatten() {
+        for session in std::fs::read_dir(runner.path()).into_iter().flatten().flatten() {
+            found.push(session.path().display().to_string());
+        }
+    }
+    found
+}
+
+/// The summary row of a step: `workflow  status  step  exit  time`, split on whitespace.
+fn row(stdout: &str, workflow: &str, step: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .skip_while(|line| !line.starts_with("workflow  status"))
+        .map(|line| line.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .find(|cells| cells.first().map(String::as_str) == Some(workflow) && cells.iter().any(|cell| cell == step))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_step_that_exits_non_zero_ends_failure_with_its_exit_code() {
+    let repo = Repo::new();
+    repo.workflow("ci", "steps:\n  - name: pass\n    run: 'true'\n  - name: broken\n    run: exit 3\n  - name: never\n    run: echo never\n");
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.both());
+    assert_eq!(row(&run.stdout, "ci", "broken")[..4], ["ci", "failure", "broken", "3"], "{}", run.both());
+    assert_eq!(row(&run.stdout, "ci", "never")[..4], ["ci", "skipped", "never", "-"], "{}", run.both());
+    assert!(run.stdout.contains("ci: failure: step broken exited with 3"), "{}", run.both());
+}
+
+#[test]
+fn a_step_past_its_timeout_fails_without_exit_code_and_its_background_sleep_is_gone() {
+    let repo = Repo::new();
+    repo.workflow("slow", "steps:\n  - name: hang\n    run: sleep 917253 & sleep 917254\n    timeout: 1s\n");
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.both());
+    assert_eq!(row(&run.stdout, "slow", "hang")[..5], ["slow", "timed", "out", "hang", "-"], "{}", run.both());
+    assert!(run.stdout.contains("slow: failure: step hang was killed at its timeout"), "{}", run.both());
+    assert!(!process_running("sleep 917253"), "the background sleep outlived the step");
+    assert!(!process_running("sleep 917254"), "the step's sleep outlived it");
+}
+
+#[test]
+fn ctrl_c_cancels_the_run_and_leaves_no_process_behind() {
+    let repo = Repo::new();
+    repo.workflow("long", "steps:\n  - name: wait\n    run: echo started; sleep 918273 & sleep 918274\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    let args = shell_args(&repo, work.path());
+    let mut child = knotless_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        let started = line.contains("long/wait | started");
+        seen.push(line);
+        if started {
+            break;
+        }
+    }
+    assert!(seen.iter().any(|line| line.contains("started")), "the step never started: {seen:?}");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(130), "a cancelled run exits 130: {rest:?}");
+    assert!(rest.iter().any(|line| line.contains("long: cancelled: cancelled during step wait")), "{rest:?}");
+    assert!(
+        !process_running("sleep 918273") && !process_running("sleep 918274"),
+        "the step's processes outlived the cancel"
+    );
+    assert!(eventually(Duration::from_secs(5), || walk(work.path()).is_empty()), "the session folder is removed");
+}
+
+#[test]
+fn a_secret_is_in_no_command_line_and_masked_even_split_across_writes() {
+    let repo = Repo::new();
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let proceed = scratch.path().join("proceed");
+    let secret = "canary-7f3a9c-value";
+    repo.workflow(
+        "secret",
+        &format!(
+            "steps:\n  - name: use\n    secrets: [CANARY]\n    run: |\n      printf 'first half %s' \"${{CANARY%%-value}}\"\n      echo scan-now >&2\n      while [ ! -e '{}' ]; do sleep 0.05; done\n      printf '%s\\n' \"-value and the whole: $CANARY\"\n",
+            proceed.display()
+        ),
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut args = shell_args(&repo, work.path());
+    args.extend(["--secret".to_string(), "CANARY".to_string()]);
+    let mut child = knotless_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .env("CANARY", secret)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut output = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("line");
+        let scan = line.contains("scan-now");
+        output.push(line);
+        if scan {
+            break;
+        }
+    }
+    // The step is running and holds the secret in its environment: no command line may.
+    let holders: Vec<_> = command_lines().into_iter().filter(|(_, line)| line.contains(secret)).collect();
+    std::fs::write(&proceed, "").expect("let the step finish");
+    output.extend(lines.map_while(Result::ok));
+    let status = child.wait().expect("wait");
+    assert!(holders.is_empty(), "a command line holds the secret: {holders:?}");
+    assert_eq!(status.code(), Some(0), "{output:?}");
+    let text = output.join("\n");
+    assert!(!text.contains(secret), "the secret leaked into the log: {text}");
+    assert!(!text.contains("canary-7f3a9c-value"), "{text}");
+
+    assert!(text.contains("and the whole: ***"), "the whole value is masked: {text}");
+    assert!(text.contains("first half ***"), "the value split across two writes is masked: {text}");
+}
+
+#[test]
+fn a_secret_not_given_is_named_in_the_log_and_not_passed() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ask",
+        "steps:\n  - name: want\n    secrets: [MISSING_TOKEN]\n    run: echo \"value=[${MISSING_TOKEN-}]\"\n",
+    );
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    assert!(
+        run.stdout.contains("secret MISSING_TOKEN is not granted to this run; step want runs without it"),
+        "{}",
+        run.both()
+    );
+    assert!(run.stdout.contains("ask/want | value=[]"), "{}", run.both());
+}
+
+#[test]
+fn a_bad_workflow_names_file_line_and_column_and_the_others_still_run() {
+    let repo = Repo::new();
+    repo.workflow("bad", "steps:\n  - name: x\n    run: echo hi\n    timeout: forever\n");
+    repo.workflow("good", "steps:\n  - name: ok\n    run: echo good\n");
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.both());
+    assert!(run.stderr.contains("error: .knotless/workflows/bad.yml:4:"), "{}", run.both());
+    assert!(run.stderr.contains("steps[0].timeout"), "{}", run.both());
+    assert!(run.stdout.contains("good: success"), "{}", run.both());
+}
+
+#[test]
+fn rev_runs_the_commit_not_the_working_tree_and_outputs_come_back() {
+    let repo = Repo::new();
+    repo.write("message.txt", "committed\n");
+    repo.workflow(
+        "show",
+        "steps:\n  - name: cat\n    run: cat message.txt; cp message.txt \"$KNOTLESS_RUN_OUTPUTS/copy.txt\"\n",
+    );
+    let commit = repo.commit("first");
+    repo.write("message.txt", "edited, not committed\n");
+    let outputs = tempfile::tempdir().expect("tempdir");
+    let outputs_arg = outputs.path().display().to_string();
+    let run = run_shell(&repo, &["--rev", "HEAD", "--outputs", &outputs_arg]);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    assert!(run.stdout.contains("show/cat | committed"), "{}", run.both());
+    assert!(run.stdout.contains(&commit), "the run names its commit\n{}", run.both());
+    let copied = std::fs::read_to_string(outputs.path().join("show/copy.txt")).expect("the output came back");
+    assert_eq!(copied, "committed\n");
+    let tree = run_shell(&repo, &["--outputs", &outputs_arg]);
+    assert!(tree.stdout.contains("show/cat | edited, not committed"), "{}", tree.both());
+}
