@@ -30,8 +30,9 @@ test: lint unit conformance
 demo: build
 	$(BIN)/knotless-run run examples/demo --executor shell
 
-bench:
-	$(CARGO) run --release -p knotless-tests --bin bench
+bench: release
+	$(CARGO) build --release -p knotless-tests --bin bench
+	target/release/bench
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBEXEC)

@@ -1,0 +1,247 @@
+//! `make bench`: each figure of the runner next to a reference measured in the same run, as a
+//! Markdown table (the source of `docs/benchmarks.md`).
+//!
+//! Run from the workspace root after `cargo build --release --workspace --bins`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use knotless_protocol::messages::*;
+use knotless_run::host::{ExecutorHost, HostConfig, ProcessSpec};
+use knotless_run::mask::Masker;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+struct Row {
+    what: String,
+    ours: String,
+    reference: String,
+    ratio: f64,
+}
+
+fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn micros(duration: Duration) -> String {
+    format!("{:.1} µs", duration.as_secs_f64() * 1e6)
+}
+
+fn millis(duration: Duration) -> String {
+    format!("{:.2} ms", duration.as_secs_f64() * 1e3)
+}
+
+fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let path = PathBuf::from("target/release").join(name);
+    if !path.exists() {
+        bail!("{} is missing: run `cargo build --release --workspace --bins` from the workspace root", path.display());
+    }
+    Ok(std::fs::canonicalize(path)?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let work = tempfile::tempdir()?;
+    let shell = release_bin("knotless-executor-shell")?;
+    let runner = RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: "bench".into() };
+    let options = BTreeMap::from([("work-dir".to_string(), work.path().display().to_string())]);
+    let process = ProcessSpec { name: "shell".into(), path: shell, pass_env: Vec::new() };
+    let host = ExecutorHost::start(HostConfig::new(process, runner, options)).await?;
+    let mut rows = Vec::new();
+    rows.push(round_trip(&host).await?);
+    let session = open(&host).await?;
+    rows.push(trivial_step(&session).await?);
+    rows.push(upload(&session, work.path()).await?);
+    session.stop(false, Duration::from_secs(60)).await?;
+    host.shutdown().await;
+    rows.push(masking()?);
+    println!("| figure | knotless-run | reference | ratio |");
+    println!("|---|---|---|---|");
+    for row in rows {
+        println!("| {} | {} | {} | {:.2} |", row.what, row.ours, row.reference, row.ratio);
+    }
+    Ok(())
+}
+
+/// A no-op request (`ping`) through the protocol, against one line echoed by `cat` over pipes.
+async fn round_trip(host: &std::sync::Arc<ExecutorHost>) -> anyhow::Result<Row> {
+    const CALLS: usize = 5000;
+    let never = CancellationToken::new();
+    let mut ours = Vec::with_capacity(CALLS);
+    for index in 0..CALLS + 200 {
+        let started = Instant::now();
+        host.call::<_, Empty>(method::PING, &Empty {}, Duration::from_secs(10), &never).await?;
+        if index >= 200 {
+            ours.push(started.elapsed());
+        }
+    }
+    let mut cat = tokio::process::Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+    let mut input = cat.stdin.take().context("cat stdin")?;
+    let mut output = BufReader::new(cat.stdout.take().context("cat stdout")?);
+    let line = format!("{}\n", serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}}));
+    let mut reference = Vec::with_capacity(CALLS);
+    let mut echoed = String::new();
+    for index in 0..CALLS + 200 {
+        let started = Instant::now();
+        input.write_all(line.as_bytes()).await?;
+        input.flush().await?;
+        echoed.clear();
+        output.read_line(&mut echoed).await?;
+        if index >= 200 {
+            reference.push(started.elapsed());
+        }
+    }
+    drop(input);
+    cat.wait().await?;
+    let (ours, reference) = (median(&mut ours), median(&mut reference));
+    Ok(Row {
+        what: format!("no-op request round trip, median of {CALLS} (reference: a line echoed by `cat`)"),
+        ours: micros(ours),
+        reference: micros(reference),
+        ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+    })
+}
+
+async fn open(host: &std::sync::Arc<ExecutorHost>) -> anyhow::Result<knotless_run::host::Session> {
+    let params = StartParams {
+        session: "bench".into(),
+        run: RunInfo::default(),
+        image: None,
+        resources: Resources::default(),
+        network: false,
+        run_timeout_ms: None,
+        timeout_ms: 60_000,
+        keep: false,
+    };
+    Ok(host.open(params, &CancellationToken::new()).await?)
+}
+
+/// One step `true` through the shell executor, against spawning `sh -c true`.
+async fn trivial_step(session: &knotless_run::host::Session) -> anyhow::Result<Row> {
+    const STEPS: usize = 300;
+    let never = CancellationToken::new();
+    let mut ours = Vec::with_capacity(STEPS);
+    for index in 0..STEPS {
+        let params = CommandParams {
+            session: session.id().to_string(),
+            step: index as u32,
+            name: "true".into(),
+            script: "true".into(),
+            env: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            workdir: None,
+            timeout_ms: 60_000,
+        };
+        let started = Instant::now();
+        let result = session.command(params, &never, |_| {}).await?;
+        ours.push(started.elapsed());
+        if result.exit_code != 0 {
+            bail!("`true` exited with {}", result.exit_code);
+        }
+    }
+    let mut reference = Vec::with_capacity(STEPS);
+    for _ in 0..STEPS {
+        let started = Instant::now();
+        let status = tokio::process::Command::new("sh").args(["-c", "true"]).status().await?;
+        reference.push(started.elapsed());
+        if !status.success() {
+            bail!("sh -c true failed");
+        }
+    }
+    let (ours, reference) = (median(&mut ours), median(&mut reference));
+    Ok(Row {
+        what: format!("one trivial step through the shell executor, median of {STEPS} (reference: `sh -c true`)"),
+        ours: millis(ours),
+        reference: millis(reference),
+        ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+    })
+}
+
+fn make_tree(root: &Path, megabytes: usize) -> anyhow::Result<()> {
+    let mut block = vec![0u8; 1 << 20];
+    for file in 0..megabytes {
+        let folder = root.join(format!("dir{}", file % 10));
+        std::fs::create_dir_all(&folder)?;
+        for (index, byte) in block.iter_mut().enumerate() {
+            *byte = (index.wrapping_mul(31) ^ file.wrapping_mul(7919)) as u8;
+        }
+        std::fs::write(folder.join(format!("file{file}.bin")), &block)?;
+    }
+    Ok(())
+}
+
+/// A 100 MiB tree up into a session and back, against `tar c | tar x` twice.
+async fn upload(session: &knotless_run::host::Session, scratch: &Path) -> anyhow::Result<Row> {
+    let source = scratch.join("tree");
+    make_tree(&source, 100)?;
+    let never = CancellationToken::new();
+    let started = Instant::now();
+    let archive_source = source.clone();
+    let archive = tokio::task::spawn_blocking(move || knotless_protocol::tarball::pack_dir(&archive_source, Vec::new())).await??;
+    let target = format!("{}/bench-tree", session.paths().work);
+    session.upload(&target, archive.as_slice(), 1 << 30, Duration::from_secs(300), &never).await?;
+    let back = scratch.join("back");
+    session.download(&target, &back, 1 << 30, Duration::from_secs(300), &never).await?;
+    let ours = started.elapsed();
+    let started = Instant::now();
+    for (from, to) in [(source.clone(), scratch.join("ref1")), (scratch.join("ref1"), scratch.join("ref2"))] {
+        std::fs::create_dir_all(&to)?;
+        let script = format!("tar -C '{}' -cf - . | tar -C '{}' -xf -", from.display(), to.display());
+        let status = tokio::process::Command::new("sh").args(["-c", &script]).status().await?;
+        if !status.success() {
+            bail!("the reference tar pipe failed");
+        }
+    }
+    let reference = started.elapsed();
+    Ok(Row {
+        what: "a 100 MiB tree uploaded into a shell session and downloaded back (reference: a `tar c` piped into `tar x`, there and back)"
+            .into(),
+        ours: millis(ours),
+        reference: millis(reference),
+        ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+    })
+}
+
+/// Masking 64 MiB of output with 100 secrets in 64 KiB chunks, against copying the same bytes.
+fn masking() -> anyhow::Result<Row> {
+    let secrets: Vec<String> = (0..100).map(|index| format!("secret-value-{index:03}-{}", "x".repeat(index % 17))).collect();
+    let masker = Masker::new(&secrets)?;
+    let mut text = Vec::with_capacity(64 << 20);
+    let mut line = 0usize;
+    while text.len() < 64 << 20 {
+        line += 1;
+        if line % 50 == 0 {
+            text.extend_from_slice(format!("token {} in line {line}\n", secrets[line % 100]).as_bytes());
+        } else {
+            text.extend_from_slice(format!("compiling crate number {line} with some ordinary output text\n").as_bytes());
+        }
+    }
+    let megabytes = text.len() as f64 / (1 << 20) as f64;
+    let started = Instant::now();
+    let mut stream = masker.stream();
+    let mut masked = 0usize;
+    for chunk in text.chunks(64 << 10) {
+        masked += stream.push(chunk).len();
+    }
+    masked += stream.finish().len();
+    let ours = started.elapsed();
+    let started = Instant::now();
+    let mut copied = 0usize;
+    for chunk in text.chunks(64 << 10) {
+        copied += std::hint::black_box(chunk.to_vec()).len();
+    }
+    let reference = started.elapsed();
+    if masked >= text.len() || copied != text.len() {
+        bail!("masking replaced nothing, or the copy lost bytes");
+    }
+    Ok(Row {
+        what: "masking 64 MiB of step output with 100 secrets, 64 KiB chunks (reference: copying the chunks)".into(),
+        ours: format!("{:.0} MiB/s", megabytes / ours.as_secs_f64()),
+        reference: format!("{:.0} MiB/s", megabytes / reference.as_secs_f64()),
+        ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+    })
+}
