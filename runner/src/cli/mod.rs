@@ -69,3 +69,50 @@ fn init_tracing() {
         builder.with_ansi(std::io::stderr().is_terminal()).with_target(false).init();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every flag of every subcommand, as `--name`.
+    fn flags(command: &clap::Command, into: &mut Vec<String>) {
+        for argument in command.get_arguments() {
+            if let Some(long) = argument.get_long() {
+                if long != "help" && long != "version" {
+                    into.push(format!("--{long}"));
+                }
+            }
+        }
+        for subcommand in command.get_subcommands() {
+            flags(subcommand, into);
+        }
+    }
+
+    #[test]
+    fn the_reference_names_every_flag_of_the_help() {
+        let reference = include_str!("../../../docs/reference/cli.md");
+        let mut all = Vec::new();
+        flags(&Cli::command(), &mut all);
+        let missing: Vec<_> = all.iter().filter(|flag| !reference.contains(&format!("`{flag}"))).collect();
+        assert!(missing.is_empty(), "docs/reference/cli.md does not describe {missing:?}");
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_reference_names_no_flag_the_help_lacks() {
+        let reference = include_str!("../../../docs/reference/cli.md");
+        let mut all = Vec::new();
+        flags(&Cli::command(), &mut all);
+        let mut unknown = Vec::new();
+        for piece in reference.split('`').skip(1).step_by(2) {
+            if let Some(flag) = piece.strip_prefix("--").map(|rest| format!("--{}", rest.split([' ', '=']).next().unwrap_or(""))) {
+                if !all.contains(&flag) && flag != "--help" {
+                    unknown.push(flag);
+                }
+            }
+        }
+        assert!(unknown.is_empty(), "docs/reference/cli.md describes flags knotless-run lacks: {unknown:?}");
+    }
+}
