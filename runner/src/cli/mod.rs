@@ -107,7 +107,9 @@ mod tests {
         flags(&Cli::command(), &mut all);
         let mut unknown = Vec::new();
         for piece in reference.split('`').skip(1).step_by(2) {
-            if let Some(flag) = piece.strip_prefix("--").map(|rest| format!("--{}", rest.split([' ', '=']).next().unwrap_or(""))) {
+            if let Some(flag) =
+                piece.strip_prefix("--").map(|rest| format!("--{}", rest.split([' ', '=']).next().unwrap_or("")))
+            {
                 if !all.contains(&flag) && flag != "--help" {
                     unknown.push(flag);
                 }

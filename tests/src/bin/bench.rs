@@ -47,7 +47,8 @@ fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
 async fn main() -> anyhow::Result<()> {
     let work = tempfile::tempdir()?;
     let shell = release_bin("knotless-executor-shell")?;
-    let runner = RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: "bench".into() };
+    let runner =
+        RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: "bench".into() };
     let options = BTreeMap::from([("work-dir".to_string(), work.path().display().to_string())]);
     let process = ProcessSpec { name: "shell".into(), path: shell, pass_env: Vec::new() };
     let host = ExecutorHost::start(HostConfig::new(process, runner, options)).await?;
@@ -181,7 +182,9 @@ async fn upload(session: &knotless_run::host::Session, scratch: &Path) -> anyhow
     let never = CancellationToken::new();
     let started = Instant::now();
     let archive_source = source.clone();
-    let archive = tokio::task::spawn_blocking(move || knotless_protocol::tarball::pack_dir(&archive_source, Vec::new())).await??;
+    let archive =
+        tokio::task::spawn_blocking(move || knotless_protocol::tarball::pack_dir(&archive_source, Vec::new()))
+            .await??;
     let target = format!("{}/bench-tree", session.paths().work);
     session.upload(&target, archive.as_slice(), 1 << 30, Duration::from_secs(300), &never).await?;
     let back = scratch.join("back");
@@ -208,7 +211,8 @@ async fn upload(session: &knotless_run::host::Session, scratch: &Path) -> anyhow
 
 /// Masking 64 MiB of output with 100 secrets in 64 KiB chunks, against copying the same bytes.
 fn masking() -> anyhow::Result<Row> {
-    let secrets: Vec<String> = (0..100).map(|index| format!("secret-value-{index:03}-{}", "x".repeat(index % 17))).collect();
+    let secrets: Vec<String> =
+        (0..100).map(|index| format!("secret-value-{index:03}-{}", "x".repeat(index % 17))).collect();
     let masker = Masker::new(&secrets)?;
     let mut text = Vec::with_capacity(64 << 20);
     let mut line = 0usize;
@@ -217,7 +221,9 @@ fn masking() -> anyhow::Result<Row> {
         if line % 50 == 0 {
             text.extend_from_slice(format!("token {} in line {line}\n", secrets[line % 100]).as_bytes());
         } else {
-            text.extend_from_slice(format!("compiling crate number {line} with some ordinary output text\n").as_bytes());
+            text.extend_from_slice(
+                format!("compiling crate number {line} with some ordinary output text\n").as_bytes(),
+            );
         }
     }
     let megabytes = text.len() as f64 / (1 << 20) as f64;
