@@ -97,7 +97,6 @@ impl HostError {
 pub(crate) struct Live {
     connection: Arc<Connection>,
     process: ExecutorProcess,
-    generation: u64,
     info: std::sync::OnceLock<InitializeResult>,
 }
 
@@ -105,7 +104,6 @@ pub(crate) struct Live {
 pub struct ExecutorHost {
     config: HostConfig,
     current: tokio::sync::Mutex<Option<Arc<Live>>>,
-    generation: AtomicU64,
     needs_cleanup: AtomicBool,
     in_flight: Mutex<HashSet<String>>,
     channels: tempfile::TempDir,
@@ -134,7 +132,6 @@ impl ExecutorHost {
         let host = Arc::new(ExecutorHost {
             config,
             current: tokio::sync::Mutex::new(None),
-            generation: AtomicU64::new(0),
             needs_cleanup: AtomicBool::new(false),
             in_flight: Mutex::new(HashSet::new()),
             channels,
@@ -179,7 +176,7 @@ impl ExecutorHost {
                 describe_status(status),
                 live.process.tail().render()
             );
-            self.forget_generation(live.generation);
+            self.lose_sessions();
         }
         let live = self.spawn().await?;
         if self.needs_cleanup.swap(false, Ordering::SeqCst) {
@@ -193,8 +190,7 @@ impl ExecutorHost {
         let (process, stdin, stdout) =
             ExecutorProcess::spawn(&self.config.process).map_err(|error| HostError::Fault(format!("{error:#}")))?;
         let connection = Connection::new(stdout, stdin, self.unrouted.clone());
-        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let live = Arc::new(Live { connection, process, generation, info: std::sync::OnceLock::new() });
+        let live = Arc::new(Live { connection, process, info: std::sync::OnceLock::new() });
         let params = InitializeParams {
             protocol_versions: self.config.offer_versions.clone(),
             runner: self.config.runner.clone(),
@@ -258,7 +254,7 @@ impl ExecutorHost {
         }
     }
 
-    fn forget_generation(&self, _generation: u64) {
+    fn lose_sessions(&self) {
         // Every session lives on one executor process; when it dies they are all lost.
         self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
         self.needs_cleanup.store(true, Ordering::SeqCst);
@@ -341,7 +337,7 @@ impl ExecutorHost {
 
     fn mark_dead(&self, live: &Arc<Live>) {
         live.connection.close(Closed::ByRunner("the executor was stopped".into()));
-        self.forget_generation(live.generation);
+        self.lose_sessions();
     }
 
     /// Sends a request to the live executor.
