@@ -2,4 +2,5 @@
 
 mod executor_faults;
 mod plugin_check;
+mod python_executor;
 mod run_command;
