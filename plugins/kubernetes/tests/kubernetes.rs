@@ -255,3 +255,49 @@ async fn live_one_job_two_steps_and_delete() {
     assert!(swept.failures.is_empty(), "{swept:?}");
     host.shutdown().await;
 }
+
+/// Runs a deploy script with the fake kubectl.
+fn deploy(script: &str, args: &[&std::path::Path], duration: &str) -> std::process::Output {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy").join(script);
+    Command::new("bash")
+        .arg(path)
+        .args(args)
+        .arg("knotless-runner")
+        .env("KUBECTL", fake_kubectl())
+        .env("DURATION", duration)
+        .output()
+        .expect("bash")
+}
+
+#[tokio::test]
+async fn the_scoped_kubeconfig_runs_jobs_and_a_refresh_takes_effect_without_a_restart() {
+    let cluster = Cluster::new();
+    let scoped = cluster.state.parent().expect("dir").join("scoped/kubeconfig");
+    let namespace = std::path::Path::new("knotless-runs");
+    let made = deploy("scoped-kubeconfig.sh", &[&cluster.kubeconfig, namespace, &scoped], "24h");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&scoped).expect("written").permissions().mode() & 0o777, 0o600);
+    // A day passes: the token's expiry (its last field, in the fake) is in the past.
+    let text = std::fs::read_to_string(&scoped).expect("scoped kubeconfig");
+    let line = text.lines().find(|line| line.contains("token: fake-token.")).expect("a token").to_string();
+    let expired = format!("{}.1", &line[..line.rfind('.').expect("expiry")]);
+    std::fs::write(&scoped, text.replace(&line, &expired)).expect("expire the token");
+    let mut scoped_cluster = Cluster { kubeconfig: scoped.clone(), ..Cluster::new() };
+    scoped_cluster.state = cluster.state.clone();
+    let host = scoped_cluster.host(&Cluster::runner_id()).await;
+    let error = host.open(start_params("expired"), &CancellationToken::new()).await.err().expect("refused");
+    assert!(error.to_string().contains("token expired"), "{error}");
+    // The refresh replaces the file; the same executor process uses it for the next Job.
+    let refreshed = deploy(
+        "refresh-kubeconfig.sh",
+        &[std::path::Path::new("--force"), &cluster.kubeconfig, namespace, &scoped],
+        "24h",
+    );
+    assert!(refreshed.status.success(), "{}", String::from_utf8_lossy(&refreshed.stderr));
+    let session = host.open(start_params("fresh"), &CancellationToken::new()).await.expect("start with the new token");
+    assert_eq!(step(&session, "true", 30_000, &[]).await.result.expect("step").exit_code, 0);
+    stop(session).await.expect("stop");
+    host.shutdown().await;
+    assert_eq!(cluster.leftovers(), Vec::<String>::new());
+}
