@@ -283,9 +283,9 @@ async fn the_scoped_kubeconfig_runs_jobs_and_a_refresh_takes_effect_without_a_re
     let line = text.lines().find(|line| line.contains("token: fake-token.")).expect("a token").to_string();
     let expired = format!("{}.1", &line[..line.rfind('.').expect("expiry")]);
     std::fs::write(&scoped, text.replace(&line, &expired)).expect("expire the token");
-    let mut scoped_cluster = Cluster { kubeconfig: scoped.clone(), ..Cluster::new() };
-    scoped_cluster.state = cluster.state.clone();
-    let host = scoped_cluster.host(&Cluster::runner_id()).await;
+    let mut options = cluster.options();
+    options.insert("kubeconfig".into(), scoped.display().to_string());
+    let host = cluster.host_with(&Cluster::runner_id(), options).await;
     let error = host.open(start_params("expired"), &CancellationToken::new()).await.err().expect("refused");
     assert!(error.to_string().contains("token expired"), "{error}");
     // The refresh replaces the file; the same executor process uses it for the next Job.

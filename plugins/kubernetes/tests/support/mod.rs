@@ -102,13 +102,18 @@ impl Cluster {
 
     /// The built executor, hosted as the runner hosts it.
     pub async fn host(&self, runner_id: &str) -> Arc<ExecutorHost> {
+        self.host_with(runner_id, self.options()).await
+    }
+
+    /// The built executor with other options.
+    pub async fn host_with(&self, runner_id: &str, options: BTreeMap<String, String>) -> Arc<ExecutorHost> {
         let process = ProcessSpec {
             name: "kubernetes".into(),
             path: PathBuf::from(env!("CARGO_BIN_EXE_knotless-executor-kubernetes")),
             pass_env: Vec::new(),
         };
         let runner = RunnerInfo { name: "knotless-run".into(), version: "0".into(), id: runner_id.to_string() };
-        ExecutorHost::start(HostConfig::new(process, runner, self.options())).await.expect("executor starts")
+        ExecutorHost::start(HostConfig::new(process, runner, options)).await.expect("executor starts")
     }
 }
 
@@ -183,4 +188,15 @@ pub fn files_holding(root: &Path, needle: &str) -> Vec<PathBuf> {
         }
     }
     found
+}
+
+impl Drop for Cluster {
+    /// A failed test may leave pods: kill their sandboxes (PID 1 of each takes the rest).
+    fn drop(&mut self) {
+        for pod in self.objects().iter().filter(|object| object["kind"] == "Pod") {
+            if let Some(pid) = pod["metadata"]["annotations"]["fake.knotless.dev/init-pid"].as_str() {
+                let _ = std::process::Command::new("kill").args(["-KILL", pid]).status();
+            }
+        }
+    }
 }
