@@ -5,7 +5,7 @@ DESTDIR ?=
 LIBEXEC ?= $(PREFIX)/libexec/knotless
 BIN := target/debug
 
-.PHONY: build release test lint unit conformance demo bench install
+.PHONY: build release test lint unit conformance conformance-kubernetes demo bench install
 
 build:
 	$(CARGO) build --workspace --bins
@@ -23,8 +23,12 @@ unit: build
 conformance: build
 	$(BIN)/knotless-run plugin check $(BIN)/knotless-executor-shell
 
+# The Kubernetes executor through the conformance suite and the demo, on the fake kubectl.
+conformance-kubernetes: build
+	bash tests/fake-kubectl/conformance.sh $(BIN)
+
 # Everything, as CI runs it: formatting, lints, every test, the conformance suite.
-test: lint unit conformance
+test: lint unit conformance conformance-kubernetes
 
 # The workflows of the demo repository, through the shell executor.
 demo: build

@@ -1,0 +1,228 @@
+//! The executor's configuration: the options `initialize` accepts, their defaults, and the
+//! capabilities it reports.
+//!
+//! Defaults: `--kubeconfig` is `$HOME/.kube/config` (the runner passes no `KUBECONFIG`),
+//! `--namespace` is `default`, `--kubectl` is `kubectl` found on `PATH`, `--image` is
+//! `busybox:1.36`, no resource requests, no service account, no node selector,
+//! `--executor-option ttl-seconds=600`, `--executor-option ready-timeout=300` (seconds).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use knotless_protocol::{Capabilities, ExecutorError, InitializeParams, Isolation};
+
+/// The options this executor takes, as the runner spells them.
+const OPTIONS: &[&str] = &[
+    "kubeconfig",
+    "context",
+    "namespace",
+    "kubectl",
+    "image",
+    "cpu-request",
+    "memory-request",
+    "service-account",
+    "node-selector",
+    "ttl-seconds",
+    "ready-timeout",
+];
+
+/// The image when neither the workflow nor `--image` names one.
+pub const DEFAULT_IMAGE: &str = "busybox:1.36";
+
+/// What `initialize` accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The kubeconfig, read anew by every kubectl call.
+    pub kubeconfig: PathBuf,
+    /// The kubeconfig context, when not the current one.
+    pub context: Option<String>,
+    /// The namespace of every object.
+    pub namespace: String,
+    /// The kubectl program.
+    pub kubectl: PathBuf,
+    /// The default image.
+    pub image: String,
+    /// The default CPU request.
+    pub cpu_request: Option<String>,
+    /// The default memory request.
+    pub memory_request: Option<String>,
+    /// The pod's service account.
+    pub service_account: Option<String>,
+    /// The pod's node selector.
+    pub node_selector: BTreeMap<String, String>,
+    /// `ttlSecondsAfterFinished` of a Job not kept.
+    pub ttl_seconds: i32,
+    /// How long a pod may take to become Ready, at most (the start's own timeout may be shorter).
+    pub ready_timeout_secs: u64,
+    /// The runner's id, raw.
+    pub runner_id: String,
+    /// `PATH` and `HOME` handed to kubectl: nothing else of the executor's environment.
+    pub path_env: String,
+    /// `HOME` for kubectl's cache.
+    pub home: String,
+}
+
+impl Config {
+    /// Validates `initialize`'s options, and that the kubeconfig and kubectl are there.
+    pub fn from_params(params: &InitializeParams) -> Result<Config, ExecutorError> {
+        Config::from_map(&params.config, &params.runner.id, std::env::var("HOME").ok(), std::env::var("PATH").ok())
+    }
+
+    /// [`Config::from_params`] with the environment given (for tests).
+    pub fn from_map(
+        options: &BTreeMap<String, String>,
+        runner_id: &str,
+        home: Option<String>,
+        path: Option<String>,
+    ) -> Result<Config, ExecutorError> {
+        if let Some(unknown) = options.keys().find(|key| !OPTIONS.contains(&key.as_str())) {
+            return Err(ExecutorError::configuration(format!(
+                "unknown option --{unknown} for the kubernetes executor (it takes --{})",
+                OPTIONS.join(", --")
+            )));
+        }
+        if runner_id.is_empty() {
+            return Err(ExecutorError::configuration("the runner id is empty"));
+        }
+        let get = |key: &str| options.get(key).filter(|value| !value.is_empty()).cloned();
+        let home = home.filter(|home| !home.is_empty()).unwrap_or_else(|| "/root".to_string());
+        let path_env = path.filter(|path| !path.is_empty()).unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        let kubeconfig = get("kubeconfig").map(PathBuf::from).unwrap_or_else(|| Path::new(&home).join(".kube/config"));
+        if let Err(error) = std::fs::File::open(&kubeconfig) {
+            let why = if error.kind() == std::io::ErrorKind::NotFound {
+                "no such file".to_string()
+            } else {
+                error.to_string()
+            };
+            return Err(ExecutorError::configuration(format!("--kubeconfig {}: {why}", kubeconfig.display())));
+        }
+        let kubectl = get("kubectl").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("kubectl"));
+        let kubectl = find_program(&kubectl, &path_env).ok_or_else(|| {
+            ExecutorError::configuration(format!("--kubectl {}: no such executable program", kubectl.display()))
+        })?;
+        let namespace = get("namespace").unwrap_or_else(|| "default".to_string());
+        if !crate::names::is_dns_label(&namespace) {
+            return Err(ExecutorError::configuration(format!("--namespace {namespace:?}: not a valid namespace name")));
+        }
+        let node_selector = match get("node-selector") {
+            None => BTreeMap::new(),
+            Some(list) => parse_node_selector(&list)?,
+        };
+        let ttl_seconds = number(options, "ttl-seconds", 600)?;
+        let ready_timeout_secs = number(options, "ready-timeout", 300)?;
+        Ok(Config {
+            kubeconfig,
+            context: get("context"),
+            namespace,
+            kubectl,
+            image: get("image").unwrap_or_else(|| DEFAULT_IMAGE.to_string()),
+            cpu_request: get("cpu-request"),
+            memory_request: get("memory-request"),
+            service_account: get("service-account"),
+            node_selector,
+            ttl_seconds: i32::try_from(ttl_seconds).map_err(|_| {
+                ExecutorError::configuration(format!("--executor-option ttl-seconds={ttl_seconds}: too large"))
+            })?,
+            ready_timeout_secs,
+            runner_id: runner_id.to_string(),
+            path_env,
+            home,
+        })
+    }
+}
+
+/// `KEY=VALUE,KEY=VALUE` of `--node-selector`.
+pub fn parse_node_selector(list: &str) -> Result<BTreeMap<String, String>, ExecutorError> {
+    let mut selector = BTreeMap::new();
+    for pair in list.split(',').filter(|pair| !pair.is_empty()) {
+        match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() => {
+                selector.insert(key.to_string(), value.to_string());
+            }
+            _ => return Err(ExecutorError::configuration(format!("--node-selector {pair:?}: expected KEY=VALUE"))),
+        }
+    }
+    Ok(selector)
+}
+
+fn number(options: &BTreeMap<String, String>, key: &str, default: u64) -> Result<u64, ExecutorError> {
+    match options.get(key) {
+        None => Ok(default),
+        Some(value) => value.parse::<u64>().map_err(|_| {
+            ExecutorError::configuration(format!("--executor-option {key}={value}: expected a number of seconds"))
+        }),
+    }
+}
+
+/// The program itself when it has a slash, else the first executable of that name on `path`.
+fn find_program(program: &Path, path: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |candidate: &Path| {
+        std::fs::metadata(candidate)
+            .is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
+    };
+    if program.components().count() > 1 || program.is_absolute() {
+        return executable(program).then(|| program.to_path_buf());
+    }
+    path.split(':').map(|dir| Path::new(dir).join(program)).find(|candidate| executable(candidate))
+}
+
+/// What the Kubernetes executor can do.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        isolation: Isolation::Vm,
+        caches: true,
+        secrets: true,
+        outputs: true,
+        images: true,
+        network_policy: true,
+        max_sessions: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect()
+    }
+
+    #[test]
+    fn a_missing_kubeconfig_names_the_flag() {
+        let error =
+            Config::from_map(&options(&[("kubeconfig", "/no/such/kubeconfig")]), "r", None, None).expect_err("refused");
+        assert_eq!(error.message, "--kubeconfig /no/such/kubeconfig: no such file");
+    }
+
+    #[test]
+    fn a_missing_kubectl_or_an_unknown_option_names_the_flag() {
+        let file = tempfile::NamedTempFile::new().expect("file");
+        let kubeconfig = file.path().to_string_lossy().into_owned();
+        let error =
+            Config::from_map(&options(&[("kubeconfig", &kubeconfig), ("kubectl", "/no/kubectl")]), "r", None, None)
+                .expect_err("refused");
+        assert_eq!(error.message, "--kubectl /no/kubectl: no such executable program");
+        let error = Config::from_map(&options(&[("kubeconfig", &kubeconfig), ("colour", "red")]), "r", None, None)
+            .expect_err("refused");
+        assert!(error.message.starts_with("unknown option --colour"), "{}", error.message);
+    }
+
+    #[test]
+    fn defaults_and_node_selector() {
+        let file = tempfile::NamedTempFile::new().expect("file");
+        let kubeconfig = file.path().to_string_lossy().into_owned();
+        let config = Config::from_map(
+            &options(&[("kubeconfig", &kubeconfig), ("kubectl", "/bin/sh"), ("node-selector", "a=1,b=2")]),
+            "r",
+            None,
+            None,
+        )
+        .expect("accepted");
+        assert_eq!(config.namespace, "default");
+        assert_eq!(config.image, DEFAULT_IMAGE);
+        assert_eq!(config.ttl_seconds, 600);
+        assert_eq!(config.node_selector, options(&[("a", "1"), ("b", "2")]));
+        assert!(parse_node_selector("novalue").is_err());
+    }
+}

@@ -1,0 +1,246 @@
+//! The manifests, built from typed Kubernetes API structs: a session's Job and the runner's
+//! default-deny-ingress NetworkPolicy. Pure functions, snapshot-tested.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, EmptyDirVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
+    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use crate::names::*;
+
+/// The container's command: keep the pod alive until told to stop, and stop at once on TERM.
+pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done";
+
+/// The name of the one container.
+pub const CONTAINER: &str = "run";
+
+/// Everything a Job manifest is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpecInput {
+    /// The raw runner id.
+    pub runner_id: String,
+    /// The raw session id.
+    pub session: String,
+    /// The check key of the run.
+    pub check_key: String,
+    /// The namespace.
+    pub namespace: String,
+    /// The image.
+    pub image: String,
+    /// CPU request.
+    pub cpu: Option<String>,
+    /// Memory request.
+    pub memory: Option<String>,
+    /// The pod's service account.
+    pub service_account: Option<String>,
+    /// The pod's node selector.
+    pub node_selector: BTreeMap<String, String>,
+    /// `activeDeadlineSeconds`.
+    pub deadline_secs: Option<i64>,
+    /// `ttlSecondsAfterFinished`; `None` when keeping.
+    pub ttl_secs: Option<i32>,
+}
+
+/// The labels of a session's Job and pod.
+pub fn labels(runner_id: &str, session: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([(RUNNER_LABEL.to_string(), label_value(runner_id)), (RUN_LABEL.to_string(), label_value(session))])
+}
+
+/// The annotations of a session's Job and pod: the raw ids and the check key.
+pub fn annotations(input: &JobSpecInput) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (RUNNER_ANNOTATION.to_string(), input.runner_id.clone()),
+        (SESSION_ANNOTATION.to_string(), input.session.clone()),
+        (CHECK_KEY_ANNOTATION.to_string(), input.check_key.clone()),
+    ])
+}
+
+/// The session's Job.
+pub fn job(input: &JobSpecInput) -> Job {
+    let labels = labels(&input.runner_id, &input.session);
+    let meta = ObjectMeta {
+        name: Some(job_name(&input.runner_id, &input.session)),
+        namespace: Some(input.namespace.clone()),
+        labels: Some(labels.clone()),
+        annotations: Some(annotations(input)),
+        ..ObjectMeta::default()
+    };
+    let mut requests = BTreeMap::new();
+    if let Some(cpu) = &input.cpu {
+        requests.insert("cpu".to_string(), Quantity(cpu.clone()));
+    }
+    if let Some(memory) = &input.memory {
+        requests.insert("memory".to_string(), Quantity(memory.clone()));
+    }
+    let folders = ["work", "steps", "outputs"];
+    let container = Container {
+        name: CONTAINER.to_string(),
+        image: Some(input.image.clone()),
+        command: Some(vec!["sh".to_string(), "-c".to_string(), KEEP_ALIVE.to_string()]),
+        working_dir: Some("/work".to_string()),
+        resources: (!requests.is_empty())
+            .then(|| ResourceRequirements { requests: Some(requests), ..ResourceRequirements::default() }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(
+            folders
+                .iter()
+                .map(|folder| VolumeMount {
+                    name: folder.to_string(),
+                    mount_path: format!("/{folder}"),
+                    ..VolumeMount::default()
+                })
+                .collect(),
+        ),
+        ..Container::default()
+    };
+    let anti_affinity = PodAntiAffinity {
+        required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+            label_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(RUNNER_LABEL.to_string(), label_value(&input.runner_id))])),
+                ..LabelSelector::default()
+            }),
+            topology_key: "kubernetes.io/hostname".to_string(),
+            ..PodAffinityTerm::default()
+        }]),
+        ..PodAntiAffinity::default()
+    };
+    let pod = PodSpec {
+        containers: vec![container],
+        restart_policy: Some("Never".to_string()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        host_network: Some(false),
+        host_pid: Some(false),
+        host_ipc: Some(false),
+        termination_grace_period_seconds: Some(5),
+        service_account_name: input.service_account.clone(),
+        node_selector: (!input.node_selector.is_empty()).then(|| input.node_selector.clone()),
+        affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Affinity::default() }),
+        volumes: Some(
+            folders
+                .iter()
+                .map(|folder| Volume {
+                    name: folder.to_string(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Volume::default()
+                })
+                .collect(),
+        ),
+        ..PodSpec::default()
+    };
+    Job {
+        metadata: meta,
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: input.deadline_secs,
+            ttl_seconds_after_finished: input.ttl_secs,
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: Some(annotations(input)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The runner's NetworkPolicy: every pod carrying the runner label denies all ingress.
+/// Egress is not restricted.
+pub fn network_policy(runner_id: &str, namespace: &str) -> NetworkPolicy {
+    let runner = BTreeMap::from([(RUNNER_LABEL.to_string(), label_value(runner_id))]);
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(policy_name(runner_id)),
+            namespace: Some(namespace.to_string()),
+            labels: Some(runner.clone()),
+            annotations: Some(BTreeMap::from([(RUNNER_ANNOTATION.to_string(), runner_id.to_string())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector { match_labels: Some(runner), ..LabelSelector::default() }),
+            policy_types: Some(vec!["Ingress".to_string()]),
+            ingress: None,
+            egress: None,
+        }),
+    }
+}
+
+/// `activeDeadlineSeconds` from the run's timeout: rounded up, at least one second.
+pub fn deadline_secs(run_timeout_ms: Option<u64>) -> Option<i64> {
+    run_timeout_ms.map(|ms| i64::try_from(ms.div_ceil(1000).max(1)).unwrap_or(i64::MAX))
+}
+
+/// An object as the JSON piped to `kubectl apply -f -`, with `apiVersion` and `kind`.
+pub fn to_json<T: serde::Serialize>(object: &T) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> JobSpecInput {
+        JobSpecInput {
+            runner_id: "did:plc:runner/alice".into(),
+            session: "run-42".into(),
+            check_key: "repo/main/build".into(),
+            namespace: "knotless-runs".into(),
+            image: "busybox:1.36".into(),
+            cpu: Some("500m".into()),
+            memory: Some("512Mi".into()),
+            service_account: Some("knotless-runner".into()),
+            node_selector: BTreeMap::from([("pool".to_string(), "runs".to_string())]),
+            deadline_secs: deadline_secs(Some(120_500)),
+            ttl_secs: Some(600),
+        }
+    }
+
+    #[test]
+    fn the_job_manifest() {
+        insta::assert_json_snapshot!("job", job(&input()));
+    }
+
+    #[test]
+    fn a_kept_job_has_no_ttl_and_no_requests_when_none_are_given() {
+        let kept = JobSpecInput { ttl_secs: None, cpu: None, memory: None, deadline_secs: None, ..input() };
+        insta::assert_json_snapshot!("job_kept", job(&kept));
+    }
+
+    #[test]
+    fn the_network_policy() {
+        insta::assert_json_snapshot!("network_policy", network_policy("did:plc:runner/alice", "knotless-runs"));
+    }
+
+    #[test]
+    fn the_security_settings_hold() {
+        let value = serde_json::to_value(job(&input())).expect("json");
+        let pod = &value["spec"]["template"]["spec"];
+        assert_eq!(value["apiVersion"], "batch/v1");
+        assert_eq!(value["kind"], "Job");
+        assert_eq!(value["spec"]["backoffLimit"], 0);
+        assert_eq!(value["spec"]["activeDeadlineSeconds"], 121);
+        assert_eq!(pod["restartPolicy"], "Never");
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert_eq!(pod["enableServiceLinks"], false);
+        assert_eq!(pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"], false);
+        assert!(!value.to_string().contains("hostPath"));
+        let term = &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+        assert_eq!(value["metadata"]["annotations"]["dev.knotless.runner-id"], "did:plc:runner/alice");
+        assert_eq!(deadline_secs(Some(1)), Some(1));
+    }
+}
