@@ -60,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
     session.stop(false, Duration::from_secs(60)).await?;
     host.shutdown().await;
     rows.push(masking()?);
+    rows.extend(kubernetes(work.path()).await?);
     println!("| figure | knotless-run | reference | ratio |");
     println!("|---|---|---|---|");
     for row in rows {
@@ -250,4 +251,95 @@ fn masking() -> anyhow::Result<Row> {
         reference: format!("{:.0} MiB/s", megabytes / reference.as_secs_f64()),
         ratio: ours.as_secs_f64() / reference.as_secs_f64(),
     })
+}
+
+/// Starts an executor for the bench.
+async fn executor(
+    name: &str,
+    program: &str,
+    options: BTreeMap<String, String>,
+) -> anyhow::Result<std::sync::Arc<ExecutorHost>> {
+    let runner =
+        RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: "bench".into() };
+    let process = ProcessSpec { name: name.into(), path: release_bin(program)?, pass_env: Vec::new() };
+    Ok(ExecutorHost::start(HostConfig::new(process, runner, options)).await?)
+}
+
+/// A whole run of `steps` steps of `true`: start, the steps, stop.
+async fn run_of(host: &std::sync::Arc<ExecutorHost>, session: &str, steps: usize) -> anyhow::Result<Duration> {
+    let never = CancellationToken::new();
+    let started = Instant::now();
+    let params = StartParams {
+        session: session.into(),
+        run: RunInfo::default(),
+        image: None,
+        resources: Resources::default(),
+        network: false,
+        run_timeout_ms: Some(600_000),
+        timeout_ms: 120_000,
+        keep: false,
+    };
+    let opened = host.open(params, &never).await?;
+    for step in 0..steps {
+        let params = CommandParams {
+            session: session.into(),
+            step: step as u32,
+            name: format!("step-{step}"),
+            script: "true".into(),
+            env: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            workdir: None,
+            timeout_ms: 60_000,
+        };
+        let result = opened.command(params, &never, |_| {}).await?;
+        if result.exit_code != 0 {
+            bail!("`true` exited with {}", result.exit_code);
+        }
+    }
+    opened.stop(false, Duration::from_secs(120)).await?;
+    Ok(started.elapsed())
+}
+
+/// kubectl calls and wall time of runs of 1 and 10 steps on the fake kubectl, against the same
+/// runs through the shell executor.
+async fn kubernetes(scratch: &Path) -> anyhow::Result<Vec<Row>> {
+    let cluster = scratch.join("cluster");
+    let script = Path::new("tests/fake-kubectl/fake-cluster.sh");
+    let output =
+        tokio::process::Command::new("bash").arg(script).arg(&cluster).arg(scratch.join("rootfs.tar")).output().await?;
+    if !output.status.success() {
+        bail!("fake-cluster.sh failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let kubeconfig = String::from_utf8(output.stdout)?.trim().to_string();
+    let options = BTreeMap::from([
+        ("kubectl".to_string(), release_bin("fake-kubectl")?.display().to_string()),
+        ("kubeconfig".to_string(), kubeconfig),
+        ("image".to_string(), "busybox".to_string()),
+    ]);
+    let kube = executor("kubernetes", "knotless-executor-kubernetes", options).await?;
+    let shell_work = scratch.join("shell-work");
+    let shell = executor(
+        "shell",
+        "knotless-executor-shell",
+        BTreeMap::from([("work-dir".to_string(), shell_work.display().to_string())]),
+    )
+    .await?;
+    let calls = cluster.join("state/calls.jsonl");
+    let count = || std::fs::read_to_string(&calls).map(|text| text.lines().count()).unwrap_or(0);
+    let mut rows = Vec::new();
+    for steps in [1, 10] {
+        let before = count();
+        let ours = run_of(&kube, &format!("bench-k8s-{steps}"), steps).await?;
+        let used = count() - before;
+        let reference = run_of(&shell, &format!("bench-shell-{steps}"), steps).await?;
+        rows.push(Row {
+            what: format!("a run of {steps} step(s) on the fake kubectl: {used} kubectl calls (reference: the same run through the shell executor)"),
+            ours: millis(ours),
+            reference: millis(reference),
+            ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+        });
+    }
+    kube.shutdown().await;
+    shell.shutdown().await;
+    Ok(rows)
 }
