@@ -5,7 +5,7 @@ DESTDIR ?=
 LIBEXEC ?= $(PREFIX)/libexec/knotless
 BIN := target/debug
 
-.PHONY: build release test lint unit conformance demo bench install
+.PHONY: build release test lint unit conformance conformance-docker demo bench install
 
 build:
 	$(CARGO) build --workspace --bins
@@ -23,8 +23,12 @@ unit: build
 conformance: build
 	$(BIN)/knotless-run plugin check $(BIN)/knotless-executor-shell
 
+# Needs a Docker engine and the test image: plugins/docker/tests/support/engine.sh makes both.
+conformance-docker: build
+	$(BIN)/knotless-run plugin check $(BIN)/knotless-executor-docker --image knotless-test/busybox:1
+
 # Everything, as CI runs it: formatting, lints, every test, the conformance suite.
-test: lint unit conformance
+test: lint unit conformance conformance-docker
 
 # The workflows of the demo repository, through the shell executor.
 demo: build
