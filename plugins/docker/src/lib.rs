@@ -22,6 +22,7 @@ pub mod payload;
 pub mod resources;
 mod session;
 mod transfer;
+pub mod vet;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,7 +1,8 @@
 //! `upload` and `download`: tar streams between the side channel and `docker cp`.
 //!
 //! `docker cp - <container>:<folder>` unpacks stdin into an existing folder (created first),
-//! owned by the container's root, keeping modes, symlinks and empty folders.
+//! owned by the container's root, keeping modes, symlinks and empty folders; every entry is
+//! vetted on its way ([`crate::vet`]).
 //! `docker cp <container>:<folder>/. -` packs the folder's contents with entries relative to
 //! it (`./a/b`), which is what the protocol's download carries. The SDK counts the bytes and
 //! enforces the bound; the deadline drops these futures, and every child is killed on drop.
@@ -9,11 +10,13 @@
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
 use knotless_protocol::*;
 use tokio::io::{AsyncWriteExt, BufReader};
+use tokio_util::io::SyncIoBridge;
 
 use crate::DockerExecutor;
 use crate::argv;
 use crate::docker::{Docker, Failure, SHORT_CALL, tail};
 use crate::session::Session;
+use crate::vet::{self, Refusal};
 
 /// `upload`: unpacks the whole stream at `params.path`, created if missing.
 pub async fn upload(
@@ -33,21 +36,30 @@ pub async fn upload(
         docker.command(&argv::copy_in(&session.container, &path)).stdin(std::process::Stdio::piped()).spawn().map_err(
             |error| ExecutorError::infrastructure(format!("cannot run the docker CLI for an upload: {error}")),
         )?;
-    let Some(mut stdin) = child.stdin.take() else {
+    let Some(stdin) = child.stdin.take() else {
         return Err(ExecutorError::infrastructure("docker cp has no stdin"));
     };
-    let feed = async move {
-        let mut data = BufReader::with_capacity(256 * 1024, data);
-        let copied = tokio::io::copy_buf(&mut data, &mut stdin).await;
-        let _ = stdin.shutdown().await;
+    // Entries are vetted on their way: docker cp would unpack device nodes and `..` as given.
+    let feed = tokio::task::spawn_blocking(move || {
+        let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
+        let mut output = SyncIoBridge::new(stdin);
+        let copied = vet::copy_vetted(&mut input, &mut output);
+        let _ = output.shutdown();
         copied
-    };
+    });
     let (copied, output) = tokio::join!(feed, child.wait_with_output());
     let output = output
         .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp into {path}: {error}")))?;
-    if let Err(error) = copied {
+    match copied {
+        Ok(Ok(_)) => {}
+        Ok(Err(refusal @ Refusal::Entry { .. })) => {
+            return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {path}: {refusal}")));
+        }
         // Over the bound (the SDK reports it), or the runner's side closed.
-        return Err(ExecutorError::infrastructure(format!("the upload into {path} broke off: {error}")));
+        Ok(Err(refusal)) => {
+            return Err(ExecutorError::infrastructure(format!("the upload into {path} broke off: {refusal}")));
+        }
+        Err(error) => return Err(ExecutorError::infrastructure(format!("the upload into {path} failed: {error}"))),
     }
     if !output.status.success() {
         let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };

@@ -261,3 +261,24 @@ async fn upload_then_download_round_trips_modes_links_and_empty_folders() {
     assert_eq!(answered.expect_err("missing").0, i64::from(code::NOT_FOUND));
     harness.finish().await;
 }
+
+#[tokio::test]
+async fn an_upload_with_a_device_node_is_refused() {
+    let harness = Harness::new().await;
+    harness.start("hostile").await;
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Block);
+    header.set_size(0);
+    header.set_mode(0o666);
+    header.set_device_major(8).expect("major");
+    header.set_device_minor(0).expect("minor");
+    builder.append_data(&mut header, "disk", std::io::empty()).expect("append");
+    let archive = builder.into_inner().expect("finish");
+    let (code, message) = harness.upload("hostile", "/work/in", archive).await.expect_err("refused");
+    assert_eq!(code, i64::from(code::TOO_LARGE), "{message}");
+    assert!(message.contains("refused tar entry \"disk\""), "{message}");
+    let ran = harness.command("hostile", 0, "test ! -e /work/in/disk", json!({}), 30_000).await.expect("step");
+    assert_eq!(ran["exit_code"], 0, "no device node was made");
+    harness.finish().await;
+}
