@@ -137,7 +137,12 @@ pub async fn run(
         Ending::ExecEnded(code) => {
             let said = tail(&pipes.stderr_tail);
             let state = config.docker.state(&session.container).await;
+            let daemon_refused = said.contains("Error response from daemon") || said.contains("OCI runtime");
             let error = match state {
+                Ok(Some(state)) if state == "running" && daemon_refused => ExecutorError::infrastructure(format!(
+                    "docker exec of step {step_name} failed in container {}: {said}",
+                    session.container
+                )),
                 Ok(Some(state)) if state == "running" => ExecutorError::new(
                     ErrorKind::StepFailed,
                     format!(
