@@ -5,7 +5,7 @@ DESTDIR ?=
 LIBEXEC ?= $(PREFIX)/libexec/knotless
 BIN := target/debug
 
-.PHONY: build release test lint unit conformance conformance-kubernetes demo bench install
+.PHONY: build release test lint unit conformance conformance-docker conformance-kubernetes demo bench install
 
 build:
 	$(CARGO) build --workspace --bins
@@ -27,8 +27,13 @@ conformance: build
 conformance-kubernetes: build
 	bash tests/fake-kubectl/conformance.sh $(BIN)
 
-# Everything, as CI runs it: formatting, lints, every test, the conformance suite.
-test: lint unit conformance conformance-kubernetes
+# Needs a Docker engine and the test image: plugins/docker/tests/support/engine.sh makes both.
+conformance-docker: build
+	$(BIN)/knotless-run plugin check $(BIN)/knotless-executor-docker --image knotless-test/busybox:1
+	$(BIN)/knotless-run run examples/demo --executor docker --image knotless-test/busybox:1
+
+# Everything, as CI runs it: formatting, lints, every test, the conformance suites.
+test: lint unit conformance conformance-docker conformance-kubernetes
 
 # The workflows of the demo repository, through the shell executor.
 demo: build

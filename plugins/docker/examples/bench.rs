@@ -1,0 +1,95 @@
+//! Figures for `make bench`: one trivial step through the executor against `docker exec <c>
+//! true`, and a 100 MiB upload and download against `tar c | docker exec -i <c> tar x` and back.
+//! Needs the engine and the test image (`plugins/docker/tests/support/engine.sh`).
+//! Run: `cargo run --release -p knotless-executor-docker --example bench [ROUNDS]`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use knotless_protocol::tarball;
+use serde_json::json;
+use support::Harness;
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn show(what: &str, ours: Duration, reference: Duration, reference_name: &str) {
+    let ratio = ours.as_secs_f64() / reference.as_secs_f64().max(1e-9);
+    println!("{what:<34} {:>9.1} ms   {reference_name:<34} {:>9.1} ms   x{ratio:.2}", ms(ours), ms(reference));
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let rounds: usize = std::env::args().nth(1).and_then(|text| text.parse().ok()).unwrap_or(20);
+    let harness = Harness::new().await;
+    harness.start("bench").await;
+    let container = harness.container("bench");
+
+    let mut steps = Vec::new();
+    let mut execs = Vec::new();
+    for round in 0..rounds {
+        let started = Instant::now();
+        let result = harness.command("bench", round as u32, "true", json!({}), 30_000).await;
+        anyhow::ensure!(result.is_ok(), "step failed: {result:?}");
+        steps.push(started.elapsed());
+        let started = Instant::now();
+        let status = Command::new("docker").args(["exec", &container, "true"]).status()?;
+        anyhow::ensure!(status.success(), "docker exec true failed");
+        execs.push(started.elapsed());
+    }
+    show("trivial step (median)", median(steps), median(execs), "docker exec <c> true");
+
+    // A 100 MiB tree: 100 files of 1 MiB of incompressible bytes.
+    let source = tempfile::tempdir()?;
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for index in 0..100 {
+        let mut bytes = vec![0u8; 1 << 20];
+        for chunk in bytes.chunks_mut(8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            chunk.copy_from_slice(&seed.to_le_bytes()[..chunk.len()]);
+        }
+        std::fs::write(source.path().join(format!("file-{index:03}")), bytes)?;
+    }
+    let archive = tarball::pack_dir(source.path(), Vec::new())?;
+
+    let started = Instant::now();
+    let uploaded = harness.upload("bench", "/work/up", archive.clone()).await;
+    anyhow::ensure!(uploaded.is_ok(), "upload failed: {uploaded:?}");
+    let upload = started.elapsed();
+    let started = Instant::now();
+    let mut tar = Command::new("docker")
+        .args(["exec", "-i", &container, "sh", "-c", "mkdir -p /work/ref && tar x -C /work/ref"])
+        .stdin(Stdio::piped())
+        .spawn()?;
+    tar.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?.write_all(&archive)?;
+    anyhow::ensure!(tar.wait()?.success(), "tar x failed");
+    show("upload of 100 MiB", upload, started.elapsed(), "tar | docker exec -i <c> tar x");
+
+    let started = Instant::now();
+    let (downloaded, bytes) = harness.download("bench", "/work/up").await;
+    anyhow::ensure!(downloaded.is_ok() && bytes.len() > 100 << 20, "download failed: {downloaded:?}");
+    let download = started.elapsed();
+    let started = Instant::now();
+    let output = Command::new("docker").args(["exec", &container, "tar", "c", "-C", "/work/ref", "."]).output()?;
+    anyhow::ensure!(output.status.success() && output.stdout.len() > 100 << 20, "tar c failed");
+    show("download of 100 MiB", download, started.elapsed(), "docker exec <c> tar c");
+
+    harness
+        .request("stop", json!({"session": "bench", "timeout_ms": 60_000}))
+        .await
+        .map_err(|error| anyhow::anyhow!("stop failed: {error:?}"))?;
+    harness.finish().await;
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The argv of every docker CLI call this executor makes, built by pure functions so that
+//! what reaches a command line is visible in one place and tested without running anything.
+//!
+//! No variable value and no secret is ever an argument here: a step's environment travels on
+//! the stdin of `docker exec -i <container> sh -s` (see [`crate::payload`]).
+
+/// The label every container carries with the runner's id; `cleanup` finds containers by it.
+pub const RUNNER_LABEL: &str = "dev.knotless.runner";
+/// The label naming the session a container belongs to.
+pub const SESSION_LABEL: &str = "dev.knotless.session";
+/// The label naming the run.
+pub const RUN_LABEL: &str = "dev.knotless.run";
+/// The label naming the workflow.
+pub const WORKFLOW_LABEL: &str = "dev.knotless.workflow";
+/// The label naming the repository.
+pub const REPOSITORY_LABEL: &str = "dev.knotless.repository";
+
+/// The folders every session has, created by `start`.
+pub const SESSION_FOLDERS: [&str; 3] = ["/work", "/steps", "/outputs"];
+
+/// What keeps a session's container alive between steps: a shell sleeping forever, under the
+/// init process `--init` adds (which reaps the zombies steps leave).
+pub const KEEP_ALIVE: &str = "while :; do sleep 86400; done";
+
+/// What `start` creates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerSpec {
+    /// The container's name.
+    pub name: String,
+    /// The image, which must already be on the engine: it is never pulled.
+    pub image: String,
+    /// Labels, in order.
+    pub labels: Vec<(String, String)>,
+    /// `--pids-limit`.
+    pub pids_limit: u32,
+    /// `--cpus`, as docker takes it (`0.5`).
+    pub cpus: Option<String>,
+    /// `--memory`, in bytes.
+    pub memory: Option<u64>,
+    /// Whether the container may use the network (else `--network none`).
+    pub network: bool,
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|item| item.to_string()).collect()
+}
+
+/// `docker version`, printing only the engine's version: fails when no engine answers.
+pub fn version() -> Vec<String> {
+    strings(&["version", "--format", "{{.Server.Version}}"])
+}
+
+/// `docker run --detach`: creates and starts a session's container, never pulling its image,
+/// with no capabilities, no privilege escalation, no host mount, and no network unless asked.
+pub fn run_container(spec: &ContainerSpec) -> Vec<String> {
+    let mut argv = strings(&["run", "--detach", "--pull", "never", "--name"]);
+    argv.push(spec.name.clone());
+    for (key, value) in &spec.labels {
+        argv.push("--label".into());
+        argv.push(format!("{key}={value}"));
+    }
+    argv.extend(strings(&["--init", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]));
+    argv.push("--pids-limit".into());
+    argv.push(spec.pids_limit.to_string());
+    if let Some(cpus) = &spec.cpus {
+        argv.push("--cpus".into());
+        argv.push(cpus.clone());
+    }
+    if let Some(memory) = spec.memory {
+        argv.push("--memory".into());
+        argv.push(memory.to_string());
+    }
+    if !spec.network {
+        argv.extend(strings(&["--network", "none"]));
+    }
+    argv.extend(strings(&["--workdir", "/work", "--entrypoint", "sh"]));
+    argv.push(spec.image.clone());
+    argv.extend(strings(&["-c", KEEP_ALIVE]));
+    argv
+}
+
+/// `docker exec <container> mkdir -p -- <paths>`.
+pub fn make_folders(container: &str, paths: &[&str]) -> Vec<String> {
+    let mut argv = strings(&["exec", container, "mkdir", "-p", "--"]);
+    argv.extend(strings(paths));
+    argv
+}
+
+/// `docker exec -i <container> sh -s`: a step, whose payload comes on stdin.
+pub fn exec_step(container: &str) -> Vec<String> {
+    strings(&["exec", "-i", container, "sh", "-s"])
+}
+
+/// `docker exec <container> sh -c <sweep> sh <marker>`: kills every process of one step.
+pub fn sweep(container: &str, marker: &str) -> Vec<String> {
+    strings(&["exec", container, "sh", "-c", crate::payload::SWEEP, "sh", marker])
+}
+
+/// `docker cp - <container>:<path>`: unpacks a tar stream from stdin into an existing folder.
+pub fn copy_in(container: &str, path: &str) -> Vec<String> {
+    strings(&["cp", "-", &format!("{container}:{path}")])
+}
+
+/// `docker cp <container>:<path>/. -`: a tar stream of the folder's contents on stdout, its
+/// entries relative to the folder (`./a/b`).
+pub fn copy_out(container: &str, path: &str) -> Vec<String> {
+    let folder = path.trim_end_matches('/');
+    strings(&["cp", &format!("{container}:{folder}/."), "-"])
+}
+
+/// `docker rm --force --volumes <container>`.
+pub fn remove(container: &str) -> Vec<String> {
+    strings(&["rm", "--force", "--volumes", container])
+}
+
+/// `docker ps --all` of this runner's containers: one `name<TAB>session` line each.
+pub fn list(runner_id: &str) -> Vec<String> {
+    let filter = format!("label={RUNNER_LABEL}={runner_id}");
+    let format = format!("{{{{.Names}}}}\t{{{{.Label \"{SESSION_LABEL}\"}}}}");
+    strings(&["ps", "--all", "--no-trunc", "--filter", &filter, "--format", &format])
+}
+
+/// `docker inspect` of a container's state (`running`, `exited`, ...).
+pub fn state(container: &str) -> Vec<String> {
+    strings(&["inspect", "--type", "container", "--format", "{{.State.Status}}", container])
+}
+
+/// A label value made safe for a command line: control characters become spaces.
+pub fn label_value(value: &str) -> String {
+    value.chars().map(|char| if char.is_control() { ' ' } else { char }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ContainerSpec {
+        ContainerSpec {
+            name: "knotless-r1-s1".into(),
+            image: "knotless-test/busybox:1".into(),
+            labels: vec![(RUNNER_LABEL.into(), "r1".into()), (SESSION_LABEL.into(), "s1".into())],
+            pids_limit: 1024,
+            cpus: Some("0.5".into()),
+            memory: Some(536_870_912),
+            network: false,
+        }
+    }
+
+    #[test]
+    fn a_container_has_no_privileges_no_network_and_never_pulls() {
+        assert_eq!(
+            run_container(&spec()).join(" "),
+            "run --detach --pull never --name knotless-r1-s1 --label dev.knotless.runner=r1 \
+             --label dev.knotless.session=s1 --init --cap-drop ALL --security-opt no-new-privileges \
+             --pids-limit 1024 --cpus 0.5 --memory 536870912 --network none --workdir /work --entrypoint sh \
+             knotless-test/busybox:1 -c while :; do sleep 86400; done"
+        );
+    }
+
+    #[test]
+    fn a_container_that_asks_for_the_network_gets_it_and_limits_are_optional() {
+        let spec = ContainerSpec { network: true, cpus: None, memory: None, ..spec() };
+        let argv = run_container(&spec);
+        assert!(!argv.contains(&"none".to_string()));
+        assert!(!argv.contains(&"--cpus".to_string()) && !argv.contains(&"--memory".to_string()));
+        assert!(!argv.iter().any(|arg| arg == "-v" || arg == "--volume" || arg == "--mount" || arg == "--privileged"));
+    }
+
+    #[test]
+    fn steps_sweeps_and_copies() {
+        assert_eq!(exec_step("c"), ["exec", "-i", "c", "sh", "-s"]);
+        assert_eq!(sweep("c", "m")[..4], ["exec", "c", "sh", "-c"]);
+        assert_eq!(sweep("c", "m")[5..], ["sh", "m"]);
+        assert_eq!(copy_in("c", "/work/x"), ["cp", "-", "c:/work/x"]);
+        assert_eq!(copy_out("c", "/work/x/"), ["cp", "c:/work/x/.", "-"]);
+        assert_eq!(copy_out("c", "/"), ["cp", "c:/.", "-"]);
+        assert_eq!(
+            make_folders("c", &SESSION_FOLDERS),
+            ["exec", "c", "mkdir", "-p", "--", "/work", "/steps", "/outputs"]
+        );
+        assert_eq!(remove("c"), ["rm", "--force", "--volumes", "c"]);
+        assert_eq!(state("c"), ["inspect", "--type", "container", "--format", "{{.State.Status}}", "c"]);
+    }
+
+    #[test]
+    fn the_list_filters_on_the_runner_label() {
+        assert_eq!(
+            list("r1"),
+            [
+                "ps",
+                "--all",
+                "--no-trunc",
+                "--filter",
+                "label=dev.knotless.runner=r1",
+                "--format",
+                "{{.Names}}\t{{.Label \"dev.knotless.session\"}}"
+            ]
+        );
+    }
+
+    #[test]
+    fn label_values_lose_control_characters() {
+        assert_eq!(label_value("a\nb\tc"), "a b c");
+    }
+}

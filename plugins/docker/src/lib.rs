@@ -1,0 +1,111 @@
+//! The Docker executor: one container per session on the local Docker engine, driven through
+//! the `docker` CLI.
+//!
+//! A session is a container made from the workflow's image (never pulled), labelled with the
+//! runner's id and the session, with no capabilities, no privilege escalation, no host mount,
+//! no network unless asked, and an init process that reaps zombies. A step is
+//! `docker exec -i <container> sh -s` with its variables and secrets on stdin (see
+//! [`payload`]); files come and go as tar streams through `docker cp`.
+//!
+//! Invariants:
+//! - stdout is the protocol's: nothing in this crate prints.
+//! - every docker call goes through [`docker::Docker`]; every argv is built in [`argv`].
+//! - no variable or secret value is ever on a command line or in the container's config.
+//! - `cleanup` and `shutdown` touch only containers labelled with this runner's id.
+
+pub mod argv;
+mod cleanup;
+mod command;
+pub mod config;
+pub mod docker;
+pub mod payload;
+pub mod resources;
+mod session;
+mod transfer;
+pub mod vet;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use knotless_protocol::sdk::{Context, DownloadStream, Executor, UploadStream};
+use knotless_protocol::*;
+
+pub use config::Config;
+pub use session::Session;
+
+/// The Docker executor. Build it with `default()` and hand it to `sdk::serve`.
+#[derive(Default)]
+pub struct DockerExecutor {
+    config: Mutex<Option<Arc<Config>>>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+impl DockerExecutor {
+    /// The configuration `initialize` accepted.
+    fn config(&self) -> Result<Arc<Config>, ExecutorError> {
+        lock(&self.config).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
+    }
+
+    /// The sessions this process started and has not stopped.
+    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        lock(&self.sessions)
+    }
+
+    /// A session this process started, or the protocol's unknown-session error.
+    fn session(&self, session: &str) -> Result<Arc<Session>, ExecutorError> {
+        self.sessions().get(session).cloned().ok_or_else(|| ExecutorError::unknown_session(session))
+    }
+}
+
+/// Locks a mutex, taking the data even if a panicking thread poisoned it.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+impl Executor for DockerExecutor {
+    fn info(&self) -> ExecutorInfo {
+        ExecutorInfo { name: "docker".to_string(), version: env!("CARGO_PKG_VERSION").to_string() }
+    }
+
+    async fn initialize(&self, params: &InitializeParams) -> Result<Capabilities, ExecutorError> {
+        let config = Config::from_params(params)?;
+        let version = config.probe().await?;
+        tracing::info!(engine = %version, host = %config.docker.host_shown(), docker = %config.docker.program.display(),
+            "the docker engine answers");
+        *lock(&self.config) = Some(Arc::new(config));
+        Ok(config::capabilities())
+    }
+
+    async fn start(&self, params: StartParams, context: Context) -> Result<StartResult, ExecutorError> {
+        session::start(self, params, context).await
+    }
+
+    async fn command(&self, params: CommandParams, context: Context) -> Result<CommandResult, ExecutorError> {
+        command::run(self, params, context).await
+    }
+
+    async fn stop(&self, params: StopParams, context: Context) -> Result<StopResult, ExecutorError> {
+        session::stop(self, params, context).await
+    }
+
+    async fn cleanup(&self, params: CleanupParams, context: Context) -> Result<CleanupResult, ExecutorError> {
+        cleanup::cleanup(self, params, context).await
+    }
+
+    async fn upload(&self, params: &TransferParams, data: UploadStream, context: Context) -> Result<(), ExecutorError> {
+        transfer::upload(self, params, data, context).await
+    }
+
+    async fn download(
+        &self,
+        params: &TransferParams,
+        data: DownloadStream,
+        context: Context,
+    ) -> Result<(), ExecutorError> {
+        transfer::download(self, params, data, context).await
+    }
+
+    async fn shutdown(&self) {
+        session::shutdown(self).await
+    }
+}

@@ -1,0 +1,241 @@
+//! Sessions: `start` creates and starts a session's container, `stop` removes it, `shutdown`
+//! removes every container this process started that is not kept, and session paths are
+//! resolved here.
+
+use std::path::{Component, Path};
+use std::sync::Arc;
+
+use knotless_protocol::sdk::Context;
+use knotless_protocol::*;
+
+use crate::DockerExecutor;
+use crate::argv::{self, ContainerSpec};
+use crate::config::{Config, check_name, flag};
+use crate::docker::{Docker, SHORT_CALL};
+use crate::resources;
+
+/// A session this process started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// The session id.
+    pub id: String,
+    /// Its container's name.
+    pub container: String,
+    /// Its image.
+    pub image: String,
+    /// Started with `keep`: `stop` and `shutdown` leave the container in place.
+    pub keep: bool,
+}
+
+impl Session {
+    /// A path the runner gave, as an absolute path in the container: relative paths are
+    /// taken from `/work`; `..` is refused.
+    pub fn resolve(&self, path: &str) -> Result<String, ExecutorError> {
+        let given = Path::new(path);
+        if path.is_empty() || given.components().any(|component| component == Component::ParentDir) {
+            return Err(ExecutorError::configuration(format!("path {path:?} in session {} is not allowed", self.id)));
+        }
+        let joined = if given.is_absolute() { given.to_path_buf() } else { Path::new("/work").join(given) };
+        Ok(joined.to_string_lossy().into_owned())
+    }
+}
+
+/// The container of a new session, from its parameters and the configuration.
+pub fn container_spec(config: &Config, params: &StartParams) -> Result<ContainerSpec, ExecutorError> {
+    let image = match (&params.image, &config.image) {
+        (Some(image), _) if !image.trim().is_empty() => image.clone(),
+        (_, Some(image)) => image.clone(),
+        _ => {
+            return Err(ExecutorError::configuration(format!(
+                "no image for session {}: the workflow names none and the runner was given no {}",
+                params.session,
+                flag("image")
+            )));
+        }
+    };
+    let labels = vec![
+        (argv::RUNNER_LABEL.to_string(), config.runner_id.clone()),
+        (argv::SESSION_LABEL.to_string(), params.session.clone()),
+        (argv::RUN_LABEL.to_string(), argv::label_value(&params.run.id)),
+        (argv::WORKFLOW_LABEL.to_string(), argv::label_value(&params.run.workflow)),
+        (argv::REPOSITORY_LABEL.to_string(), argv::label_value(&params.run.repository)),
+    ];
+    Ok(ContainerSpec {
+        name: config.container_name(&params.session),
+        image,
+        labels,
+        pids_limit: config.pids_limit,
+        cpus: params.resources.cpu.as_deref().map(resources::cpus).transpose()?,
+        memory: params.resources.memory.as_deref().map(resources::memory_bytes).transpose()?,
+        network: params.network,
+    })
+}
+
+/// `start`: `docker run --detach` of the session's container, then its folders.
+pub async fn start(
+    executor: &DockerExecutor,
+    params: StartParams,
+    context: Context,
+) -> Result<StartResult, ExecutorError> {
+    let config = executor.config()?;
+    check_name("session id", &params.session)?;
+    if executor.sessions().contains_key(&params.session) {
+        return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
+    }
+    let spec = container_spec(&config, &params)?;
+    let docker = &config.docker;
+    if let Err(failure) = docker.output(&argv::run_container(&spec), SHORT_CALL).await {
+        // `docker run` may have created the container before it failed.
+        let _ = docker.output(&argv::remove(&spec.name), SHORT_CALL).await;
+        let stderr = failure.stderr();
+        let error = if stderr.contains("No such image") || stderr.contains("Unable to find image") {
+            ExecutorError::infrastructure(format!(
+                "image {} is not on the docker engine at {} (the docker executor never pulls: load it with docker \
+                 load or docker import): {failure}",
+                spec.image,
+                docker.host_shown()
+            ))
+        } else if stderr.contains("is already in use") {
+            ExecutorError::configuration(format!(
+                "a container {} already exists for session {}: {failure}",
+                spec.name, params.session
+            ))
+        } else {
+            ExecutorError::infrastructure(format!(
+                "cannot start container {} from image {}: {failure}",
+                spec.name, spec.image
+            ))
+        };
+        tracing::error!(session = %params.session, container = %spec.name, image = %spec.image, "{error}");
+        return Err(error);
+    }
+    if let Err(failure) = docker.output(&argv::make_folders(&spec.name, &argv::SESSION_FOLDERS), SHORT_CALL).await {
+        let _ = docker.output(&argv::remove(&spec.name), SHORT_CALL).await;
+        return Err(ExecutorError::infrastructure(format!(
+            "cannot create /work, /steps and /outputs in container {} (image {}): {failure}",
+            spec.name, spec.image
+        )));
+    }
+    let session = Session {
+        id: params.session.clone(),
+        container: spec.name.clone(),
+        image: spec.image.clone(),
+        keep: params.keep,
+    };
+    let description = format!("container {} from {}", session.container, session.image);
+    tracing::info!(session = %session.id, container = %session.container, image = %session.image,
+        network = spec.network, "container started");
+    context.log(&session.id, LogLevel::Info, description.clone()).await;
+    executor.sessions().insert(session.id.clone(), Arc::new(session));
+    let paths = SessionPaths { work: "/work".into(), steps: "/steps".into(), outputs: "/outputs".into() };
+    Ok(StartResult { paths, description: Some(description) })
+}
+
+/// `stop`: removes the session's container, unless keeping (then the session is only
+/// forgotten).
+pub async fn stop(
+    executor: &DockerExecutor,
+    params: StopParams,
+    context: Context,
+) -> Result<StopResult, ExecutorError> {
+    let config = executor.config()?;
+    let session = executor.session(&params.session)?;
+    executor.sessions().remove(&params.session);
+    if params.keep || session.keep {
+        context.log(&session.id, LogLevel::Info, format!("kept the container {}", session.container)).await;
+        return Ok(StopResult { removed: Vec::new() });
+    }
+    let removed = remove_container(&config.docker, &session.container, Some(&session.id)).await?;
+    Ok(StopResult { removed: removed.into_iter().collect() })
+}
+
+/// `shutdown`: removes the container of every session this process started that is not kept.
+pub async fn shutdown(executor: &DockerExecutor) {
+    let Ok(config) = executor.config() else {
+        return;
+    };
+    let sessions: Vec<Arc<Session>> = executor.sessions().drain().map(|(_, session)| session).collect();
+    for session in sessions {
+        if session.keep {
+            tracing::info!(session = %session.id, container = %session.container, "keeping the container at shutdown");
+            continue;
+        }
+        match remove_container(&config.docker, &session.container, Some(&session.id)).await {
+            Ok(_) => tracing::info!(session = %session.id, container = %session.container, "removed at shutdown"),
+            Err(error) => tracing::error!(session = %session.id, "cannot remove the container at shutdown: {error}"),
+        }
+    }
+}
+
+/// `docker rm --force` of a container; `None` when it was already gone.
+pub async fn remove_container(
+    docker: &Docker,
+    container: &str,
+    session: Option<&str>,
+) -> Result<Option<Resource>, ExecutorError> {
+    match docker.output(&argv::remove(container), SHORT_CALL).await {
+        Ok(_) => {
+            tracing::info!(%container, session = session.unwrap_or(""), "container removed");
+            Ok(Some(Resource {
+                kind: "container".into(),
+                name: container.to_string(),
+                session: session.map(str::to_string),
+            }))
+        }
+        Err(failure) if failure.stderr().contains("No such container") => Ok(None),
+        Err(failure) => Err(ExecutorError::infrastructure(format!("cannot remove container {container}: {failure}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(image: Option<&str>) -> Config {
+        Config {
+            docker: Docker { program: "docker".into(), host: None },
+            image: image.map(str::to_string),
+            pids_limit: 1024,
+            runner_id: "r1".into(),
+        }
+    }
+
+    fn params(image: Option<&str>) -> StartParams {
+        StartParams {
+            session: "s1".into(),
+            run: RunInfo { id: "run-9".into(), workflow: "ci".into(), repository: "a/b".into(), ..RunInfo::default() },
+            image: image.map(str::to_string),
+            resources: Resources { cpu: Some("500m".into()), memory: Some("512Mi".into()) },
+            network: false,
+            run_timeout_ms: None,
+            timeout_ms: 1000,
+            keep: false,
+        }
+    }
+
+    #[test]
+    fn the_workflow_image_wins_over_the_default_and_one_is_needed() {
+        assert_eq!(container_spec(&config(Some("d:1")), &params(Some("w:1"))).expect("spec").image, "w:1");
+        assert_eq!(container_spec(&config(Some("d:1")), &params(None)).expect("spec").image, "d:1");
+        let error = container_spec(&config(None), &params(None)).expect_err("no image");
+        assert!(error.message.contains("--image"), "{}", error.message);
+    }
+
+    #[test]
+    fn the_spec_carries_labels_and_limits() {
+        let spec = container_spec(&config(None), &params(Some("w:1"))).expect("spec");
+        assert_eq!(spec.name, "knotless-r1-s1");
+        assert_eq!(spec.labels[0], ("dev.knotless.runner".to_string(), "r1".to_string()));
+        assert_eq!(spec.labels[1], ("dev.knotless.session".to_string(), "s1".to_string()));
+        assert_eq!((spec.cpus.as_deref(), spec.memory), (Some("0.5"), Some(536_870_912)));
+    }
+
+    #[test]
+    fn paths_resolve_inside_the_container() {
+        let session = Session { id: "s".into(), container: "c".into(), image: "i".into(), keep: false };
+        assert_eq!(session.resolve("/outputs").expect("ok"), "/outputs");
+        assert_eq!(session.resolve("src/x").expect("ok"), "/work/src/x");
+        assert!(session.resolve("/work/../etc").is_err());
+        assert!(session.resolve("").is_err());
+    }
+}

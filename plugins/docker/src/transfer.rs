@@ -1,0 +1,135 @@
+//! `upload` and `download`: tar streams between the side channel and `docker cp`.
+//!
+//! `docker cp - <container>:<folder>` unpacks stdin into an existing folder (created first),
+//! owned by the container's root, keeping modes, symlinks and empty folders; every entry is
+//! vetted on its way ([`crate::vet`]).
+//! `docker cp <container>:<folder>/. -` packs the folder's contents with entries relative to
+//! it (`./a/b`), which is what the protocol's download carries. The SDK counts the bytes and
+//! enforces the bound; the deadline drops these futures, and every child is killed on drop.
+
+use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
+use knotless_protocol::*;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio_util::io::SyncIoBridge;
+
+use crate::DockerExecutor;
+use crate::argv;
+use crate::docker::{Docker, Failure, SHORT_CALL, tail};
+use crate::session::Session;
+use crate::vet::{self, Refusal};
+
+/// `upload`: unpacks the whole stream at `params.path`, created if missing.
+pub async fn upload(
+    executor: &DockerExecutor,
+    params: &TransferParams,
+    data: UploadStream,
+    _context: Context,
+) -> Result<(), ExecutorError> {
+    let config = executor.config()?;
+    let session = executor.session(&params.session)?;
+    let path = session.resolve(&params.path)?;
+    let docker = &config.docker;
+    if let Err(failure) = docker.output(&argv::make_folders(&session.container, &[&path]), SHORT_CALL).await {
+        return Err(failed(docker, &session, &format!("cannot create {path} for an upload"), &failure).await);
+    }
+    let mut child =
+        docker.command(&argv::copy_in(&session.container, &path)).stdin(std::process::Stdio::piped()).spawn().map_err(
+            |error| ExecutorError::infrastructure(format!("cannot run the docker CLI for an upload: {error}")),
+        )?;
+    let Some(stdin) = child.stdin.take() else {
+        return Err(ExecutorError::infrastructure("docker cp has no stdin"));
+    };
+    // Entries are vetted on their way: docker cp would unpack device nodes and `..` as given.
+    let feed = tokio::task::spawn_blocking(move || {
+        let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
+        let mut output = SyncIoBridge::new(stdin);
+        let copied = vet::copy_vetted(&mut input, &mut output);
+        let _ = output.shutdown();
+        copied
+    });
+    let (copied, output) = tokio::join!(feed, child.wait_with_output());
+    let output = output
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp into {path}: {error}")))?;
+    match copied {
+        Ok(Ok(_)) => {}
+        Ok(Err(refusal @ Refusal::Entry { .. })) => {
+            return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {path}: {refusal}")));
+        }
+        // Over the bound (the SDK reports it), or the runner's side closed.
+        Ok(Err(refusal)) => {
+            return Err(ExecutorError::infrastructure(format!("the upload into {path} broke off: {refusal}")));
+        }
+        Err(error) => return Err(ExecutorError::infrastructure(format!("the upload into {path} failed: {error}"))),
+    }
+    if !output.status.success() {
+        let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };
+        return Err(failed(docker, &session, &format!("cannot upload into {path}"), &failure).await);
+    }
+    tracing::info!(session = %session.id, container = %session.container, %path, "uploaded");
+    Ok(())
+}
+
+/// `download`: packs the contents of `params.path`; a missing path is `NOT_FOUND`.
+pub async fn download(
+    executor: &DockerExecutor,
+    params: &TransferParams,
+    mut data: DownloadStream,
+    _context: Context,
+) -> Result<(), ExecutorError> {
+    let config = executor.config()?;
+    let session = executor.session(&params.session)?;
+    let path = session.resolve(&params.path)?;
+    let docker = &config.docker;
+    let mut child = docker
+        .command(&argv::copy_out(&session.container, &path))
+        .spawn()
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot run the docker CLI for a download: {error}")))?;
+    let Some(stdout) = child.stdout.take() else {
+        return Err(ExecutorError::infrastructure("docker cp has no stdout"));
+    };
+    let pump = async move {
+        let mut stdout = BufReader::with_capacity(256 * 1024, stdout);
+        let copied = tokio::io::copy_buf(&mut stdout, &mut data).await;
+        // Dropping docker's stdout on an error makes it stop at its next write.
+        drop(stdout);
+        let flushed = data.shutdown().await;
+        copied.and(flushed)
+    };
+    let (copied, output) = tokio::join!(pump, child.wait_with_output());
+    let output = output
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp of {path}: {error}")))?;
+    if !output.status.success() {
+        let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };
+        let stderr = failure.stderr();
+        if stderr.contains("No such container:path") || stderr.contains("Could not find the file") {
+            return Err(ExecutorError::new(
+                ErrorKind::NotFound,
+                format!("no path {} in session {} (container {})", params.path, session.id, session.container),
+            ));
+        }
+        if stderr.contains("not a directory") {
+            return Err(ExecutorError::configuration(format!(
+                "cannot download {path} from session {}: not a folder",
+                session.id
+            )));
+        }
+        return Err(failed(docker, &session, &format!("cannot download {path}"), &failure).await);
+    }
+    copied.map_err(|error| ExecutorError::infrastructure(format!("the download of {path} broke off: {error}")))?;
+    tracing::info!(session = %session.id, container = %session.container, %path, "downloaded");
+    Ok(())
+}
+
+/// The error of a failed docker call on a session: an infrastructure error, saying so when the
+/// container is gone.
+async fn failed(docker: &Docker, session: &Session, what: &str, failure: &Failure) -> ExecutorError {
+    let gone = failure.no_such_container() || matches!(docker.state(&session.container).await, Ok(None));
+    if gone {
+        ExecutorError::infrastructure(format!(
+            "{what}: container {} of session {} is gone: {failure}",
+            session.container, session.id
+        ))
+    } else {
+        ExecutorError::infrastructure(format!("{what} in container {}: {failure}", session.container))
+    }
+}
