@@ -1,0 +1,32 @@
+//! End-to-end tests of the knotless-run daemon: real git repositories, the built binaries, the
+//! shell executor, and the fake executor for faults. No test sleeps to win a race: each polls
+//! the runner's checks with a deadline.
+
+mod caches;
+mod pulls;
+mod pushes;
+mod restarts;
+mod secrets;
+
+use std::path::Path;
+
+use knotless_tests::Repo;
+
+/// The flags every test's runner gets: the shell executor, a poll long enough that only
+/// `notify` (or the start) explains a run.
+pub const SHELL: &[&str] = &["--executor", "shell", "--runner-id", "e2e", "--poll", "3600", "--disk-floor", "0"];
+
+/// A repository at `<dir>/repo` with `workflows` (name, YAML) committed on main.
+pub fn repo_with(dir: &Path, workflows: &[(&str, &str)]) -> (Repo, String) {
+    let repo = Repo::init(&dir.join("repo"));
+    for (name, text) in workflows {
+        repo.write(&format!(".knotless/workflows/{name}.yml"), text);
+    }
+    let commit = repo.commit("workflows");
+    (repo, commit)
+}
+
+/// The flags plus `extra`.
+pub fn flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    SHELL.iter().copied().chain(extra.iter().copied()).collect()
+}
