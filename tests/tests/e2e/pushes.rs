@@ -75,3 +75,21 @@ fn the_shell_executor_refuses_pulls_unless_forced() {
     let stderr = eventually("the refusal", || Some(runner.stderr()));
     assert!(stderr.contains("--force-shell"), "{stderr}");
 }
+
+#[test]
+fn discover_watches_the_repositories_whose_record_names_this_runner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let forge = dir.path().join("forge");
+    let named = knotless_tests::Repo::init(&forge.join("team/named"));
+    named.write(".knotless/repository.yml", "runners: [someone, e2e]\n").write(".knotless/workflows/pass.yml", PASS);
+    let named_commit = named.commit("named");
+    let other = knotless_tests::Repo::init(&forge.join("other"));
+    other.write(".knotless/repository.yml", "runners: [someone]\n").write(".knotless/workflows/pass.yml", PASS);
+    other.commit("not named");
+    let discover = forge.to_string_lossy().into_owned();
+    let runner = Runner::start(&dir.path().join("state"), &flags(&["--discover", &discover]));
+    let checks = runner.final_checks(&named.url(), &named_commit, 1);
+    assert_eq!(checks[0]["status"], "success");
+    let state = std::fs::read_to_string(dir.path().join("state/state.json")).expect("state.json");
+    assert!(!state.contains(&other.url()), "a repository that does not name the runner is not watched: {state}");
+}

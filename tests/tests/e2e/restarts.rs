@@ -109,7 +109,7 @@ fn sigterm_finishes_the_started_run_cancels_the_waiting_one_and_exits() {
         Runner::start(&dir.path().join("state"), &[flags(&["--concurrency", "1"]), vec![url.as_str()]].concat());
     wait_until_started(&runner, &url, &commit);
     runner.signal(Signal::SIGTERM);
-    eventually("the runner to stop taking work", || runner.stderr().contains("stopping").then_some(()));
+    eventually("the runner to stop taking work", || runner.stderr().contains("stopping: no new work").then_some(()));
     std::fs::write(&gate, "").expect("open the gate");
     let status = runner.wait();
     assert!(status.success(), "{status:?}");
