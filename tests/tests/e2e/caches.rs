@@ -35,8 +35,10 @@ fn parallel_runs_share_a_base_and_only_the_passing_one_promotes() {
     repo.write("mark", "base");
     let first = repo.commit("base");
     let url = repo.url();
-    let runner =
-        Runner::start(&dir.path().join("state"), &[flags(&["--concurrency", "2"]), vec![url.as_str()]].concat());
+    let runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-caches", &["--concurrency", "2"]), vec![url.as_str()]].concat(),
+    );
     let checks = runner.final_checks(&url, &first, 1);
     assert_eq!(checks[0]["caches"][0]["warm"], false);
     assert!(checks[0]["caches"][0]["outcome"].as_str().is_some_and(|o| o.starts_with("promoted")));

@@ -14,7 +14,7 @@ use knotless_tests::Repo;
 
 /// The flags every test's runner gets: the shell executor, a poll long enough that only
 /// `notify` (or the start) explains a run.
-pub const SHELL: &[&str] = &["--executor", "shell", "--runner-id", "e2e", "--poll", "3600", "--disk-floor", "0"];
+pub const SHELL: &[&str] = &["--executor", "shell", "--poll", "3600", "--disk-floor", "0"];
 
 /// A repository at `<dir>/repo` with `workflows` (name, YAML) committed on main.
 pub fn repo_with(dir: &Path, workflows: &[(&str, &str)]) -> (Repo, String) {
@@ -26,7 +26,8 @@ pub fn repo_with(dir: &Path, workflows: &[(&str, &str)]) -> (Repo, String) {
     (repo, commit)
 }
 
-/// The flags plus `extra`.
-pub fn flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    SHELL.iter().copied().chain(extra.iter().copied()).collect()
+/// The flags plus `extra`, for runner `id`: each test has its own runner id, since an
+/// executor's sweep removes everything of its runner id (other tests' runs included).
+pub fn flags<'a>(id: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    SHELL.iter().copied().chain(["--runner-id", id]).chain(extra.iter().copied()).collect()
 }

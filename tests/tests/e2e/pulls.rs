@@ -31,7 +31,8 @@ fn a_pull_runs_merged_without_secrets_or_the_trusted_cache() {
     let secrets_flag = secrets.to_string_lossy().into_owned();
     let runner = Runner::start(
         &dir.path().join("state"),
-        &[flags(&["--pulls", "--force-shell", "--secrets-file", &secrets_flag]), vec![url.as_str()]].concat(),
+        &[flags("e2e-pull", &["--pulls", "--force-shell", "--secrets-file", &secrets_flag]), vec![url.as_str()]]
+            .concat(),
     );
     let push = runner.final_checks(&url, &first, 1);
     assert_eq!(push[0]["status"], "success", "{push:#?}");

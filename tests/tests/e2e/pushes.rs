@@ -13,7 +13,8 @@ const PINNED: &str = "runners: [someone-else]\nsteps:\n  - name: x\n    run: 'tr
 fn a_push_gives_one_check_per_workflow_and_notify_starts_it_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (repo, first) = repo_with(dir.path(), &[("pass", PASS), ("fail", FAIL), ("pinned", PINNED)]);
-    let runner = Runner::start(&dir.path().join("state"), &[flags(&[]), vec![repo.url().as_str()]].concat());
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-push", &[]), vec![repo.url().as_str()]].concat());
     let checks = runner.final_checks(&repo.url(), &first, 2);
     let pass = by_workflow(&checks, "pass");
     assert_eq!(pass["status"], "success");
@@ -23,7 +24,7 @@ fn a_push_gives_one_check_per_workflow_and_notify_starts_it_at_once() {
     assert_eq!(exit_codes(fail), [Some(3), None]);
     assert_eq!(fail["steps"][1]["status"], "skipped");
     assert!(fail["cause"].as_str().is_some_and(|cause| cause.contains("bad exited with 3")), "{fail:#}");
-    assert!(runner.stderr().contains("runner e2e"), "the runner id is shown at start");
+    assert!(runner.stderr().contains("runner e2e-push"), "the runner id is shown at start");
 
     repo.write("more.txt", "more");
     let second = repo.commit("more");
@@ -47,7 +48,7 @@ fn a_disk_floor_breach_fails_the_run_and_the_runner_keeps_serving() {
     let mut runner = Runner::start(
         &dir.path().join("state"),
         &[
-            vec!["--executor", "shell", "--runner-id", "e2e", "--poll", "3600"],
+            vec!["--executor", "shell", "--runner-id", "e2e-disk", "--poll", "3600"],
             vec!["--disk-floor", "18446744073709551615", repo.url().as_str()],
         ]
         .concat(),
@@ -68,8 +69,10 @@ fn a_disk_floor_breach_fails_the_run_and_the_runner_keeps_serving() {
 fn the_shell_executor_refuses_pulls_unless_forced() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (repo, _) = repo_with(dir.path(), &[("pass", PASS)]);
-    let mut runner =
-        Runner::start(&dir.path().join("state"), &[flags(&["--pulls"]), vec![repo.url().as_str()]].concat());
+    let mut runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-refuse", &["--pulls"]), vec![repo.url().as_str()]].concat(),
+    );
     let status = runner.wait();
     assert!(!status.success());
     let stderr = eventually("the refusal", || Some(runner.stderr()));
@@ -81,13 +84,15 @@ fn discover_watches_the_repositories_whose_record_names_this_runner() {
     let dir = tempfile::tempdir().expect("tempdir");
     let forge = dir.path().join("forge");
     let named = knotless_tests::Repo::init(&forge.join("team/named"));
-    named.write(".knotless/repository.yml", "runners: [someone, e2e]\n").write(".knotless/workflows/pass.yml", PASS);
+    named
+        .write(".knotless/repository.yml", "runners: [someone, e2e-discover]\n")
+        .write(".knotless/workflows/pass.yml", PASS);
     let named_commit = named.commit("named");
     let other = knotless_tests::Repo::init(&forge.join("other"));
     other.write(".knotless/repository.yml", "runners: [someone]\n").write(".knotless/workflows/pass.yml", PASS);
     other.commit("not named");
     let discover = forge.to_string_lossy().into_owned();
-    let runner = Runner::start(&dir.path().join("state"), &flags(&["--discover", &discover]));
+    let runner = Runner::start(&dir.path().join("state"), &flags("e2e-discover", &["--discover", &discover]));
     let checks = runner.final_checks(&named.url(), &named_commit, 1);
     assert_eq!(checks[0]["status"], "success");
     let state = std::fs::read_to_string(dir.path().join("state/state.json")).expect("state.json");

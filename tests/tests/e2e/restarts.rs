@@ -43,10 +43,10 @@ fn a_runner_killed_mid_run_ends_the_check_as_error_and_leaves_nothing() {
     let (repo, commit) = repo_with(dir.path(), &[("long", &gated(&gate))]);
     let url = repo.url();
     let state = dir.path().join("state");
-    let args = [flags(&[]), vec![url.as_str()]].concat();
+    let args = [flags("e2e-kill", &[]), vec![url.as_str()]].concat();
     let runner = Runner::start(&state, &args);
     wait_until_started(&runner, &url, &commit);
-    assert!(!is_empty_dir(&state.join("work/e2e")), "the session's folder exists while it runs");
+    assert!(!is_empty_dir(&state.join("work/e2e-kill")), "the session's folder exists while it runs");
     runner.signal(Signal::SIGKILL);
     drop(runner);
     let runner = Runner::start(&state, &args);
@@ -54,7 +54,7 @@ fn a_runner_killed_mid_run_ends_the_check_as_error_and_leaves_nothing() {
     assert_eq!(checks[0]["status"], "error");
     assert_eq!(checks[0]["cause"], "the runner stopped during this run");
     eventually("the sweep to log", || runner.stderr().contains("startup sweep").then_some(()));
-    assert!(is_empty_dir(&state.join("work/e2e")), "the sweep removed the dead run's folder");
+    assert!(is_empty_dir(&state.join("work/e2e-kill")), "the sweep removed the dead run's folder");
     let again = runner.checks(&url, Some(&commit));
     assert_eq!(again.len(), 1, "the killed run is not started again");
 }
@@ -81,7 +81,16 @@ fn a_runner_killed_mid_run_under_the_fake_executor_leaves_no_session() {
     let url = repo.url();
     let args = [
         vec!["--executor-plugin", wrapper.as_str(), "--executor-option", ledger_option.as_str()],
-        vec!["--executor-option", work_option.as_str(), "--runner-id", "e2e", "--poll", "3600", "--disk-floor", "0"],
+        vec![
+            "--executor-option",
+            work_option.as_str(),
+            "--runner-id",
+            "e2e-fake",
+            "--poll",
+            "3600",
+            "--disk-floor",
+            "0",
+        ],
         vec![url.as_str()],
     ]
     .concat();
@@ -96,7 +105,7 @@ fn a_runner_killed_mid_run_under_the_fake_executor_leaves_no_session() {
     assert_eq!(checks[0]["status"], "error");
     eventually("the sweep to log", || runner.stderr().contains("startup sweep").then_some(()));
     assert!(ledger_sessions(&ledger).is_empty(), "the ledger is empty after the sweep");
-    assert!(is_empty_dir(&work.join("e2e")), "the fake's session folder is gone");
+    assert!(is_empty_dir(&work.join("e2e-fake")), "the fake's session folder is gone");
 }
 
 #[test]
@@ -105,8 +114,10 @@ fn sigterm_finishes_the_started_run_cancels_the_waiting_one_and_exits() {
     let gate = dir.path().join("gate");
     let (repo, commit) = repo_with(dir.path(), &[("first", &gated(&gate)), ("second", &gated(&gate))]);
     let url = repo.url();
-    let mut runner =
-        Runner::start(&dir.path().join("state"), &[flags(&["--concurrency", "1"]), vec![url.as_str()]].concat());
+    let mut runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-term", &["--concurrency", "1"]), vec![url.as_str()]].concat(),
+    );
     wait_until_started(&runner, &url, &commit);
     runner.signal(Signal::SIGTERM);
     eventually("the runner to stop taking work", || runner.stderr().contains("stopping: no new work").then_some(()));

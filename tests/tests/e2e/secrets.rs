@@ -45,7 +45,8 @@ fn a_sealed_secret_is_seen_and_masked_and_the_operator_value_wins() {
     std::fs::set_permissions(&operator, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let operator = operator.to_string_lossy().into_owned();
     let url = repo.url();
-    let runner = Runner::start(&state, &[flags(&["--secrets-file", &operator]), vec![url.as_str()]].concat());
+    let runner =
+        Runner::start(&state, &[flags("e2e-secrets", &["--secrets-file", &operator]), vec![url.as_str()]].concat());
     let checks = runner.final_checks(&url, &commit, 1);
     assert_eq!(checks[0]["status"], "success", "{:#}", checks[0]);
     let log = runner.run_log(checks[0]["run_id"].as_str().expect("id"));
