@@ -3,10 +3,15 @@
 //! The runner knows executors only through the protocol (`knotless-protocol`); it never calls
 //! `kubectl` or `docker` itself.
 
+pub mod cache;
 pub mod checkout;
+pub mod checks;
 pub mod cli;
 pub mod conformance;
+pub mod daemon;
 pub mod engine;
+pub mod forge;
 pub mod host;
 pub mod mask;
+pub mod secrets;
 pub mod workflow;

@@ -1,53 +1,71 @@
-//! Shared support for the end-to-end tests: the built binaries, throwaway git repositories,
-//! the runner's command line, and polling with a deadline instead of sleeping.
+//! Shared support of the end-to-end tests: the built binaries, [`Repo`] makes git repositories
+//! with the real git CLI, [`Runner`] spawns the built `knotless-run` daemon and reads its checks,
+//! [`knotless_run`] runs its other commands, and waits poll with a deadline instead of sleeping.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// The folder of the workspace's built binaries (`target/debug`), found from the running test.
+use serde_json::Value;
+
+/// How long a test waits for something the runner does.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The folder of the built binaries: a test binary lives in `target/<profile>/deps/`, a
+/// binary of this crate in `target/<profile>/`.
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    // target/debug/deps/e2e-HASH -> target/debug
-    let deps = exe.parent().expect("deps folder");
-    let dir = if deps.ends_with("deps") { deps.parent().expect("profile folder") } else { deps };
+    let folder = exe.parent().expect("the test binary's folder");
+    let dir = if folder.ends_with("deps") { folder.parent().expect("target/<profile>") } else { folder };
     dir.to_path_buf()
 }
 
-/// A built binary of the workspace; `make test` builds them before the tests run.
+/// A built binary by name, which must exist (`make test` builds them first).
 pub fn bin(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
-    assert!(path.exists(), "{} is not built: run `cargo build --workspace --bins` first", path.display());
+    assert!(path.is_file(), "{} is not built: run `cargo build --workspace --bins` first", path.display());
     path
 }
 
-/// A throwaway folder with a git repository in it.
+/// Polls `probe` until it gives a value or the deadline passes.
+pub fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(started.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A git repository with a work tree, on branch `main`.
 pub struct Repo {
-    dir: tempfile::TempDir,
+    /// Its folder.
+    pub dir: PathBuf,
+    _temporary: Option<tempfile::TempDir>,
 }
 
 impl Repo {
-    /// An empty repository on branch `main`.
-    pub fn new() -> Repo {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let repo = Repo { dir };
+    /// A new repository at `dir`.
+    pub fn init(dir: &Path) -> Repo {
+        std::fs::create_dir_all(dir).expect("create the repository folder");
+        let repo = Repo { dir: dir.to_path_buf(), _temporary: None };
         repo.git(&["init", "-q", "-b", "main"]);
-        repo.git(&["config", "user.email", "test@knotless.invalid"]);
-        repo.git(&["config", "user.name", "knotless test"]);
+        repo
+    }
+
+    /// A new repository in a temporary folder, removed with it.
+    pub fn new() -> Repo {
+        let temporary = tempfile::tempdir().expect("tempdir");
+        let mut repo = Repo::init(temporary.path());
+        repo._temporary = Some(temporary);
         repo
     }
 
     /// Its folder.
     pub fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Writes a file (creating folders), with mode 0755 when `executable`.
-    pub fn write(&self, relative: &str, text: &str) -> &Repo {
-        let path = self.path().join(relative);
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        std::fs::write(&path, text).expect("write");
-        self
+        &self.dir
     }
 
     /// Writes `.knotless/workflows/NAME.yml`.
@@ -55,19 +73,169 @@ impl Repo {
         self.write(&format!(".knotless/workflows/{name}.yml"), yaml)
     }
 
-    /// Commits everything.
-    pub fn commit(&self, message: &str) -> String {
-        self.git(&["add", "-A"]);
-        self.git(&["commit", "-q", "-m", message]);
-        String::from_utf8(self.git(&["rev-parse", "HEAD"]).stdout).expect("utf-8").trim().to_string()
+    /// Runs git in the repository and returns its trimmed stdout.
+    pub fn git(&self, args: &[&str]) -> String {
+        let output = Command::new("git")
+            .arg("-C")
+            .arg(&self.dir)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "test")
+            .env("GIT_AUTHOR_EMAIL", "test@example.com")
+            .env("GIT_COMMITTER_NAME", "test")
+            .env("GIT_COMMITTER_EMAIL", "test@example.com")
+            .output()
+            .expect("run git");
+        assert!(output.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
 
-    /// Runs git in the repository and asserts it succeeded.
-    pub fn git(&self, args: &[&str]) -> Output {
-        let output = Command::new("git").arg("-C").arg(self.path()).args(args).output().expect("git runs");
-        assert!(output.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-        output
+    /// Writes a file (creating its folders).
+    pub fn write(&self, path: &str, text: &str) -> &Repo {
+        let path = self.dir.join(path);
+        std::fs::create_dir_all(path.parent().expect("a folder")).expect("create folders");
+        std::fs::write(path, text).expect("write a file");
+        self
     }
+
+    /// Removes a file.
+    pub fn remove(&self, path: &str) -> &Repo {
+        std::fs::remove_file(self.dir.join(path)).expect("remove a file");
+        self
+    }
+
+    /// Commits everything and returns the commit id.
+    pub fn commit(&self, message: &str) -> String {
+        self.git(&["add", "-A"]);
+        self.git(&["commit", "-q", "--allow-empty", "-m", message]);
+        self.git(&["rev-parse", "HEAD"])
+    }
+
+    /// The repository's path as a string.
+    pub fn url(&self) -> String {
+        self.dir.to_string_lossy().into_owned()
+    }
+}
+
+/// A running `knotless-run` daemon.
+pub struct Runner {
+    child: Option<Child>,
+    /// Its state folder.
+    pub state: PathBuf,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl Runner {
+    /// Starts the daemon with `args` (the state folder is added).
+    pub fn start(state: &Path, args: &[&str]) -> Runner {
+        std::fs::create_dir_all(state).expect("create the state folder");
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let number = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = state.with_file_name(format!("runner-{number}.log"));
+        let stderr = std::fs::File::create(&log).expect("create the runner's log");
+        let child = Command::new(bin("knotless-run"))
+            .args(args)
+            .arg("--state")
+            .arg(state)
+            .env("KNOTLESS_LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn knotless-run");
+        Runner { child: Some(child), state: state.to_path_buf(), log }
+    }
+
+    /// Runs a `knotless-run` subcommand against this state folder.
+    pub fn command(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin("knotless-run")).args(args).arg("--state").arg(&self.state).output().expect("run knotless-run")
+    }
+
+    /// The checks of `repo`, optionally of one revision, as JSON records.
+    pub fn checks(&self, repo: &str, rev: Option<&str>) -> Vec<Value> {
+        let mut args = vec!["checks", repo, "--json"];
+        args.extend(rev);
+        let output = self.command(&args);
+        if !output.status.success() {
+            return Vec::new();
+        }
+        serde_json::from_slice::<Vec<Value>>(&output.stdout).expect("checks --json prints JSON")
+    }
+
+    /// Waits until `repo` at `rev` has `count` checks, all final, and returns them.
+    pub fn final_checks(&self, repo: &str, rev: &str, count: usize) -> Vec<Value> {
+        eventually(&format!("{count} final check(s) of {rev}"), || {
+            let checks = self.checks(repo, Some(rev));
+            let done = checks.len() == count && checks.iter().all(is_final);
+            done.then_some(checks)
+        })
+    }
+
+    /// A run's log.
+    pub fn run_log(&self, run_id: &str) -> String {
+        String::from_utf8_lossy(&self.command(&["logs", run_id]).stdout).into_owned()
+    }
+
+    /// Tells the daemon to look at `repo` now.
+    pub fn notify(&self, repo: &str) {
+        let output = self.command(&["notify", repo]);
+        assert!(output.status.success(), "notify: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    /// The daemon's stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("a running child");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal the runner");
+    }
+
+    /// Whether it is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| child.try_wait().expect("wait").is_none())
+    }
+
+    /// Waits for it to exit.
+    pub fn wait(&mut self) -> ExitStatus {
+        let child = self.child.as_mut().expect("a running child");
+        let status = eventually("the runner to exit", || child.try_wait().expect("wait"));
+        self.child = None;
+        status
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Whether a check record is final.
+pub fn is_final(check: &Value) -> bool {
+    !matches!(check["status"].as_str(), Some("queued" | "running"))
+}
+
+/// The check of `workflow` among `checks`.
+pub fn by_workflow<'a>(checks: &'a [Value], workflow: &str) -> &'a Value {
+    checks
+        .iter()
+        .find(|check| check["workflow"] == workflow)
+        .unwrap_or_else(|| panic!("no check of {workflow} in {checks:#?}"))
+}
+
+/// The exit codes of a check's steps (`None` for a step that did not exit).
+pub fn exit_codes(check: &Value) -> Vec<Option<i64>> {
+    check["steps"]
+        .as_array()
+        .map(|steps| steps.iter().map(|step| step["exit_code"].as_i64()).collect())
+        .unwrap_or_default()
 }
 
 impl Default for Repo {
@@ -142,7 +310,7 @@ fn make_executable(path: &Path) {
 }
 
 /// Polls `condition` until it holds or `within` passes; returns whether it held.
-pub fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+pub fn wait_until(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
     loop {
         if condition() {

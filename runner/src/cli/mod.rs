@@ -1,9 +1,13 @@
 //! The command line: flags parsed with clap, validated into the host's configuration, and one
 //! file per subcommand.
 
+mod checks;
+mod daemon;
 mod executor_args;
+mod notify;
 mod plugin;
 mod run;
+mod secrets;
 
 use std::process::ExitCode;
 
@@ -14,10 +18,14 @@ pub use executor_args::ExecutorArgs;
 /// knotless-run: the CI runner of the knotless forge.
 #[derive(Debug, Parser)]
 #[command(name = "knotless-run", version, about, long_about = None, propagate_version = true)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
-    /// What to do.
+    /// What to do; without a subcommand, serve as the daemon watching REPO...
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    /// The daemon.
+    #[command(flatten)]
+    pub daemon: daemon::DaemonArgs,
 }
 
 /// The subcommands.
@@ -28,6 +36,15 @@ pub enum Command {
     /// Work with executor plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// List a repository's checks.
+    Checks(checks::ChecksArgs),
+    /// Print a run's log.
+    Logs(checks::LogsArgs),
+    /// Wake the daemon to look at a repository now (for a post-receive hook).
+    Notify(notify::NotifyArgs),
+    /// The runner's secrets key: print its recipient, seal a value to it.
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCommand),
 }
 
 /// Parses the command line, runs it, and gives the process's exit code.
@@ -43,8 +60,13 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::main(args).await,
-            Command::Plugin(command) => plugin::main(command).await,
+            Some(Command::Run(args)) => run::main(args).await,
+            Some(Command::Plugin(command)) => plugin::main(command).await,
+            Some(Command::Checks(args)) => checks::checks(args).await,
+            Some(Command::Logs(args)) => checks::logs(args).await,
+            Some(Command::Notify(args)) => notify::main(args).await,
+            Some(Command::Secrets(command)) => secrets::main(command).await,
+            None => daemon::main(cli.daemon).await,
         }
     });
     match result {
@@ -56,14 +78,19 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr: human lines on a terminal, JSON lines otherwise when `KNOTLESS_LOG_FORMAT`
-/// is `json`. The filter comes from `KNOTLESS_LOG` (default `info`).
+/// Logs to stderr: human lines on a terminal, JSON lines otherwise; `KNOTLESS_LOG_FORMAT`
+/// (`json` or `human`) overrides. The filter comes from `KNOTLESS_LOG` (default `info`).
 fn init_tracing() {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if std::env::var("KNOTLESS_LOG_FORMAT").is_ok_and(|format| format == "json") {
+    let json = match std::env::var("KNOTLESS_LOG_FORMAT").as_deref() {
+        Ok("json") => true,
+        Ok("human") => false,
+        _ => !std::io::stderr().is_terminal(),
+    };
+    if json {
         builder.json().init();
     } else {
         builder.with_ansi(std::io::stderr().is_terminal()).with_target(false).init();

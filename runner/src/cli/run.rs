@@ -133,6 +133,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             extra_env: BTreeMap::new(),
             keep: args.executor.keep,
             limits: engine::Limits::default(),
+            caches: Vec::new(),
         };
         let mut terminal = Terminal { workflow: name };
         let report = engine::execute(&host, &plan, &mut terminal, &cancel).await;

@@ -2,6 +2,7 @@
 //! shared steps in, run the steps in order with their variables and only their own secrets,
 //! bring the outputs back, and end the session whatever happened.
 
+mod cache;
 mod report;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use knotless_protocol::FailureClass;
 use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
+pub use cache::{CacheLease, resolve as resolve_cache_path};
 pub use report::{LOG_CAP, LogLine, LogSink, NoSink, OutputFile, RunReport, RunStatus, StepReport, StepStatus};
 
 use crate::checkout::Checkout;
@@ -76,6 +78,8 @@ pub struct RunPlan {
     pub keep: bool,
     /// Bounds and deadlines.
     pub limits: Limits,
+    /// The caches: streamed in before the steps, brought back after passing ones.
+    pub caches: Vec<CacheLease>,
 }
 
 /// How a run ended early.
@@ -165,6 +169,9 @@ pub async fn execute(
             }
             notes(&mut log, session.drain_events().await);
             let mut ended = in_session(&session, plan, &mut log, &mut steps, cancel, started).await.err();
+            if ended.is_none() && session.is_alive() && !plan.caches.is_empty() {
+                cache::save(&session, plan, &mut log).await;
+            }
             if session.is_alive() && ended.as_ref().is_none_or(|ended| ended.status != RunStatus::Cancelled) {
                 match fetch_outputs(&session, plan, &mut log).await {
                     Ok(files) => outputs = files,
@@ -252,6 +259,7 @@ async fn in_session(
         .await
         .map_err(|error| Ended::from_host("cannot upload the checkout", &error))?;
     log.note(format!("checked out {bytes} bytes of tar into {}", paths.work));
+    cache::restore(session, plan, log, cancel).await?;
     let workflow = &plan.workflow;
     let mut scripts = Vec::with_capacity(workflow.steps.len());
     for (index, step) in workflow.steps.iter().enumerate() {

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use knotless_tests::{Repo, command_lines, eventually, knotless_run, process_running, ran};
+use knotless_tests::{Repo, command_lines, knotless_run, process_running, ran, wait_until};
 
 fn shell_args(repo: &Repo, work: &std::path::Path) -> Vec<String> {
     vec![
@@ -106,7 +106,7 @@ fn ctrl_c_cancels_the_run_and_leaves_no_process_behind() {
         !process_running("sleep 918273") && !process_running("sleep 918274"),
         "the step's processes outlived the cancel"
     );
-    assert!(eventually(Duration::from_secs(5), || walk(work.path()).is_empty()), "the session folder is removed");
+    assert!(wait_until(Duration::from_secs(5), || walk(work.path()).is_empty()), "the session folder is removed");
 }
 
 #[test]

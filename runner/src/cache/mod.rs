@@ -1,0 +1,210 @@
+//! The cache store: one tar archive per repository, workflow, trust level and cache path under
+//! `<state>/caches/`, the per-run upper layers beside them, promotion by atomic rename, and the
+//! disk floor.
+//!
+//! Layout: `caches/<repository key>/<workflow>/<trusted|apart>/<path slug>.tar` holds a base;
+//! `caches/.upper/<run id>/<n>/` holds run `<run id>`'s layer of its n-th cache path while it
+//! settles. Trusted (push) runs read the `trusted` base; untrusted (pull) runs read the `apart`
+//! base, which no run promotes to today, and bring nothing back.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+use crate::checks::CacheNote;
+use crate::engine::CacheLease;
+
+/// The cache store under a state folder.
+#[derive(Debug, Clone)]
+pub struct CacheStore {
+    root: PathBuf,
+    /// A layer larger than this is not promoted (`--cache-max`).
+    pub max_bytes: u64,
+}
+
+/// The trust level of a base.
+fn trust_dir(trusted: bool) -> &'static str {
+    if trusted { "trusted" } else { "apart" }
+}
+
+/// A file name for a cache path: its safe characters and a hash of the whole.
+fn slug(path: &str) -> String {
+    let safe: String =
+        path.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).take(40).collect();
+    format!("{safe}-{:016x}", fnv(path.as_bytes()))
+}
+
+/// FNV-1a, 64 bits: a stable hash for names.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl CacheStore {
+    /// The store under `<state>/caches`.
+    pub fn new(state: &Path, max_bytes: u64) -> CacheStore {
+        CacheStore { root: state.join("caches"), max_bytes }
+    }
+
+    /// The base archive of one cache path.
+    pub fn base_path(&self, repository_key: &str, workflow: &str, trusted: bool, path: &str) -> PathBuf {
+        self.root.join(repository_key).join(workflow).join(trust_dir(trusted)).join(format!("{}.tar", slug(path)))
+    }
+
+    fn upper_root(&self, run_id: &str) -> PathBuf {
+        self.root.join(".upper").join(run_id)
+    }
+
+    /// The leases of a run: the base of each path when one is stored, and an upper layer of its
+    /// own for a trusted run.
+    pub fn lease(
+        &self,
+        repository_key: &str,
+        workflow: &str,
+        paths: &[String],
+        trusted: bool,
+        run_id: &str,
+    ) -> Vec<CacheLease> {
+        paths
+            .iter()
+            .enumerate()
+            .map(|(index, path)| {
+                let base = self.base_path(repository_key, workflow, trusted, path);
+                CacheLease {
+                    path: path.clone(),
+                    base: base.is_file().then_some(base),
+                    upper: trusted.then(|| self.upper_root(run_id).join(index.to_string())),
+                    max_bytes: self.max_bytes.saturating_add(1 << 20),
+                }
+            })
+            .collect()
+    }
+
+    /// Ends a run's leases: with `promote`, each upper layer within `--cache-max` replaces its
+    /// base; otherwise it is dropped. Returns a note per path.
+    pub async fn settle(
+        &self,
+        repository_key: &str,
+        workflow: &str,
+        run_id: &str,
+        leases: &[CacheLease],
+        promote: bool,
+    ) -> Vec<CacheNote> {
+        let mut notes = Vec::new();
+        for lease in leases {
+            let warm = lease.base.is_some();
+            let outcome = match (&lease.upper, promote) {
+                (None, _) => "dropped (untrusted run)".to_string(),
+                (Some(_), false) => "dropped (the run did not pass)".to_string(),
+                (Some(upper), true) if !upper.is_dir() => "not kept: the run brought no layer back".to_string(),
+                (Some(upper), true) => {
+                    let base = self.base_path(repository_key, workflow, true, &lease.path);
+                    match self.promote(upper.clone(), base).await {
+                        Ok(outcome) => outcome,
+                        Err(error) => format!("not kept: {error:#}"),
+                    }
+                }
+            };
+            tracing::info!(cache = %lease.path, warm, "cache {}: {outcome}", lease.path);
+            notes.push(CacheNote { path: lease.path.clone(), warm, outcome });
+        }
+        let upper = self.upper_root(run_id);
+        if upper.exists() {
+            let _ = tokio::fs::remove_dir_all(&upper).await;
+        }
+        notes
+    }
+
+    /// Packs `upper` into a temporary archive beside `base` and renames it over `base`.
+    async fn promote(&self, upper: PathBuf, base: PathBuf) -> anyhow::Result<String> {
+        let max = self.max_bytes;
+        tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
+            let dir = base.parent().context("a cache base has no folder")?;
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            let temporary = tempfile::NamedTempFile::new_in(dir)
+                .with_context(|| format!("cannot create a temporary archive in {}", dir.display()))?;
+            let writer = std::io::BufWriter::new(temporary.as_file().try_clone()?);
+            let mut writer = knotless_protocol::tarball::pack_dir(&upper, writer)
+                .with_context(|| format!("cannot pack {}", upper.display()))?;
+            std::io::Write::flush(&mut writer)?;
+            drop(writer);
+            let bytes = temporary.as_file().metadata()?.len();
+            if bytes > max {
+                return Ok(format!("not kept: {bytes} bytes is over --cache-max {max}"));
+            }
+            temporary
+                .persist(&base)
+                .map_err(|error| error.error)
+                .with_context(|| format!("cannot replace {}", base.display()))?;
+            Ok(format!("promoted ({bytes} bytes)"))
+        })
+        .await
+        .context("the promotion task failed")?
+    }
+}
+
+/// Bytes free to an unprivileged user on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> anyhow::Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(path)
+        .with_context(|| format!("cannot stat the file system of {}", path.display()))?;
+    Ok((stat.blocks_available() as u64).saturating_mul(stat.fragment_size() as u64))
+}
+
+/// `Err` with the cause when the free space under `path` is below `floor`.
+pub fn check_disk_floor(path: &Path, floor: u64) -> Result<(), String> {
+    if floor == 0 {
+        return Ok(());
+    }
+    match free_bytes(path) {
+        Ok(free) if free < floor => {
+            Err(format!("disk floor: {free} bytes free under {} is below --disk-floor {floor}", path.display()))
+        }
+        Ok(_) => Ok(()),
+        Err(error) => Err(format!("disk floor: {error:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_passing_layer_is_promoted_and_a_failing_one_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CacheStore::new(dir.path(), 1 << 20);
+        let paths = vec!["target".to_string()];
+        let first = store.lease("repo", "build", &paths, true, "run-1");
+        assert!(first[0].base.is_none());
+        let upper = first[0].upper.clone().expect("trusted runs have an upper layer");
+        std::fs::create_dir_all(&upper).expect("mkdir");
+        std::fs::write(upper.join("warm"), "1").expect("write");
+        let notes = store.settle("repo", "build", "run-1", &first, true).await;
+        assert!(notes[0].outcome.starts_with("promoted"), "{notes:?}");
+        let second = store.lease("repo", "build", &paths, true, "run-2");
+        assert!(second[0].base.is_some());
+        let dropped = store.settle("repo", "build", "run-2", &second, false).await;
+        assert!(dropped[0].warm && dropped[0].outcome.starts_with("dropped"));
+        let apart = store.lease("repo", "build", &paths, false, "run-3");
+        assert!(apart[0].base.is_none() && apart[0].upper.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_layer_over_the_bound_is_not_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CacheStore::new(dir.path(), 100);
+        let leases = store.lease("repo", "build", &["c".to_string()], true, "run");
+        let upper = leases[0].upper.clone().expect("upper");
+        std::fs::create_dir_all(&upper).expect("mkdir");
+        std::fs::write(upper.join("big"), vec![0u8; 4096]).expect("write");
+        let notes = store.settle("repo", "build", "run", &leases, true).await;
+        assert!(notes[0].outcome.contains("--cache-max"), "{notes:?}");
+        assert!(!store.base_path("repo", "build", true, "c").exists());
+    }
+
+    #[test]
+    fn the_disk_floor_names_the_flag() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(check_disk_floor(dir.path(), 1).is_ok());
+        let cause = check_disk_floor(dir.path(), u64::MAX).expect_err("breached");
+        assert!(cause.starts_with("disk floor") && cause.contains("--disk-floor"), "{cause}");
+    }
+}

@@ -1,0 +1,65 @@
+//! A run's live log file: masked lines appended and flushed as they come, so `logs --follow`
+//! sees them, cut at the cap with a note.
+
+use std::fs::File;
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use crate::engine::{LogLine, LogSink};
+
+/// A log file written line by line.
+pub struct LiveLog {
+    file: Option<File>,
+    written: usize,
+    cap: usize,
+}
+
+impl LiveLog {
+    /// Creates (or empties) the file at `path`.
+    pub fn create(path: &Path, cap: usize) -> anyhow::Result<LiveLog> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let file = File::create(path).with_context(|| format!("cannot create the log {}", path.display()))?;
+        Ok(LiveLog { file: Some(file), written: 0, cap })
+    }
+
+    /// Appends one line (already masked).
+    pub fn append(&mut self, text: &str) {
+        let Some(file) = self.file.as_mut() else { return };
+        if self.written + text.len() + 1 > self.cap {
+            let _ = file.write_all(b"==> the log was cut here at its cap of 1 MB\n");
+            self.file = None;
+            return;
+        }
+        self.written += text.len() + 1;
+        if file.write_all(text.as_bytes()).and_then(|()| file.write_all(b"\n")).is_err() {
+            self.file = None;
+        }
+    }
+}
+
+impl LogSink for LiveLog {
+    fn line(&mut self, line: &LogLine) {
+        self.append(&line.render());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_stops_at_its_cap() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("run.log");
+        let mut log = LiveLog::create(&path, 10).expect("create");
+        log.append("12345");
+        log.append("123456789");
+        log.append("more");
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text, "12345\n==> the log was cut here at its cap of 1 MB\n");
+    }
+}

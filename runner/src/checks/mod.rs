@@ -1,0 +1,270 @@
+//! Checks: one JSON record per run (repository, commit or pull, workflow, run id) stored under
+//! the state folder with atomic writes, and the run's live log beside it.
+//!
+//! Layout: `<state>/checks/<repository key>/<run id>.json` and `<run id>.log`. A record is
+//! rewritten whole (temporary file, then rename) at each change of status; the log file grows
+//! line by line while the run goes, capped at [`LOG_CAP`], and is replaced by the engine's final
+//! masked log when the run ends.
+
+mod log;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+pub use log::LiveLog;
+
+use crate::engine::{LOG_CAP, OutputFile, RunReport, RunStatus, StepReport};
+
+/// What a run was for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckTarget {
+    /// `push` or `pull`.
+    pub event: String,
+    /// The commit the run executed (for a pull: the temporary merge, once made).
+    pub commit: String,
+    /// The ref: `refs/heads/<branch>`, or `refs/pulls/<n>/head`.
+    pub git_ref: String,
+    /// The pull's number, for a pull run.
+    pub pull: Option<u64>,
+    /// The pull's head commit.
+    pub head: Option<String>,
+    /// The pull's base branch.
+    pub base: Option<String>,
+}
+
+/// A cache path's fate in one run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheNote {
+    /// The path as the workflow names it.
+    pub path: String,
+    /// Whether the run started from a stored base.
+    pub warm: bool,
+    /// What happened to the run's layer: `promoted`, `dropped`, or why it was not kept.
+    pub outcome: String,
+}
+
+/// One check: the record of one run of one workflow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckRecord {
+    /// The run's id (also its session id and log name).
+    pub run_id: String,
+    /// The repository as the runner watches it (a path or URL).
+    pub repository: String,
+    /// The repository's key under the state folder.
+    pub repository_key: String,
+    /// The workflow's name.
+    pub workflow: String,
+    /// What the run is for.
+    #[serde(flatten)]
+    pub target: CheckTarget,
+    /// Whether the run was trusted (push) or not (pull).
+    pub trusted: bool,
+    /// The runner that ran it.
+    pub runner_id: String,
+    /// Where it is.
+    pub status: RunStatus,
+    /// Why it did not succeed.
+    pub cause: Option<String>,
+    /// Each step.
+    #[serde(default)]
+    pub steps: Vec<StepReport>,
+    /// The outputs (images flagged).
+    #[serde(default)]
+    pub outputs: Vec<OutputFile>,
+    /// Where the outputs were unpacked.
+    pub outputs_dir: Option<PathBuf>,
+    /// The caches.
+    #[serde(default)]
+    pub caches: Vec<CacheNote>,
+    /// Whether the log was cut at its cap.
+    #[serde(default)]
+    pub log_truncated: bool,
+    /// When it was queued, started and finished (Unix milliseconds).
+    pub queued_at: u64,
+    /// See `queued_at`.
+    pub started_at: Option<u64>,
+    /// See `queued_at`.
+    pub finished_at: Option<u64>,
+    /// How long the run took, in milliseconds.
+    pub duration_ms: Option<u64>,
+}
+
+impl CheckRecord {
+    /// Takes in what the engine reported.
+    pub fn finish(&mut self, report: &RunReport) {
+        self.status = report.status;
+        self.cause = report.cause.clone();
+        self.steps = report.steps.clone();
+        self.outputs = report.outputs.clone();
+        self.log_truncated = report.log_truncated;
+        self.duration_ms = Some(report.duration_ms);
+        self.finished_at = Some(now_ms());
+    }
+
+    /// Ends a run that never produced a report.
+    pub fn end(&mut self, status: RunStatus, cause: impl Into<String>) {
+        self.status = status;
+        self.cause = Some(cause.into());
+        self.finished_at = Some(now_ms());
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// The store of checks under a state folder.
+#[derive(Debug, Clone)]
+pub struct CheckStore {
+    root: PathBuf,
+}
+
+impl CheckStore {
+    /// The store under `<state>/checks`.
+    pub fn new(state: &Path) -> CheckStore {
+        CheckStore { root: state.join("checks") }
+    }
+
+    /// The folder of one repository's checks.
+    pub fn repository_dir(&self, repository_key: &str) -> PathBuf {
+        self.root.join(repository_key)
+    }
+
+    /// The record file of a run.
+    pub fn record_path(&self, repository_key: &str, run_id: &str) -> PathBuf {
+        self.repository_dir(repository_key).join(format!("{run_id}.json"))
+    }
+
+    /// The log file of a run.
+    pub fn log_path(&self, repository_key: &str, run_id: &str) -> PathBuf {
+        self.repository_dir(repository_key).join(format!("{run_id}.log"))
+    }
+
+    /// Writes a record atomically.
+    pub fn put(&self, record: &CheckRecord) -> anyhow::Result<()> {
+        let path = self.record_path(&record.repository_key, &record.run_id);
+        let text = serde_json::to_vec_pretty(record).context("cannot encode a check record")?;
+        write_atomic(&path, &text)
+    }
+
+    /// Reads one record.
+    pub fn get(&self, repository_key: &str, run_id: &str) -> anyhow::Result<CheckRecord> {
+        read_record(&self.record_path(repository_key, run_id))
+    }
+
+    /// Replaces a run's log with its final text, atomically.
+    pub fn put_log(&self, repository_key: &str, run_id: &str, text: &str) -> anyhow::Result<()> {
+        write_atomic(&self.log_path(repository_key, run_id), text.as_bytes())
+    }
+
+    /// A live log file for a run (created empty).
+    pub fn live_log(&self, repository_key: &str, run_id: &str) -> anyhow::Result<LiveLog> {
+        LiveLog::create(&self.log_path(repository_key, run_id), LOG_CAP)
+    }
+
+    /// The repository keys that have checks.
+    pub fn repository_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| entry.path().is_dir())
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Every record of a repository, oldest first.
+    pub fn list(&self, repository_key: &str) -> anyhow::Result<Vec<CheckRecord>> {
+        let dir = self.repository_dir(repository_key);
+        let mut records = Vec::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(records),
+            Err(error) => return Err(error).with_context(|| format!("cannot list {}", dir.display())),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|extension| extension == "json") {
+                records.push(read_record(&path)?);
+            }
+        }
+        records.sort_by(|a, b| (a.queued_at, &a.run_id).cmp(&(b.queued_at, &b.run_id)));
+        Ok(records)
+    }
+
+    /// Finds a run's record by its id alone.
+    pub fn find(&self, run_id: &str) -> Option<CheckRecord> {
+        self.repository_keys().into_iter().find_map(|key| self.get(&key, run_id).ok())
+    }
+}
+
+fn read_record(path: &Path) -> anyhow::Result<CheckRecord> {
+    let text = std::fs::read(path).with_context(|| format!("cannot read the check {}", path.display()))?;
+    serde_json::from_slice(&text).with_context(|| format!("the check {} is not a check record", path.display()))
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
+/// reader sees the old content or the new, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut file = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    file.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    file.as_file().sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
+    file.persist(path).map_err(|error| error.error).with_context(|| format!("cannot replace {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(run_id: &str, queued_at: u64) -> CheckRecord {
+        CheckRecord {
+            run_id: run_id.into(),
+            repository: "/srv/demo".into(),
+            repository_key: "demo-1".into(),
+            workflow: "build".into(),
+            target: CheckTarget {
+                event: "push".into(),
+                commit: "abc".into(),
+                git_ref: "refs/heads/main".into(),
+                pull: None,
+                head: None,
+                base: None,
+            },
+            trusted: true,
+            runner_id: "r".into(),
+            status: RunStatus::Queued,
+            cause: None,
+            steps: Vec::new(),
+            outputs: Vec::new(),
+            outputs_dir: None,
+            caches: Vec::new(),
+            log_truncated: false,
+            queued_at,
+            started_at: None,
+            finished_at: None,
+            duration_ms: None,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_list_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckStore::new(dir.path());
+        store.put(&record("b", 2)).expect("put");
+        store.put(&record("a", 1)).expect("put");
+        let listed: Vec<_> = store.list("demo-1").expect("list").into_iter().map(|r| r.run_id).collect();
+        assert_eq!(listed, ["a", "b"]);
+        assert_eq!(store.find("b").expect("found").queued_at, 2);
+        assert!(store.find("c").is_none());
+    }
+}

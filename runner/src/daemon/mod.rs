@@ -1,0 +1,239 @@
+//! The daemon: watches the forge's repositories (a poll, or a wake-up on the notify socket),
+//! turns new heads and pulls into queued checks, runs them a bounded number at a time, and
+//! keeps `state.json` so that a restart finishes what a dead runner left and SIGTERM hands
+//! over without losing a check.
+
+pub mod notify;
+mod run;
+mod schedule;
+pub mod state;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use schedule::{new_run_id, selected};
+use state::{InFlight, RepositoryState, StateFile};
+
+use crate::cache::CacheStore;
+use crate::checks::CheckStore;
+use crate::engine::RunStatus;
+use crate::forge::{Forge, Repository, Seen, events};
+use crate::host::ExecutorHost;
+use crate::secrets::RunnerKey;
+
+/// The cause of a run the runner was in when it stopped.
+pub const STOPPED_DURING: &str = "the runner stopped during this run";
+/// The cause of a run still waiting when the runner stopped or handed over.
+pub const STOPPED_BEFORE: &str = "the runner stopped before this run started";
+
+/// How the daemon runs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// The state folder.
+    pub state: PathBuf,
+    /// This runner's id.
+    pub runner_id: String,
+    /// Whether pulls start runs (`--pulls`).
+    pub pulls: bool,
+    /// How often repositories are fetched (`--poll`).
+    pub poll: Duration,
+    /// How many runs at once (`--concurrency`).
+    pub concurrency: usize,
+    /// The operator's secrets file (`--secrets-file`).
+    pub secrets_file: Option<PathBuf>,
+    /// Below this many free bytes under the state folder a run fails (`--disk-floor`).
+    pub disk_floor: u64,
+    /// Keep environments (`--keep`).
+    pub keep: bool,
+}
+
+/// The running daemon.
+pub struct Daemon<F: Forge> {
+    config: DaemonConfig,
+    forge: Arc<F>,
+    host: Arc<ExecutorHost>,
+    key: RunnerKey,
+    caches: CacheStore,
+    state: StateFile,
+    slots: Arc<Semaphore>,
+    handover: CancellationToken,
+}
+
+impl<F: Forge> Daemon<F> {
+    /// A daemon over `forge` and `host`; reads `state.json` and the secrets key.
+    pub fn new(config: DaemonConfig, forge: F, host: Arc<ExecutorHost>, caches: CacheStore) -> anyhow::Result<Self> {
+        let key = RunnerKey::load_or_create(&config.state)?;
+        let state = StateFile::load(&config.state)?;
+        let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+        Ok(Daemon {
+            config,
+            forge: Arc::new(forge),
+            host,
+            key,
+            caches,
+            state,
+            slots,
+            handover: CancellationToken::new(),
+        })
+    }
+
+    /// Finishes the checks a dead runner left in flight, then sweeps what its executor left.
+    async fn recover(&self) {
+        let store = CheckStore::new(&self.config.state);
+        let left = self.state.snapshot().in_flight;
+        for (run_id, entry) in &left {
+            match store.get(&entry.repository_key, run_id) {
+                Ok(mut check) if !check.status.is_final() => {
+                    let (status, cause) = match check.status {
+                        RunStatus::Running => (RunStatus::Error, STOPPED_DURING),
+                        _ => (RunStatus::Cancelled, STOPPED_BEFORE),
+                    };
+                    check.end(status, cause);
+                    let log = store.log_path(&entry.repository_key, run_id);
+                    let mut text = std::fs::read_to_string(&log).unwrap_or_default();
+                    text.push_str(&format!("==> {}: {cause}\n", status.as_str()));
+                    if let Err(error) = store.put_log(&entry.repository_key, run_id, &text) {
+                        tracing::error!("cannot end the log of {run_id}: {error:#}");
+                    }
+                    self.put_check(&check);
+                    tracing::warn!(run_id = %run_id, "run {run_id} of {} ended {}: {cause}", check.workflow, status.as_str());
+                }
+                Ok(_) => {}
+                Err(error) => tracing::error!("cannot finish run {run_id}: {error:#}"),
+            }
+        }
+        self.state.update(|state| state.in_flight.clear());
+        match self.host.cleanup(Duration::from_secs(300)).await {
+            Ok(result) => tracing::info!(
+                removed = result.removed.len(),
+                "startup sweep deleted {} resource(s) left by earlier runs",
+                result.removed.len()
+            ),
+            Err(error) => tracing::error!("the startup sweep failed: {error}"),
+        }
+    }
+
+    /// Serves until SIGTERM or SIGINT, then hands over: stops taking work, cancels waiting
+    /// runs, finishes started ones.
+    pub async fn serve(self) -> anyhow::Result<()> {
+        let daemon = Arc::new(self);
+        daemon.recover().await;
+        let (wake_sender, mut wake) = mpsc::unbounded_channel::<String>();
+        notify::listen(&daemon.config.state, wake_sender)?;
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut tasks = JoinSet::new();
+        tracing::info!(
+            runner_id = %daemon.config.runner_id,
+            "knotless-run serving as runner {} with executor {}, {} run(s) at once, state in {}",
+            daemon.config.runner_id,
+            daemon.host.name(),
+            daemon.config.concurrency,
+            daemon.config.state.display()
+        );
+        let mut only: Option<String> = None;
+        loop {
+            daemon.look(only.take().as_deref(), &mut tasks).await;
+            while tasks.try_join_next().is_some() {}
+            tokio::select! {
+                () = tokio::time::sleep(daemon.config.poll) => {}
+                Some(repository) = wake.recv() => only = Some(repository),
+                _ = terminate.recv() => break,
+                _ = interrupt.recv() => break,
+            }
+        }
+        tracing::info!("stopping: no new work; waiting runs are cancelled, started runs finish");
+        daemon.handover.cancel();
+        while tasks.join_next().await.is_some() {}
+        daemon.host.shutdown().await;
+        tracing::info!("handed over");
+        Ok(())
+    }
+
+    /// Fetches the repositories (only the one named, when it is watched) and queues the runs of
+    /// their events.
+    async fn look(self: &Arc<Self>, only: Option<&str>, tasks: &mut JoinSet<()>) {
+        let repositories = match self.forge.repositories().await {
+            Ok(repositories) => repositories,
+            Err(error) => {
+                tracing::error!("cannot list the repositories: {error:#}");
+                return;
+            }
+        };
+        let wanted: Vec<&Repository> = match only {
+            Some(name) => {
+                let normalized = crate::forge::repository_key(&crate::forge::normalize_url(name));
+                let matching: Vec<_> = repositories
+                    .iter()
+                    .filter(|repository| {
+                        repository.url == name || repository.key == name || repository.key == normalized
+                    })
+                    .collect();
+                if matching.is_empty() { repositories.iter().collect() } else { matching }
+            }
+            None => repositories.iter().collect(),
+        };
+        for repository in wanted {
+            if self.handover.is_cancelled() {
+                return;
+            }
+            let snapshot = match self.forge.refresh(repository).await {
+                Ok(snapshot) => snapshot,
+                Err(error) => {
+                    tracing::error!(repository = %repository.url, "{error:#}");
+                    continue;
+                }
+            };
+            let previous = self.state.snapshot().repositories.get(&repository.key).map(|known| known.seen.clone());
+            if previous.is_none() {
+                tracing::info!(repository = %repository.url, "watching {} (its current heads run once)", repository.url);
+            }
+            for event in events(previous.as_ref(), &snapshot, self.config.pulls) {
+                let (jobs, ended) = schedule::plan(&*self.forge, repository, &event, &self.config.runner_id).await;
+                for check in ended {
+                    self.put_check(&check);
+                }
+                for job in jobs {
+                    let run_id = job.check.run_id.clone();
+                    self.state.update(|state| {
+                        state.in_flight.insert(
+                            run_id.clone(),
+                            InFlight { repository_key: repository.key.clone(), status: "queued".into() },
+                        )
+                    });
+                    self.put_check(&job.check);
+                    let daemon = Arc::clone(self);
+                    tasks.spawn(async move { daemon.queue(job).await });
+                }
+            }
+            let seen = Seen::of(&snapshot);
+            self.state.update(|state| {
+                state.repositories.insert(repository.key.clone(), RepositoryState { url: repository.url.clone(), seen })
+            });
+        }
+    }
+
+    /// Waits for a slot, then runs; a run still waiting at handover ends cancelled.
+    async fn queue(self: Arc<Self>, job: schedule::Job) {
+        let slots = Arc::clone(&self.slots);
+        let permit = tokio::select! {
+            biased;
+            () = self.handover.cancelled() => None,
+            permit = slots.acquire_owned() => permit.ok(),
+        };
+        match permit {
+            Some(_permit) => Arc::clone(&self).run_job(job).await,
+            None => {
+                let mut check = job.check;
+                check.end(RunStatus::Cancelled, STOPPED_BEFORE);
+                tracing::info!(run_id = %check.run_id, "run {} of {} cancelled: {STOPPED_BEFORE}", check.run_id, check.workflow);
+                self.finish(&check, &format!("==> cancelled: {STOPPED_BEFORE}\n"));
+            }
+        }
+    }
+}

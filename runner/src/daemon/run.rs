@@ -1,0 +1,185 @@
+//! One run in the daemon: its check set running, the disk floor, its secrets (trusted runs
+//! only), its cache leases, the engine, then the cache settled and the check finished.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use super::Daemon;
+use super::schedule::Job;
+use crate::cache::check_disk_floor;
+use crate::checks::now_ms;
+use crate::engine::{self, LogLine, LogSink, RunPlan, RunStatus};
+use crate::forge::Forge;
+use crate::secrets::{SEALED_FILE, open_sealed_file, read_operator_file};
+use crate::workflow::Event;
+
+/// A sink that feeds the check's live log and keeps the daemon's own notes for the final log.
+struct Tee {
+    live: Option<Box<dyn LogSink>>,
+}
+
+impl Tee {
+    fn note(&mut self, kept: &mut String, text: &str) {
+        let line = LogLine { step: None, stream: None, text: text.to_string() };
+        if let Some(live) = self.live.as_mut() {
+            live.line(&line);
+        }
+        kept.push_str(&line.render());
+        kept.push('\n');
+    }
+}
+
+impl LogSink for Tee {
+    fn line(&mut self, line: &LogLine) {
+        if let Some(live) = self.live.as_mut() {
+            live.line(line);
+        }
+    }
+}
+
+impl<F: Forge> Daemon<F> {
+    /// Runs one job to its end; its check is final when this returns.
+    pub(super) async fn run_job(self: Arc<Self>, job: Job) {
+        let Job { repository, workflow, prepared, mut check } = job;
+        let span = tracing::info_span!(
+            "run",
+            repository = %repository.url,
+            commit = %check.target.commit,
+            workflow = %workflow.name,
+            run_id = %check.run_id
+        );
+        async {
+            check.status = RunStatus::Running;
+            check.started_at = Some(now_ms());
+            self.put_check(&check);
+            self.state.update(|state| {
+                if let Some(entry) = state.in_flight.get_mut(&check.run_id) {
+                    entry.status = "running".into();
+                }
+            });
+            tracing::info!("run {} of {} started", check.run_id, workflow.name);
+            let live = match self.forge.run_output(&check) {
+                Ok(live) => Some(live),
+                Err(error) => {
+                    tracing::error!("cannot open the live log: {error:#}");
+                    None
+                }
+            };
+            let mut tee = Tee { live };
+            let mut prelude = String::new();
+            if let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor) {
+                tee.note(&mut prelude, &format!("error: {cause}"));
+                check.end(RunStatus::Error, cause);
+                self.finish(&check, &prelude);
+                return;
+            }
+            let trusted = check.trusted;
+            let secrets = if trusted {
+                self.secrets_for(&repository, &mut tee, &mut prelude).await
+            } else {
+                tee.note(&mut prelude, "an untrusted run: no secrets, an apart cache base, no cache kept");
+                BTreeMap::new()
+            };
+            let leases = self.caches.lease(&repository.key, &workflow.name, &workflow.cache, trusted, &check.run_id);
+            let outputs_dir = self.config.state.join("outputs").join(&repository.key).join(&check.run_id);
+            check.outputs_dir = Some(outputs_dir.clone());
+            let event = if trusted { Event::Push } else { Event::Pull };
+            let plan = RunPlan {
+                check_key: format!("{}/{}/{}", repository.key, check.target.commit, workflow.name),
+                workflow: workflow.clone(),
+                run_id: check.run_id.clone(),
+                repository: repository.url.clone(),
+                commit: prepared.commit.clone(),
+                git_ref: prepared.git_ref.clone(),
+                event,
+                checkout: prepared.checkout.clone(),
+                secrets,
+                extra_env: BTreeMap::new(),
+                outputs_dir: Some(outputs_dir),
+                keep: self.config.keep,
+                limits: engine::Limits::default(),
+                caches: leases.clone(),
+            };
+            let never = CancellationToken::new();
+            let report = engine::execute(&self.host, &plan, &mut tee, &never).await;
+            let mut promote = trusted && report.status == RunStatus::Success;
+            let mut epilogue = String::new();
+            if promote && !leases.is_empty() {
+                if let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor) {
+                    tee.note(&mut epilogue, &format!("caches not kept: {cause}"));
+                    promote = false;
+                }
+            }
+            let notes = self.caches.settle(&repository.key, &workflow.name, &check.run_id, &leases, promote).await;
+            for note in &notes {
+                let warm = if note.warm { "warm" } else { "cold" };
+                tee.note(&mut epilogue, &format!("cache {} (started {warm}): {}", note.path, note.outcome));
+            }
+            check.finish(&report);
+            check.caches = notes;
+            let log = format!("{prelude}{}{epilogue}", report.log);
+            if let Err(error) = self.forge.put_log(&check, &log) {
+                tracing::error!("cannot store the log: {error:#}");
+            }
+            tracing::info!(
+                status = check.status.as_str(),
+                "run {} of {} ended {}",
+                check.run_id,
+                workflow.name,
+                check.status.as_str()
+            );
+            self.finish(&check, "");
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// The secrets a trusted run is granted: the repository's sealed values (its default
+    /// branch), under the operator's values.
+    async fn secrets_for(
+        &self,
+        repository: &crate::forge::Repository,
+        tee: &mut Tee,
+        prelude: &mut String,
+    ) -> BTreeMap<String, String> {
+        let mut granted = BTreeMap::new();
+        match self.forge.read_default(repository, SEALED_FILE).await {
+            Ok(Some(text)) => {
+                let (opened, problems) = open_sealed_file(&self.key, &text);
+                granted.extend(opened);
+                for problem in problems {
+                    tee.note(prelude, &format!("warning: {problem}"));
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tee.note(prelude, &format!("warning: cannot read {SEALED_FILE}: {error:#}")),
+        }
+        if let Some(path) = &self.config.secrets_file {
+            match read_operator_file(path) {
+                Ok(values) => granted.extend(values),
+                Err(error) => tee.note(prelude, &format!("warning: {error:#}")),
+            }
+        }
+        granted
+    }
+
+    /// Stores a final check (and, when given, its whole log) and forgets the run.
+    pub(super) fn finish(&self, check: &crate::checks::CheckRecord, log: &str) {
+        if !log.is_empty() {
+            if let Err(error) = self.forge.put_log(check, log) {
+                tracing::error!("cannot store the log of {}: {error:#}", check.run_id);
+            }
+        }
+        self.put_check(check);
+        self.state.update(|state| state.in_flight.remove(&check.run_id));
+    }
+
+    pub(super) fn put_check(&self, check: &crate::checks::CheckRecord) {
+        if let Err(error) = self.forge.put_check(check) {
+            tracing::error!("cannot write the check of {}: {error:#}", check.run_id);
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! From events to queued checks: the checkout of each event, the workflows it holds that the
+//! event triggers and that may run on this runner (selection), and one queued check each.
+
+use std::path::PathBuf;
+
+use crate::checks::{CheckRecord, CheckTarget, now_ms};
+use crate::engine::RunStatus;
+use crate::forge::{Forge, ForgeEvent, Prepared, Repository};
+use crate::workflow::{Event, Workflow};
+
+/// One run to do.
+pub struct Job {
+    /// The repository.
+    pub repository: Repository,
+    /// The workflow.
+    pub workflow: Workflow,
+    /// The checkout.
+    pub prepared: Prepared,
+    /// Its check (queued).
+    pub check: CheckRecord,
+}
+
+/// Whether `workflow` runs on runner `runner_id`: every workflow runs on every named, watching
+/// runner unless its `runners:` pins some.
+pub fn selected(workflow: &Workflow, runner_id: &str) -> bool {
+    workflow.runners.is_empty() || workflow.runners.iter().any(|runner| runner == runner_id)
+}
+
+/// A run id: the workflow's safe characters and a unique suffix (a session id too).
+pub fn new_run_id(workflow: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let safe: String =
+        workflow.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).take(40).collect();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{}-{:x}{:02x}", safe.trim_start_matches('-'), nanos & 0xffff_ffff_ffff, count & 0xff)
+}
+
+/// The jobs of one event, and the checks that ended before running (workflows that do not
+/// load, a pull that does not merge).
+pub async fn plan<F: Forge>(
+    forge: &F,
+    repository: &Repository,
+    event: &ForgeEvent,
+    runner_id: &str,
+) -> (Vec<Job>, Vec<CheckRecord>) {
+    let (kind, branch, target) = match event {
+        ForgeEvent::Push { branch, commit } => (
+            Event::Push,
+            branch.clone(),
+            CheckTarget {
+                event: "push".into(),
+                commit: commit.clone(),
+                git_ref: format!("refs/heads/{branch}"),
+                pull: None,
+                head: None,
+                base: None,
+            },
+        ),
+        ForgeEvent::Pull { number, pull } => (
+            Event::Pull,
+            pull.base.clone(),
+            CheckTarget {
+                event: "pull".into(),
+                commit: pull.head.clone(),
+                git_ref: format!("refs/pulls/{number}/head"),
+                pull: Some(*number),
+                head: Some(pull.head.clone()),
+                base: Some(pull.base.clone()),
+            },
+        ),
+    };
+    let trusted = kind == Event::Push;
+    let record = |workflow: &str, target: &CheckTarget| CheckRecord {
+        run_id: new_run_id(workflow),
+        repository: repository.url.clone(),
+        repository_key: repository.key.clone(),
+        workflow: workflow.to_string(),
+        target: target.clone(),
+        trusted,
+        runner_id: runner_id.to_string(),
+        status: RunStatus::Queued,
+        cause: None,
+        steps: Vec::new(),
+        outputs: Vec::new(),
+        outputs_dir: None,
+        caches: Vec::new(),
+        log_truncated: false,
+        queued_at: now_ms(),
+        started_at: None,
+        finished_at: None,
+        duration_ms: None,
+    };
+    let mut ended = Vec::new();
+    let (prepared, merge_error) = match forge.prepare(repository, event).await {
+        Ok(prepared) => (prepared, None),
+        Err(error) => match event {
+            // A pull that does not merge: its head's workflows each get an error check.
+            ForgeEvent::Pull { number, pull } => {
+                let head = ForgeEvent::Push { branch: format!("pulls/{number}"), commit: pull.head.clone() };
+                match forge.prepare(repository, &head).await {
+                    Ok(prepared) => (prepared, Some(format!("{error:#}"))),
+                    Err(_) => {
+                        let mut check = record("merge", &target);
+                        check.end(RunStatus::Error, format!("{error:#}"));
+                        return (Vec::new(), vec![check]);
+                    }
+                }
+            }
+            ForgeEvent::Push { .. } => {
+                let mut check = record("checkout", &target);
+                check.end(RunStatus::Error, format!("cannot check out {}: {error:#}", target.commit));
+                return (Vec::new(), vec![check]);
+            }
+        },
+    };
+    let mut target = target;
+    if merge_error.is_none() {
+        target.commit = prepared.commit.clone();
+    }
+    let (workflows, errors) = match prepared.checkout.workflows().await {
+        Ok(found) => found,
+        Err(error) => {
+            let mut check = record("workflows", &target);
+            check.end(RunStatus::Error, format!("cannot read the workflows: {error:#}"));
+            return (Vec::new(), vec![check]);
+        }
+    };
+    for error in errors {
+        let name = PathBuf::from(&error.file).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut check = record(&name, &target);
+        check.end(RunStatus::Error, error.to_string());
+        ended.push(check);
+    }
+    let mut jobs = Vec::new();
+    for workflow in workflows {
+        if !workflow.on.matches(kind, Some(&branch)) || !selected(&workflow, runner_id) {
+            continue;
+        }
+        let check = record(&workflow.name, &target);
+        if let Some(cause) = &merge_error {
+            let mut check = check;
+            check.end(RunStatus::Error, cause.clone());
+            ended.push(check);
+            continue;
+        }
+        jobs.push(Job { repository: repository.clone(), workflow, prepared: prepared.clone(), check });
+    }
+    (jobs, ended)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_safe_and_unique() {
+        let one = new_run_id("build & test");
+        let two = new_run_id("build & test");
+        assert_ne!(one, two);
+        assert!(one.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'), "{one}");
+    }
+}

@@ -1,0 +1,103 @@
+//! `state.json`: what the daemon must remember across restarts, written atomically at every
+//! change: the last-seen heads of each repository, and the runs in flight (queued or running),
+//! so a restart can finish what a dead runner left.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use crate::checks::write_atomic;
+use crate::forge::Seen;
+
+/// The state file's name in the state folder.
+pub const STATE_FILE: &str = "state.json";
+
+/// A repository's remembered state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepositoryState {
+    /// Where it is fetched from.
+    pub url: String,
+    /// Its heads when last looked at.
+    pub seen: Seen,
+}
+
+/// A run that is queued or running.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// The repository's key (its checks' folder).
+    pub repository_key: String,
+    /// `queued` or `running`.
+    pub status: String,
+}
+
+/// The contents of `state.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// By repository key.
+    #[serde(default)]
+    pub repositories: BTreeMap<String, RepositoryState>,
+    /// By run id.
+    #[serde(default)]
+    pub in_flight: BTreeMap<String, InFlight>,
+}
+
+/// `state.json` and its in-memory copy.
+pub struct StateFile {
+    path: PathBuf,
+    state: Mutex<State>,
+}
+
+impl StateFile {
+    /// Reads `<state>/state.json`, or starts empty when there is none.
+    pub fn load(dir: &Path) -> anyhow::Result<StateFile> {
+        let path = dir.join(STATE_FILE);
+        let state = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| {
+                format!("{} is not a runner state file: move it away to start afresh", path.display())
+            })?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => State::default(),
+            Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
+        };
+        Ok(StateFile { path, state: Mutex::new(state) })
+    }
+
+    /// Changes the state and writes it out.
+    pub fn update<T>(&self, change: impl FnOnce(&mut State) -> T) -> T {
+        let mut state = self.state.lock().unwrap_or_else(|poison| poison.into_inner());
+        let result = change(&mut state);
+        let written = serde_json::to_vec_pretty(&*state)
+            .context("cannot encode the state")
+            .and_then(|bytes| write_atomic(&self.path, &bytes));
+        if let Err(error) = written {
+            tracing::error!("cannot write {}: {error:#}", self.path.display());
+        }
+        result
+    }
+
+    /// A copy of the state.
+    pub fn snapshot(&self) -> State {
+        self.state.lock().unwrap_or_else(|poison| poison.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_survives_a_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = StateFile::load(dir.path()).expect("empty");
+        file.update(|state| {
+            state.in_flight.insert("run".into(), InFlight { repository_key: "k".into(), status: "running".into() })
+        });
+        let again = StateFile::load(dir.path()).expect("reload");
+        assert_eq!(again.snapshot().in_flight["run"].status, "running");
+        std::fs::write(dir.path().join(STATE_FILE), "nonsense").expect("write");
+        let error = StateFile::load(dir.path()).err().expect("refused").to_string();
+        assert!(error.contains("state.json"), "{error}");
+    }
+}

@@ -1,0 +1,106 @@
+//! Caches in a run: each `cache:` path's base streamed in before the steps (after the
+//! checkout), and the path streamed back into the run's upper layer after passing steps,
+//! before the environment is stopped. What becomes of the layer is the caller's business.
+
+use std::path::PathBuf;
+
+use knotless_protocol::ErrorKind;
+use knotless_protocol::messages::SessionPaths;
+use tokio_util::sync::CancellationToken;
+
+use super::report::RunLog;
+use super::{Ended, RunPlan};
+use crate::host::{HostError, Session};
+
+/// One cache path of a run, as the cache store leased it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheLease {
+    /// The path as the workflow names it: relative to the work folder, or absolute.
+    pub path: String,
+    /// The tar archive to stream in before the steps; `None` starts cold.
+    pub base: Option<PathBuf>,
+    /// The folder to bring the path back into after passing steps; `None` brings nothing back
+    /// (an untrusted run, whose layer would be dropped).
+    pub upper: Option<PathBuf>,
+    /// The most bytes brought back.
+    pub max_bytes: u64,
+}
+
+/// Where `path` is in the session: absolute as given, relative under the work folder.
+pub fn resolve(paths: &SessionPaths, path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{}/{}", paths.work.trim_end_matches('/'), path.trim_start_matches("./"))
+    }
+}
+
+/// Streams each lease's base in. A base that cannot be read or streamed is logged and the path
+/// starts cold: a broken cache never fails a run.
+pub(super) async fn restore(
+    session: &Session,
+    plan: &RunPlan,
+    log: &mut RunLog<'_>,
+    cancel: &CancellationToken,
+) -> Result<(), Ended> {
+    for lease in &plan.caches {
+        let target = resolve(session.paths(), &lease.path);
+        let Some(base) = &lease.base else {
+            log.note(format!("cache {}: cold", lease.path));
+            continue;
+        };
+        let file = match tokio::fs::File::open(base).await {
+            Ok(file) => file,
+            Err(error) => {
+                log.note(format!("cache {}: cold (cannot read {}: {error})", lease.path, base.display()));
+                continue;
+            }
+        };
+        let limits = &plan.limits;
+        match session.upload(&target, file, limits.checkout_max_bytes, limits.transfer_timeout, cancel).await {
+            Ok(bytes) => log.note(format!("cache {}: warm ({bytes} bytes into {target})", lease.path)),
+            Err(error) if cancel.is_cancelled() => return Err(Ended::from_host("cannot restore a cache", &error)),
+            Err(error) => log.note(format!("cache {}: cold (the upload failed: {error})", lease.path)),
+        }
+    }
+    Ok(())
+}
+
+/// Brings each lease's path back into its upper folder. A path the steps did not leave is an
+/// empty layer; a failed transfer leaves no upper folder, so nothing is promoted.
+pub(super) async fn save(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) {
+    let never = CancellationToken::new();
+    for lease in &plan.caches {
+        let Some(upper) = &lease.upper else { continue };
+        let source = resolve(session.paths(), &lease.path);
+        let _ = std::fs::remove_dir_all(upper);
+        if let Err(error) = std::fs::create_dir_all(upper) {
+            log.note(format!("cache {}: cannot create {}: {error}", lease.path, upper.display()));
+            continue;
+        }
+        let result = session.download(&source, upper, lease.max_bytes, plan.limits.transfer_timeout, &never).await;
+        match result {
+            Ok(unpacked) => log.note(format!("cache {}: saved {} bytes of tar", lease.path, unpacked.bytes)),
+            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::NotFound => {
+                log.note(format!("cache {}: the steps left no {source}; an empty layer", lease.path));
+            }
+            Err(error) => {
+                log.note(format!("cache {}: not saved: {error}", lease.path));
+                let _ = std::fs::remove_dir_all(upper);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_resolve_under_the_work_folder() {
+        let paths = SessionPaths { work: "/s/work/".into(), steps: "/s/steps".into(), outputs: "/s/outputs".into() };
+        assert_eq!(resolve(&paths, "target"), "/s/work/target");
+        assert_eq!(resolve(&paths, "./a/b"), "/s/work/a/b");
+        assert_eq!(resolve(&paths, "/cache"), "/cache");
+    }
+}

@@ -1,0 +1,282 @@
+//! The git forge: repositories are anything the git CLI can fetch, mirrored (bare) under
+//! `<state>/mirrors/`; branches are `refs/heads/*`; a pull is `refs/pulls/<n>/head` (its head
+//! commit) with an optional `refs/pulls/<n>/base/<branch>` naming its base branch (its value is
+//! not read; without it the base is the default branch); checks are files under the state
+//! folder ([`CheckStore`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use tokio::process::Command;
+
+use super::discover::{RECORD_FILE, RepositoryRecord, candidates};
+use super::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot};
+use crate::cache::fnv;
+use crate::checkout::{Checkout, git};
+use crate::checks::{CheckRecord, CheckStore};
+use crate::engine::LogSink;
+
+/// How the git forge finds repositories.
+#[derive(Debug, Clone)]
+pub struct GitForgeConfig {
+    /// The state folder.
+    pub state: PathBuf,
+    /// The repositories given on the command line.
+    pub repositories: Vec<String>,
+    /// `--discover DIR`.
+    pub discover: Option<PathBuf>,
+    /// This runner's id, which a discovered repository's record must name.
+    pub runner_id: String,
+}
+
+/// The embedded git forge.
+pub struct GitForge {
+    config: GitForgeConfig,
+    checks: CheckStore,
+}
+
+/// A repository's key: its name and a hash of its URL (`demo-1a2b3c4d`).
+pub fn repository_key(url: &str) -> String {
+    let trimmed = url.trim_end_matches('/').trim_end_matches(".git").trim_end_matches('/');
+    let name = trimmed.rsplit(['/', ':']).next().unwrap_or("repository");
+    let safe: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .take(40)
+        .collect();
+    let safe = if safe.is_empty() { "repository".to_string() } else { safe };
+    format!("{safe}-{:08x}", fnv(url.as_bytes()) as u32)
+}
+
+/// A command-line repository as the runner watches it: an existing local path made absolute,
+/// anything else (a URL) as given.
+pub fn normalize_url(given: &str) -> String {
+    if given.contains("://") {
+        return given.to_string();
+    }
+    std::fs::canonicalize(given).map(|path| path.to_string_lossy().into_owned()).unwrap_or_else(|_| given.to_string())
+}
+
+impl GitForge {
+    /// A git forge over `config`.
+    pub fn new(config: GitForgeConfig) -> GitForge {
+        let checks = CheckStore::new(&config.state);
+        GitForge { config, checks }
+    }
+
+    /// The check store.
+    pub fn checks(&self) -> &CheckStore {
+        &self.checks
+    }
+
+    fn mirror(&self, repository: &Repository) -> PathBuf {
+        self.config.state.join("mirrors").join(format!("{}.git", repository.key))
+    }
+
+    fn watch(url: &str) -> Repository {
+        let url = normalize_url(url);
+        Repository { key: repository_key(&url), url }
+    }
+}
+
+async fn git_in(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    Ok(String::from_utf8_lossy(&git(dir, args).await?).into_owned())
+}
+
+impl Forge for GitForge {
+    async fn repositories(&self) -> anyhow::Result<Vec<Repository>> {
+        let mut found: Vec<Repository> = self.config.repositories.iter().map(|url| Self::watch(url)).collect();
+        if let Some(dir) = &self.config.discover {
+            for path in candidates(dir) {
+                let record = match git_in(&path, &["show", &format!("HEAD:{RECORD_FILE}")]).await {
+                    Ok(text) => text,
+                    Err(_) => continue,
+                };
+                match RepositoryRecord::parse(&record) {
+                    Ok(record) if record.names(&self.config.runner_id) => {
+                        found.push(Self::watch(&path.to_string_lossy()));
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!("--discover: {}: {error:#}", path.display()),
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+
+    async fn refresh(&self, repository: &Repository) -> anyhow::Result<Snapshot> {
+        let mirror = self.mirror(repository);
+        if mirror.join("HEAD").is_file() {
+            git_in(&mirror, &["fetch", "--prune", "--quiet", "origin"])
+                .await
+                .with_context(|| format!("cannot fetch {}", repository.url))?;
+        } else {
+            let parent = mirror.parent().context("a mirror has no folder")?;
+            std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+            let partial = parent.join(format!(".{}.partial", repository.key));
+            let _ = std::fs::remove_dir_all(&partial);
+            let output = Command::new("git")
+                .args(["clone", "--mirror", "--quiet", "--", &repository.url])
+                .arg(&partial)
+                .output()
+                .await
+                .context("cannot run git clone")?;
+            if !output.status.success() {
+                bail!("cannot mirror {}: {}", repository.url, String::from_utf8_lossy(&output.stderr).trim());
+            }
+            std::fs::rename(&partial, &mirror).with_context(|| format!("cannot create {}", mirror.display()))?;
+        }
+        let listing =
+            git_in(&mirror, &["for-each-ref", "--format=%(objectname) %(refname)", "refs/heads", "refs/pulls"]).await?;
+        let default_branch = git_in(&mirror, &["symbolic-ref", "--quiet", "HEAD"])
+            .await
+            .ok()
+            .and_then(|head| head.trim().strip_prefix("refs/heads/").map(str::to_string));
+        Ok(parse_refs(&listing, default_branch))
+    }
+
+    async fn prepare(&self, repository: &Repository, event: &ForgeEvent) -> anyhow::Result<Prepared> {
+        let mirror = self.mirror(repository);
+        match event {
+            ForgeEvent::Push { branch, commit } => Ok(Prepared {
+                checkout: Checkout::Revision { repo: mirror, commit: commit.clone() },
+                commit: commit.clone(),
+                git_ref: format!("refs/heads/{branch}"),
+            }),
+            ForgeEvent::Pull { number, pull } => {
+                let base_ref = format!("refs/heads/{}", pull.base);
+                let base = git_in(&mirror, &["rev-parse", "--verify", "--quiet", &format!("{base_ref}^{{commit}}")])
+                    .await
+                    .with_context(|| format!("pull {number}: its base branch {} does not exist", pull.base))?;
+                let base = base.trim();
+                let output = Command::new("git")
+                    .arg("-C")
+                    .arg(&mirror)
+                    .args(["merge-tree", "--write-tree", "--name-only", "--no-messages", base, &pull.head])
+                    .output()
+                    .await
+                    .context("cannot run git merge-tree")?;
+                let stdout = String::from_utf8_lossy(&output.stdout);
+                let mut lines = stdout.lines();
+                let tree = lines.next().unwrap_or("").trim().to_string();
+                if output.status.code() == Some(1) {
+                    let files: Vec<&str> = lines.filter(|line| !line.is_empty()).collect();
+                    bail!(
+                        "pull {number}: its head {} does not merge cleanly into {} at {base}: conflict in {}",
+                        pull.head,
+                        pull.base,
+                        files.join(", ")
+                    );
+                }
+                if !output.status.success() || tree.is_empty() {
+                    bail!("pull {number}: git merge-tree failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+                }
+                let message = format!("knotless: pull {number} ({}) merged into {}", pull.head, pull.base);
+                let output = Command::new("git")
+                    .arg("-C")
+                    .arg(&mirror)
+                    .args(["commit-tree", &tree, "-p", base, "-p", &pull.head, "-m", &message])
+                    .env("GIT_AUTHOR_NAME", "knotless-run")
+                    .env("GIT_AUTHOR_EMAIL", "knotless-run@localhost")
+                    .env("GIT_COMMITTER_NAME", "knotless-run")
+                    .env("GIT_COMMITTER_EMAIL", "knotless-run@localhost")
+                    .output()
+                    .await
+                    .context("cannot run git commit-tree")?;
+                if !output.status.success() {
+                    bail!("pull {number}: cannot make the merge: {}", String::from_utf8_lossy(&output.stderr).trim());
+                }
+                let commit = String::from_utf8_lossy(&output.stdout).trim().to_string();
+                Ok(Prepared {
+                    checkout: Checkout::Revision { repo: mirror, commit: commit.clone() },
+                    commit,
+                    git_ref: format!("refs/pulls/{number}/head"),
+                })
+            }
+        }
+    }
+
+    async fn read_default(&self, repository: &Repository, path: &str) -> anyhow::Result<Option<String>> {
+        let mirror = self.mirror(repository);
+        let spec = format!("HEAD:{path}");
+        if git_in(&mirror, &["cat-file", "-e", &spec]).await.is_err() {
+            return Ok(None);
+        }
+        Ok(Some(git_in(&mirror, &["show", &spec]).await?))
+    }
+
+    fn put_check(&self, check: &CheckRecord) -> anyhow::Result<()> {
+        self.checks.put(check)
+    }
+
+    fn run_output(&self, check: &CheckRecord) -> anyhow::Result<Box<dyn LogSink>> {
+        Ok(Box::new(self.checks.live_log(&check.repository_key, &check.run_id)?))
+    }
+
+    fn put_log(&self, check: &CheckRecord, log: &str) -> anyhow::Result<()> {
+        self.checks.put_log(&check.repository_key, &check.run_id, log)
+    }
+
+    async fn land(&self, repository: &Repository, branch: &str, commit: &str) -> anyhow::Result<()> {
+        // A push without force is refused unless it fast-forwards.
+        let mirror = self.mirror(repository);
+        git_in(&mirror, &["push", "--quiet", "origin", &format!("{commit}:refs/heads/{branch}")])
+            .await
+            .with_context(|| format!("cannot land {commit} on {branch} of {}", repository.url))?;
+        Ok(())
+    }
+}
+
+/// Reads `for-each-ref` lines into a snapshot.
+fn parse_refs(listing: &str, default_branch: Option<String>) -> Snapshot {
+    let mut branches = BTreeMap::new();
+    let mut heads = BTreeMap::new();
+    let mut bases = BTreeMap::new();
+    for line in listing.lines() {
+        let Some((object, name)) = line.split_once(' ') else { continue };
+        if let Some(branch) = name.strip_prefix("refs/heads/") {
+            branches.insert(branch.to_string(), object.to_string());
+        } else if let Some(rest) = name.strip_prefix("refs/pulls/") {
+            let Some((number, what)) = rest.split_once('/') else { continue };
+            let Ok(number) = number.parse::<u64>() else { continue };
+            if what == "head" {
+                heads.insert(number, object.to_string());
+            } else if let Some(base) = what.strip_prefix("base/") {
+                bases.insert(number, base.to_string());
+            }
+        }
+    }
+    let fallback = default_branch.clone().unwrap_or_else(|| "main".to_string());
+    let pulls = heads
+        .into_iter()
+        .map(|(number, head)| {
+            (number, PullRef { head, base: bases.remove(&number).unwrap_or_else(|| fallback.clone()) })
+        })
+        .collect();
+    Snapshot { default_branch, branches, pulls }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refs_read_into_branches_and_pulls() {
+        let listing = "a refs/heads/main\nb refs/heads/feature/x\nc refs/pulls/7/head\nd refs/pulls/7/base/feature/x\ne refs/pulls/8/head\n";
+        let snapshot = parse_refs(listing, Some("main".into()));
+        assert_eq!(snapshot.branches.get("feature/x").map(String::as_str), Some("b"));
+        assert_eq!(snapshot.pulls[&7], PullRef { head: "c".into(), base: "feature/x".into() });
+        assert_eq!(snapshot.pulls[&8], PullRef { head: "e".into(), base: "main".into() });
+    }
+
+    #[test]
+    fn keys_are_readable_and_distinct() {
+        let one = repository_key("/srv/git/demo.git");
+        assert!(one.starts_with("demo-"), "{one}");
+        assert_ne!(one, repository_key("ssh://host/demo.git"));
+        assert!(repository_key("file:///x/").starts_with("x-"));
+    }
+}

@@ -1,0 +1,100 @@
+//! Push runs: one check per workflow with statuses and exit codes, selection by `runners:`, a
+//! wake-up by `notify`, and the disk floor.
+
+use knotless_tests::{Runner, by_workflow, eventually, exit_codes};
+
+use crate::{flags, repo_with};
+
+const PASS: &str = "steps:\n  - name: one\n    run: echo one\n  - name: two\n    run: echo two\n";
+const FAIL: &str = "steps:\n  - name: bad\n    run: echo bad; exit 3\n  - name: never\n    run: echo never\n";
+const PINNED: &str = "runners: [someone-else]\nsteps:\n  - name: x\n    run: 'true'\n";
+
+#[test]
+fn a_push_gives_one_check_per_workflow_and_notify_starts_it_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(dir.path(), &[("pass", PASS), ("fail", FAIL), ("pinned", PINNED)]);
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-push", &[]), vec![repo.url().as_str()]].concat());
+    let checks = runner.final_checks(&repo.url(), &first, 2);
+    let pass = by_workflow(&checks, "pass");
+    assert_eq!(pass["status"], "success");
+    assert_eq!(exit_codes(pass), [Some(0), Some(0)]);
+    let fail = by_workflow(&checks, "fail");
+    assert_eq!(fail["status"], "failure");
+    assert_eq!(exit_codes(fail), [Some(3), None]);
+    assert_eq!(fail["steps"][1]["status"], "skipped");
+    assert!(fail["cause"].as_str().is_some_and(|cause| cause.contains("bad exited with 3")), "{fail:#}");
+    assert!(runner.stderr().contains("runner e2e-push"), "the runner id is shown at start");
+
+    repo.write("more.txt", "more");
+    let second = repo.commit("more");
+    runner.notify(&repo.url());
+    let checks = runner.final_checks(&repo.url(), &second, 2);
+    assert_eq!(by_workflow(&checks, "pass")["status"], "success");
+    let listing = String::from_utf8_lossy(&runner.command(&["checks", &repo.url(), &second]).stdout).into_owned();
+    assert!(listing.contains("pass") && listing.contains("exit 3"), "{listing}");
+    let log = runner.run_log(pass_run(&checks));
+    assert!(log.contains("[two] two"), "{log}");
+}
+
+fn pass_run(checks: &[serde_json::Value]) -> &str {
+    by_workflow(checks, "pass")["run_id"].as_str().expect("a run id")
+}
+
+#[test]
+fn a_disk_floor_breach_fails_the_run_and_the_runner_keeps_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(dir.path(), &[("pass", PASS)]);
+    let mut runner = Runner::start(
+        &dir.path().join("state"),
+        &[
+            vec!["--executor", "shell", "--runner-id", "e2e-disk", "--poll", "3600"],
+            vec!["--disk-floor", "18446744073709551615", repo.url().as_str()],
+        ]
+        .concat(),
+    );
+    let checks = runner.final_checks(&repo.url(), &first, 1);
+    assert_eq!(checks[0]["status"], "error");
+    let cause = checks[0]["cause"].as_str().expect("a cause");
+    assert!(cause.starts_with("disk floor") && cause.contains("--disk-floor"), "{cause}");
+    assert!(runner.is_running());
+    let second = repo.commit("again");
+    runner.notify(&repo.url());
+    let checks = runner.final_checks(&repo.url(), &second, 1);
+    assert_eq!(checks[0]["status"], "error");
+    assert!(runner.is_running(), "the runner keeps serving after a disk floor breach");
+}
+
+#[test]
+fn the_shell_executor_refuses_pulls_unless_forced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, _) = repo_with(dir.path(), &[("pass", PASS)]);
+    let mut runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-refuse", &["--pulls"]), vec![repo.url().as_str()]].concat(),
+    );
+    let status = runner.wait();
+    assert!(!status.success());
+    let stderr = eventually("the refusal", || Some(runner.stderr()));
+    assert!(stderr.contains("--force-shell"), "{stderr}");
+}
+
+#[test]
+fn discover_watches_the_repositories_whose_record_names_this_runner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let forge = dir.path().join("forge");
+    let named = knotless_tests::Repo::init(&forge.join("team/named"));
+    named
+        .write(".knotless/repository.yml", "runners: [someone, e2e-discover]\n")
+        .write(".knotless/workflows/pass.yml", PASS);
+    let named_commit = named.commit("named");
+    let other = knotless_tests::Repo::init(&forge.join("other"));
+    other.write(".knotless/repository.yml", "runners: [someone]\n").write(".knotless/workflows/pass.yml", PASS);
+    other.commit("not named");
+    let discover = forge.to_string_lossy().into_owned();
+    let runner = Runner::start(&dir.path().join("state"), &flags("e2e-discover", &["--discover", &discover]));
+    let checks = runner.final_checks(&named.url(), &named_commit, 1);
+    assert_eq!(checks[0]["status"], "success");
+    let state = std::fs::read_to_string(dir.path().join("state/state.json")).expect("state.json");
+    assert!(!state.contains(&other.url()), "a repository that does not name the runner is not watched: {state}");
+}

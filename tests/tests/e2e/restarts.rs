@@ -1,0 +1,136 @@
+//! Restarts: a runner killed mid-run is finished as `error` at its next start and its
+//! executor's leftovers are swept; SIGTERM finishes started runs, cancels waiting ones, and
+//! exits.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use knotless_tests::{Runner, bin, by_workflow, eventually};
+use nix::sys::signal::Signal;
+
+use crate::{flags, repo_with};
+
+/// A step that says it started and waits for `gate` to exist.
+fn gated(gate: &Path) -> String {
+    format!(
+        "steps:\n  - name: wait\n    run: |\n      echo started\n      while [ ! -f '{}' ]; do sleep 0.05; done\n      echo gate open\n",
+        gate.display()
+    )
+}
+
+fn wait_until_started(runner: &Runner, url: &str, rev: &str) -> String {
+    eventually("the step to start", || {
+        let checks = runner.checks(url, Some(rev));
+        let run = checks.first()?["run_id"].as_str()?.to_string();
+        runner.run_log(&run).contains("[wait] started").then_some(run)
+    })
+}
+
+/// The live sessions the fake's ledger names (a JSON array).
+fn ledger_sessions(ledger: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(ledger).expect("the ledger");
+    serde_json::from_str::<Vec<serde_json::Value>>(&text).expect("the ledger is a JSON array")
+}
+
+fn is_empty_dir(path: &Path) -> bool {
+    std::fs::read_dir(path).map(|mut entries| entries.next().is_none()).unwrap_or(true)
+}
+
+#[test]
+fn a_runner_killed_mid_run_ends_the_check_as_error_and_leaves_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate-never-opened");
+    let (repo, commit) = repo_with(dir.path(), &[("long", &gated(&gate))]);
+    let url = repo.url();
+    let state = dir.path().join("state");
+    let args = [flags("e2e-kill", &[]), vec![url.as_str()]].concat();
+    let runner = Runner::start(&state, &args);
+    wait_until_started(&runner, &url, &commit);
+    assert!(!is_empty_dir(&state.join("work/e2e-kill")), "the session's folder exists while it runs");
+    runner.signal(Signal::SIGKILL);
+    drop(runner);
+    let runner = Runner::start(&state, &args);
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["status"], "error");
+    assert_eq!(checks[0]["cause"], "the runner stopped during this run");
+    eventually("the sweep to log", || runner.stderr().contains("startup sweep").then_some(()));
+    assert!(is_empty_dir(&state.join("work/e2e-kill")), "the sweep removed the dead run's folder");
+    let again = runner.checks(&url, Some(&commit));
+    assert_eq!(again.len(), 1, "the killed run is not started again");
+}
+
+#[test]
+fn a_runner_killed_mid_run_under_the_fake_executor_leaves_no_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate-never-opened");
+    let (repo, commit) = repo_with(dir.path(), &[("long", &gated(&gate))]);
+    let wrapper = dir.path().join("fake-ok");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec '{}' --mode ok \"$@\"\n", bin("knotless-executor-fake").display()),
+    )
+    .expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let ledger = dir.path().join("ledger");
+    let work = dir.path().join("fake-work");
+    let (wrapper, ledger_option, work_option) = (
+        wrapper.to_string_lossy().into_owned(),
+        format!("ledger={}", ledger.display()),
+        format!("work-dir={}", work.display()),
+    );
+    let url = repo.url();
+    let args = [
+        vec!["--executor-plugin", wrapper.as_str(), "--executor-option", ledger_option.as_str()],
+        vec![
+            "--executor-option",
+            work_option.as_str(),
+            "--runner-id",
+            "e2e-fake",
+            "--poll",
+            "3600",
+            "--disk-floor",
+            "0",
+        ],
+        vec![url.as_str()],
+    ]
+    .concat();
+    let state = dir.path().join("state");
+    let runner = Runner::start(&state, &args);
+    wait_until_started(&runner, &url, &commit);
+    assert_eq!(ledger_sessions(&ledger).len(), 1, "the ledger names the live session");
+    runner.signal(Signal::SIGKILL);
+    drop(runner);
+    let runner = Runner::start(&state, &args);
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["status"], "error");
+    eventually("the sweep to log", || runner.stderr().contains("startup sweep").then_some(()));
+    assert!(ledger_sessions(&ledger).is_empty(), "the ledger is empty after the sweep");
+    assert!(is_empty_dir(&work.join("e2e-fake")), "the fake's session folder is gone");
+}
+
+#[test]
+fn sigterm_finishes_the_started_run_cancels_the_waiting_one_and_exits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let (repo, commit) = repo_with(dir.path(), &[("first", &gated(&gate)), ("second", &gated(&gate))]);
+    let url = repo.url();
+    let mut runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-term", &["--concurrency", "1"]), vec![url.as_str()]].concat(),
+    );
+    wait_until_started(&runner, &url, &commit);
+    runner.signal(Signal::SIGTERM);
+    eventually("the runner to stop taking work", || runner.stderr().contains("stopping: no new work").then_some(()));
+    std::fs::write(&gate, "").expect("open the gate");
+    let status = runner.wait();
+    assert!(status.success(), "{status:?}");
+    assert!(runner.stderr().contains("handed over"));
+    let checks = runner.checks(&url, Some(&commit));
+    let statuses: Vec<_> =
+        ["first", "second"].iter().map(|name| by_workflow(&checks, name)["status"].clone()).collect();
+    assert!(
+        statuses.contains(&"success".into()) && statuses.contains(&"cancelled".into()),
+        "{statuses:?} {:?}",
+        checks.iter().map(|c| c["cause"].clone()).collect::<Vec<_>>()
+    );
+}
