@@ -39,9 +39,13 @@ test: lint unit conformance conformance-docker conformance-kubernetes
 demo: build
 	$(BIN)/knotless-run run examples/demo --executor shell
 
+# Each figure next to its reference from the same run; the Docker rows need an engine
+# (plugins/docker/tests/support/engine.sh).
 bench: release
 	$(CARGO) build --release -p knotless-tests --bin bench
+	$(CARGO) build --release -p knotless-executor-docker --example bench
 	target/release/bench
+	if docker version >/dev/null 2>&1; then target/release/examples/bench; else echo "(no Docker engine: Docker rows skipped)"; fi
 
 install: release
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBEXEC)

@@ -21,7 +21,8 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 
 fn show(what: &str, ours: Duration, reference: Duration, reference_name: &str) {
     let ratio = ours.as_secs_f64() / reference.as_secs_f64().max(1e-9);
-    println!("{what:<34} {:>9.1} ms   {reference_name:<34} {:>9.1} ms   x{ratio:.2}", ms(ours), ms(reference));
+    // One row of the Markdown table `make bench` prints.
+    println!("| {what} (reference: {reference_name}) | {:.1} ms | {:.1} ms | {ratio:.2} |", ms(ours), ms(reference));
 }
 
 fn ms(duration: Duration) -> f64 {
@@ -47,7 +48,12 @@ async fn main() -> anyhow::Result<()> {
         anyhow::ensure!(status.success(), "docker exec true failed");
         execs.push(started.elapsed());
     }
-    show("trivial step (median)", median(steps), median(execs), "docker exec <c> true");
+    show(
+        "one trivial step through the Docker executor, median",
+        median(steps),
+        median(execs),
+        "`docker exec CONTAINER true`",
+    );
 
     // A 100 MiB tree: 100 files of 1 MiB of incompressible bytes.
     let source = tempfile::tempdir()?;
@@ -75,7 +81,12 @@ async fn main() -> anyhow::Result<()> {
         .spawn()?;
     tar.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?.write_all(&archive)?;
     anyhow::ensure!(tar.wait()?.success(), "tar x failed");
-    show("upload of 100 MiB", upload, started.elapsed(), "tar | docker exec -i <c> tar x");
+    show(
+        "a 100 MiB upload into a container",
+        upload,
+        started.elapsed(),
+        "`tar c` piped into `docker exec -i CONTAINER tar x`",
+    );
 
     let started = Instant::now();
     let (downloaded, bytes) = harness.download("bench", "/work/up").await;
@@ -84,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let output = Command::new("docker").args(["exec", &container, "tar", "c", "-C", "/work/ref", "."]).output()?;
     anyhow::ensure!(output.status.success() && output.stdout.len() > 100 << 20, "tar c failed");
-    show("download of 100 MiB", download, started.elapsed(), "docker exec <c> tar c");
+    show("a 100 MiB download from a container", download, started.elapsed(), "`docker exec CONTAINER tar c`");
 
     harness
         .request("stop", json!({"session": "bench", "timeout_ms": 60_000}))
