@@ -2,10 +2,11 @@
 CARGO ?= cargo
 PREFIX ?= /usr/local
 DESTDIR ?=
-LIBEXEC ?= $(PREFIX)/libexec/knotless
 BIN := target/debug
+# Where cargo writes (CARGO_TARGET_DIR when set), for the release binaries `install` takes.
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: build release test lint unit conformance conformance-docker conformance-kubernetes demo bench install
+.PHONY: build release test lint unit conformance conformance-docker conformance-kubernetes demo bench install uninstall
 
 build:
 	$(CARGO) build --workspace --bins
@@ -47,7 +48,12 @@ bench: release
 	target/release/bench
 	if docker version >/dev/null 2>&1; then target/release/examples/bench; else echo "(no Docker engine: Docker rows skipped)"; fi
 
+# The runner into $(PREFIX)/bin, the executors into /usr/libexec/knotless, the systemd units, and
+# /etc/knotless and /var/lib/knotless (deploy/install.sh says what, and keeps a manifest).
 install: release
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBEXEC)
-	install -m 0755 target/release/knotless-run $(DESTDIR)$(PREFIX)/bin/knotless-run
-	install -m 0755 target/release/knotless-executor-shell $(DESTDIR)$(LIBEXEC)/shell
+	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' bash deploy/install.sh --bin-dir '$(TARGET_DIR)/release'
+
+# Removes what `install` added; the env file and the state stay (deploy/uninstall.sh --purge
+# removes them too).
+uninstall:
+	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' bash deploy/uninstall.sh

@@ -4,8 +4,12 @@
 # scoped-kubeconfig.sh, which replaces the file atomically; the executor reads the kubeconfig
 # anew for every kubectl call, so the next Job uses the new token without a restart. Warns
 # when the file is within an hour of TOKEN_HOURS (24) and could not be refreshed.
+# It finds scoped-kubeconfig.sh beside itself, under that name or installed as
+# scoped-kubeconfig (deploy/install.sh puts both in $PREFIX/libexec/knotless).
 #
 # Usage: refresh-kubeconfig.sh [--force] ADMIN_KUBECONFIG NAMESPACE OUTPUT [ACCOUNT]
+# Environment: REFRESH_AFTER_HOURS, TOKEN_HOURS, and what scoped-kubeconfig.sh reads
+# (KUBECTL, DURATION, KUBECONFIG_OWNER).
 set -euo pipefail
 force=
 if [ "${1:-}" = --force ]; then force=1; shift; fi
@@ -13,6 +17,8 @@ out=${3:?usage: refresh-kubeconfig.sh [--force] ADMIN_KUBECONFIG NAMESPACE OUTPU
 after=${REFRESH_AFTER_HOURS:-20}
 life=${TOKEN_HOURS:-24}
 here=$(cd "$(dirname "$0")" && pwd)
+scoped=$here/scoped-kubeconfig.sh
+[ -e "$scoped" ] || scoped=$here/scoped-kubeconfig
 
 age_hours() {
   local now mtime
@@ -24,7 +30,7 @@ age_hours() {
 if [ -z "$force" ] && [ -e "$out" ] && [ "$(age_hours "$out")" -lt "$after" ]; then
   exit 0
 fi
-if ! bash "$here/scoped-kubeconfig.sh" "$@"; then
+if ! bash "$scoped" "$@"; then
   if [ -e "$out" ] && [ "$(age_hours "$out")" -ge $((life - 1)) ]; then
     echo "refresh-kubeconfig: WARNING: the token in $out expires within the hour and was not refreshed" >&2
   fi

@@ -6,7 +6,8 @@
 # before it replaces the old one. The token is never printed.
 #
 # Usage: scoped-kubeconfig.sh ADMIN_KUBECONFIG NAMESPACE OUTPUT [ACCOUNT]
-# Environment: KUBECTL (kubectl), DURATION (24h)
+# Environment: KUBECTL (kubectl), DURATION (24h), KUBECONFIG_OWNER (USER[:GROUP] that gets the
+# file, for a runner that runs as another user than this script; default: unchanged)
 set -euo pipefail
 admin=${1:?usage: scoped-kubeconfig.sh ADMIN_KUBECONFIG NAMESPACE OUTPUT [ACCOUNT]}
 namespace=${2:?namespace}
@@ -14,6 +15,7 @@ out=${3:?output path}
 account=${4:-knotless-runner}
 kubectl=${KUBECTL:-kubectl}
 duration=${DURATION:-24h}
+owner=${KUBECONFIG_OWNER:-}
 
 k() { "$kubectl" --kubeconfig "$admin" "$@"; }
 
@@ -69,6 +71,7 @@ can() { "$kubectl" --kubeconfig "$tmp" -n "$namespace" auth can-i "$@" 2>/dev/nu
 [ "$(can get nodes)" = no ] || { echo "scoped-kubeconfig: the token can read nodes" >&2; exit 1; }
 [ "$(can get secrets)" = no ] || { echo "scoped-kubeconfig: the token can read secrets" >&2; exit 1; }
 
+[ -z "$owner" ] || chown "$owner" "$tmp"
 mv -f "$tmp" "$out"
 trap - EXIT
 echo "scoped-kubeconfig: wrote $out for $namespace/$account, valid for $duration"

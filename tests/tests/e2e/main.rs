@@ -3,6 +3,7 @@
 //! deadline.
 
 mod caches;
+mod deploy;
 mod executor_faults;
 mod plugin_check;
 mod pulls;
