@@ -1,11 +1,14 @@
 //! Tar streams for the side channel: packing a folder without following links, and unpacking
-//! an archive from the other side only after vetting each entry.
+//! or copying an archive from the other side only after vetting each entry.
+//!
+//! The vetting rules live here only: [`unpack_vetted`] and [`copy_vetted`] (for an executor
+//! that hands the stream to a tool that would unpack it as given, like `docker cp`) share them.
 
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
-use tar::{Archive, Builder, EntryType};
+use tar::{Archive, Builder, Entry, EntryType};
 
 /// Why an archive was refused or could not be unpacked.
 #[derive(Debug, thiserror::Error)]
@@ -96,30 +99,7 @@ pub fn unpack_vetted<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<U
     let mut entries = 0;
     for entry in archive.entries()? {
         let mut entry = entry.map_err(|error| over_or_io(error, max_bytes))?;
-        let raw_path = entry.path_bytes().into_owned();
-        let shown = String::from_utf8_lossy(&raw_path).into_owned();
-        let path = entry.path()?.into_owned();
-        let refuse = |reason| UnpackError::Refused { path: shown.clone(), reason };
-        let Some(depth) = vetted_depth(&path) else {
-            return Err(refuse("absolute path or `..`"));
-        };
-        match entry.header().entry_type() {
-            EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::GNUSparse => {}
-            EntryType::Symlink | EntryType::Link => {
-                let target = entry.link_name()?.ok_or_else(|| refuse("link without a target"))?;
-                let escapes = if entry.header().entry_type() == EntryType::Link {
-                    vetted_depth(&target).is_none()
-                } else {
-                    target.is_absolute() || !link_stays_inside(depth, &target)
-                };
-                if escapes {
-                    return Err(refuse("link leaves the tree"));
-                }
-            }
-            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => continue,
-            _ => return Err(refuse("device node, fifo or unknown entry type")),
-        }
-        if depth == 0 {
+        if vet(&mut entry)? == Vetted::Skip {
             continue;
         }
         let size = entry.header().size()?;
@@ -133,6 +113,88 @@ pub fn unpack_vetted<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<U
     let mut rest = archive.into_inner();
     io::copy(&mut rest, &mut io::sink()).map_err(|error| over_or_io(error, max_bytes))?;
     Ok(Unpacked { bytes: rest.count, entries })
+}
+
+/// Copies a tar stream from `input` to `output`, vetting every entry as [`unpack_vetted`]
+/// does (sparse files are refused too: they cannot be written again as they came). Each
+/// accepted entry is written again with its header (times, link target), its mode masked to
+/// `0o777`; the root entry (`.`) and extension headers are left out. Returns the number of
+/// entries written. The stream is read to its end; bound it before, if it needs a bound.
+pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, UnpackError> {
+    let mut archive = Archive::new(input);
+    let mut builder = Builder::new(output);
+    builder.follow_symlinks(false);
+    let mut written = 0;
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let vetted = vet(&mut entry)?;
+        if vetted == Vetted::Skip {
+            continue;
+        }
+        let path = entry.path()?.into_owned();
+        let mut header = entry.header().clone();
+        match vetted {
+            Vetted::Link(target) => builder.append_link(&mut header, &path, &target)?,
+            _ if header.entry_type() == EntryType::GNUSparse => return Err(refused(&entry, "sparse file")),
+            _ => {
+                header.set_mode(header.mode()? & 0o777);
+                builder.append_data(&mut header, &path, &mut entry)?;
+            }
+        }
+        written += 1;
+    }
+    builder.into_inner()?.flush()?;
+    // Read the end-of-archive blocks and any record padding, so the whole stream is consumed.
+    io::copy(&mut archive.into_inner(), &mut io::sink())?;
+    Ok(written)
+}
+
+/// What vetting made of an entry.
+#[derive(Debug, PartialEq, Eq)]
+enum Vetted {
+    /// An extension header or the root folder itself: nothing to write.
+    Skip,
+    /// A file or a folder inside the tree.
+    Content,
+    /// A symlink or hard link whose target stays inside the tree.
+    Link(PathBuf),
+}
+
+/// The rules every entry passes: a relative path without `..`, links that stay inside, no
+/// device node, fifo or unknown entry type.
+fn vet<R: Read>(entry: &mut Entry<'_, R>) -> Result<Vetted, UnpackError> {
+    let path = entry.path()?.into_owned();
+    let Some(depth) = vetted_depth(&path) else {
+        return Err(refused(entry, "absolute path or `..`"));
+    };
+    let entry_type = entry.header().entry_type();
+    let vetted = match entry_type {
+        EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::GNUSparse => Vetted::Content,
+        EntryType::Symlink | EntryType::Link => {
+            let Some(target) = entry.link_name()?.map(|target| target.into_owned()) else {
+                return Err(refused(entry, "link without a target"));
+            };
+            let escapes = if entry_type == EntryType::Link {
+                vetted_depth(&target).is_none()
+            } else {
+                target.is_absolute() || !link_stays_inside(depth, &target)
+            };
+            if escapes {
+                return Err(refused(entry, "link leaves the tree"));
+            }
+            Vetted::Link(target)
+        }
+        EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {
+            return Ok(Vetted::Skip);
+        }
+        _ => return Err(refused(entry, "device node, fifo or unknown entry type")),
+    };
+    Ok(if depth == 0 { Vetted::Skip } else { vetted })
+}
+
+/// The refusal of an entry, naming it as the archive does.
+fn refused<R: Read>(entry: &Entry<'_, R>, reason: &'static str) -> UnpackError {
+    UnpackError::Refused { path: String::from_utf8_lossy(&entry.path_bytes()).into_owned(), reason }
 }
 
 /// The number of normal components of a safe relative path, or `None` for an unsafe one.
@@ -260,7 +322,37 @@ mod tests {
             let dest = tempfile::tempdir().expect("tempdir");
             let result = unpack_vetted(archive.as_slice(), dest.path(), 1 << 20);
             assert!(matches!(result, Err(UnpackError::Refused { .. })), "{path}: {result:?}");
+            let copied = copy_vetted(archive.as_slice(), Vec::new());
+            assert!(matches!(copied, Err(UnpackError::Refused { .. })), "copy of {path}: {copied:?}");
         }
+    }
+
+    #[test]
+    fn a_copy_passes_a_tree_through_with_modes_and_links() {
+        let source = tempfile::tempdir().expect("tempdir");
+        let root = source.path();
+        fs::create_dir_all(root.join("a/empty")).expect("mkdir");
+        fs::write(root.join("a/run.sh"), "echo\n").expect("write");
+        fs::set_permissions(root.join("a/run.sh"), fs::Permissions::from_mode(0o4755)).expect("chmod");
+        symlink("a/run.sh", root.join("link")).expect("symlink");
+        let long = "x".repeat(150);
+        fs::write(root.join(&long), "long").expect("write");
+        let archive = pack_dir(root, Vec::new()).expect("pack");
+        let mut vetted = Vec::new();
+        assert_eq!(copy_vetted(archive.as_slice(), &mut vetted).expect("vetted"), 5);
+        let modes = Archive::new(vetted.as_slice())
+            .entries()
+            .expect("entries")
+            .map(|entry| entry.expect("entry").header().mode().expect("mode"))
+            .collect::<Vec<_>>();
+        assert!(modes.iter().all(|mode| mode & 0o7000 == 0), "{modes:?}");
+        let dest = tempfile::tempdir().expect("tempdir");
+        unpack_vetted(vetted.as_slice(), dest.path(), 1 << 20).expect("unpack");
+        let mode = fs::metadata(dest.path().join("a/run.sh")).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755, "no setuid bit");
+        assert!(dest.path().join("a/empty").is_dir());
+        assert_eq!(fs::read_link(dest.path().join("link")).expect("link"), Path::new("a/run.sh"));
+        assert_eq!(fs::read_to_string(dest.path().join(&long)).expect("long name"), "long");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! what reaches a command line is visible in one place and tested without running anything.
 //!
 //! No variable value and no secret is ever an argument here: a step's environment travels on
-//! the stdin of `docker exec -i <container> sh -s` (see [`crate::payload`]).
+//! the stdin of `docker exec -i <container> sh -s` (see [`knotless_protocol::sdk::payload`]).
 
 /// The label every container carries with the runner's id; `cleanup` finds containers by it.
 pub const RUNNER_LABEL: &str = "dev.knotless.runner";
@@ -93,7 +93,7 @@ pub fn exec_step(container: &str) -> Vec<String> {
 
 /// `docker exec <container> sh -c <sweep> sh <marker>`: kills every process of one step.
 pub fn sweep(container: &str, marker: &str) -> Vec<String> {
-    strings(&["exec", container, "sh", "-c", crate::payload::SWEEP, "sh", marker])
+    strings(&["exec", container, "sh", "-c", crate::sweep::SWEEP, "sh", marker])
 }
 
 /// `docker cp - <container>:<path>`: unpacks a tar stream from stdin into an existing folder.

@@ -1,15 +1,16 @@
 //! `command`: one step as `docker exec -i <container> sh -s` with its payload on stdin, its
-//! output streamed as it comes, its exit code read from the payload's report, killed inside
+//! output streamed as it comes, its exit code read from the payload's sentinel, killed inside
 //! the container at its timeout or on cancellation, and the processes a secret-bearing step
 //! left behind killed after it.
 //!
 //! Killing the local `docker exec` kills nothing in the container, so every kill is the sweep
-//! ([`payload::SWEEP`]) of the processes carrying the step's marker. An exec that ends without
-//! the report is an infrastructure error when the container is gone.
+//! ([`sweep::SWEEP`]) of the processes carrying the step's marker. An exec that ends without
+//! the sentinel is an infrastructure error when the container is gone.
 
 use std::time::{Duration, Instant};
 
 use knotless_protocol::sdk::Context;
+use knotless_protocol::sdk::payload::{self, SentinelFilter};
 use knotless_protocol::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr, ChildStdout};
@@ -18,8 +19,8 @@ use crate::DockerExecutor;
 use crate::argv;
 use crate::config::Config;
 use crate::docker::tail;
-use crate::payload::{self, ExitScanner};
 use crate::session::Session;
+use crate::sweep;
 
 /// How long output is read after the step reported its exit while `docker exec` stays open
 /// (a service the step left running holds its output).
@@ -48,18 +49,19 @@ pub async fn run(
     let config = executor.config()?;
     let session = executor.session(&params.session)?;
     let step_name = if params.name.is_empty() { params.step.to_string() } else { params.name.clone() };
-    payload::check_names(&params.env, &params.secrets)?;
+    payload::check_names(&params.env, &params.secrets, sweep::MARKER)?;
     let workdir = session.resolve(params.workdir.as_deref().unwrap_or("/work"))?;
     let marker = format!("{}.{}.{}", session.id, params.step, payload::random_hex(8)?);
-    let sentinel = format!("knotless-exit-{}", payload::random_hex(16)?);
-    let script = payload::step(&payload::Step {
+    let nonce = payload::nonce()?;
+    let script = payload::build(&payload::Step {
         env: &params.env,
         secrets: &params.secrets,
+        marker_variable: sweep::MARKER,
         marker: &marker,
         workdir: &workdir,
         script: &params.script,
-        sentinel: &sentinel,
-    });
+        nonce: &nonce,
+    })?;
     let deadline = tokio::time::Instant::from_std(context.deadline(params.timeout_ms));
     let mut child = config
         .docker
@@ -79,10 +81,10 @@ pub async fn run(
     let started = Instant::now();
     tracing::info!(session = %session.id, container = %session.container, image = %session.image,
         step = params.step, name = %params.name, "step started");
-    let mut pipes = Pipes::new(child.stdout.take(), child.stderr.take(), ExitScanner::new(&sentinel));
+    let mut pipes = Pipes::new(child.stdout.take(), child.stderr.take(), SentinelFilter::new(&nonce));
     let mut exited = None;
     let ending = loop {
-        if let Some(code) = pipes.scanner.code() {
+        if let Some(code) = pipes.filter.code() {
             break Ending::Reported(code);
         }
         tokio::select! {
@@ -94,7 +96,7 @@ pub async fn run(
             () = context.cancelled() => break Ending::Cancelled,
         }
         if exited.is_some() && !pipes.open() {
-            break match pipes.scanner.code() {
+            break match pipes.filter.code() {
                 Some(code) => Ending::Reported(code),
                 None => Ending::ExecEnded(exited.flatten()),
             };
@@ -179,23 +181,23 @@ async fn sweep(config: &Config, session: &Session, marker: &str) -> Result<u32, 
     Ok(String::from_utf8_lossy(&stdout).trim().parse().unwrap_or(0))
 }
 
-/// The step's stdout and stderr, the scanner taking the exit report out of stderr, and the
+/// The step's stdout and stderr, the filter taking the sentinel out of stderr, and the
 /// tail of what came on stderr, for errors.
 struct Pipes {
     stdout: Option<ChildStdout>,
     stderr: Option<ChildStderr>,
-    scanner: ExitScanner,
+    filter: SentinelFilter,
     stdout_buffer: Vec<u8>,
     stderr_buffer: Vec<u8>,
     stderr_tail: Vec<u8>,
 }
 
 impl Pipes {
-    fn new(stdout: Option<ChildStdout>, stderr: Option<ChildStderr>, scanner: ExitScanner) -> Pipes {
+    fn new(stdout: Option<ChildStdout>, stderr: Option<ChildStderr>, filter: SentinelFilter) -> Pipes {
         Pipes {
             stdout,
             stderr,
-            scanner,
+            filter,
             stdout_buffer: vec![0; CHUNK],
             stderr_buffer: vec![0; CHUNK],
             stderr_tail: Vec::new(),
@@ -227,12 +229,12 @@ impl Pipes {
         }
     }
 
-    /// Sends a chunk on, stderr through the scanner; at the end of stderr, what it held.
+    /// Sends a chunk on, stderr through the filter; at the end of stderr, what it held.
     async fn send(&mut self, chunk: Option<(Stream, Vec<u8>)>, context: &Context, session: &str, step: u32) {
         let (stream, bytes) = match chunk {
-            Some((Stream::Stderr, bytes)) => (Stream::Stderr, self.scanner.feed(&bytes)),
+            Some((Stream::Stderr, bytes)) => (Stream::Stderr, self.filter.push(&bytes)),
             Some(other) => other,
-            None if self.stderr.is_none() => (Stream::Stderr, self.scanner.finish()),
+            None if self.stderr.is_none() => (Stream::Stderr, self.filter.finish()),
             None => return,
         };
         if stream == Stream::Stderr {

@@ -5,7 +5,7 @@
 //! runner's id and the session, with no capabilities, no privilege escalation, no host mount,
 //! no network unless asked, and an init process that reaps zombies. A step is
 //! `docker exec -i <container> sh -s` with its variables and secrets on stdin (see
-//! [`payload`]); files come and go as tar streams through `docker cp`.
+//! [`knotless_protocol::sdk::payload`] and [`sweep`]); files come and go as tar streams through `docker cp`.
 //!
 //! Invariants:
 //! - stdout is the protocol's: nothing in this crate prints.
@@ -18,11 +18,10 @@ mod cleanup;
 mod command;
 pub mod config;
 pub mod docker;
-pub mod payload;
 pub mod resources;
 mod session;
+pub mod sweep;
 mod transfer;
-pub mod vet;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

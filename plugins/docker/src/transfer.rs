@@ -2,12 +2,13 @@
 //!
 //! `docker cp - <container>:<folder>` unpacks stdin into an existing folder (created first),
 //! owned by the container's root, keeping modes, symlinks and empty folders; every entry is
-//! vetted on its way ([`crate::vet`]).
+//! vetted on its way ([`knotless_protocol::tarball::copy_vetted`]).
 //! `docker cp <container>:<folder>/. -` packs the folder's contents with entries relative to
 //! it (`./a/b`), which is what the protocol's download carries. The SDK counts the bytes and
 //! enforces the bound; the deadline drops these futures, and every child is killed on drop.
 
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
+use knotless_protocol::tarball::{self, UnpackError};
 use knotless_protocol::*;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio_util::io::SyncIoBridge;
@@ -16,7 +17,6 @@ use crate::DockerExecutor;
 use crate::argv;
 use crate::docker::{Docker, Failure, SHORT_CALL, tail};
 use crate::session::Session;
-use crate::vet::{self, Refusal};
 
 /// `upload`: unpacks the whole stream at `params.path`, created if missing.
 pub async fn upload(
@@ -43,7 +43,7 @@ pub async fn upload(
     let feed = tokio::task::spawn_blocking(move || {
         let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
         let mut output = SyncIoBridge::new(stdin);
-        let copied = vet::copy_vetted(&mut input, &mut output);
+        let copied = tarball::copy_vetted(&mut input, &mut output);
         let _ = output.shutdown();
         copied
     });
@@ -52,7 +52,7 @@ pub async fn upload(
         .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp into {path}: {error}")))?;
     match copied {
         Ok(Ok(_)) => {}
-        Ok(Err(refusal @ Refusal::Entry { .. })) => {
+        Ok(Err(refusal @ UnpackError::Refused { .. })) => {
             return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {path}: {refusal}")));
         }
         // Over the bound (the SDK reports it), or the runner's side closed.

@@ -14,12 +14,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use knotless_protocol::sdk::Context;
+use knotless_protocol::sdk::payload::{self, SentinelFilter};
 use knotless_protocol::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::KubernetesExecutor;
 use crate::kubectl::{self, Kubectl};
-use crate::payload::{self, SentinelFilter};
 use crate::pod::{self, PodState};
 use crate::procs;
 use crate::session::{self, CALL_LIMIT, Session};
@@ -47,7 +47,7 @@ pub async fn run(
     let deadline = tokio::time::Instant::from_std(context.deadline(params.timeout_ms));
     let number = session.steps.fetch_add(1, Ordering::SeqCst);
     let marker = format!("{}.{number}", session.nonce);
-    let nonce = format!("{}s{number}", session::nonce());
+    let nonce = payload::nonce()?;
     let workdir = match &params.workdir {
         Some(dir) if dir.starts_with('/') => dir.clone(),
         Some(dir) => format!("/work/{dir}"),
@@ -56,6 +56,7 @@ pub async fn run(
     let step = payload::Step {
         env: &params.env,
         secrets: &params.secrets,
+        marker_variable: procs::MARKER,
         marker: &marker,
         workdir: &workdir,
         script: &params.script,

@@ -5,8 +5,8 @@
 //! `kubectl exec -i` into it. Manifests are typed `k8s-openapi` structs piped to
 //! `kubectl apply -f -` ([`manifest`]); every kubectl argv is built by a pure function
 //! ([`kubectl`]); a step's variables and secrets travel only in the `sh -s` payload on the
-//! exec stream ([`payload`]), and its end is proven by a sentinel carrying a nonce and the
-//! exit code, never inferred from a closed stream.
+//! exec stream ([`knotless_protocol::sdk::payload`]), and its end is proven by a sentinel
+//! carrying a nonce and the exit code, never inferred from a closed stream.
 //!
 //! Invariants:
 //! - stdout is the protocol's: nothing in this crate prints.
@@ -21,7 +21,6 @@ pub mod config;
 pub mod kubectl;
 pub mod manifest;
 pub mod names;
-pub mod payload;
 pub mod pod;
 mod procs;
 mod session;

@@ -7,8 +7,10 @@ use std::collections::BTreeSet;
 use knotless_protocol::ExecutorError;
 
 use crate::kubectl::{self, Kubectl};
-use crate::payload::MARKER;
 use crate::session::CALL_LIMIT;
+
+/// The variable that marks every process of a step, so leftovers can be found in `/proc`.
+pub const MARKER: &str = "KNOTLESS_STEP_MARKER";
 
 /// Prints the pod's process ids, one a line.
 pub const LIST: &str = "for d in /proc/[0-9]*; do echo \"${d#/proc/}\"; done";

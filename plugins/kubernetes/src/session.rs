@@ -29,7 +29,7 @@ pub struct Session {
     pub namespace: String,
     /// The image.
     pub image: String,
-    /// The nonce of this session's sentinels and markers.
+    /// The nonce of this session's step markers (each step's sentinel has a fresh one).
     pub nonce: String,
     /// The label selector of this session's objects.
     pub selector: String,
