@@ -18,13 +18,14 @@ impl<F: Forge> Daemon<F> {
     /// runner when the record names none).
     async fn is_lander(&self, repository: &Repository) -> bool {
         if !self.config.queue {
+            tracing::info!(repository = %repository.url, "not landing the merge queue of {}: this runner runs without --queue", repository.url);
             return false;
         }
         match self.forge.read_default(repository, RECORD_FILE).await {
             Ok(Some(text)) => match RepositoryRecord::parse(&text) {
                 Ok(record) => match record.lander() {
                     Some(lander) if lander != self.config.runner_id => {
-                        tracing::debug!(repository = %repository.url, "runner {lander} lands {}, not this one", repository.url);
+                        tracing::info!(repository = %repository.url, "runner {lander} lands {}, not this one", repository.url);
                         false
                     }
                     _ => true,

@@ -200,6 +200,12 @@ impl<F: Forge> Daemon<F> {
             if previous.is_none() {
                 tracing::info!(repository = %repository.url, "watching {} (its current heads run once)", repository.url);
             }
+            for (branch, commit) in &snapshot.branches {
+                let moved = previous.as_ref().is_some_and(|seen| seen.branches.get(branch) != Some(commit));
+                if moved && snapshot.landed.contains(commit) {
+                    tracing::info!(repository = %repository.url, "{commit} landed on {branch} through the merge queue: no push run, its batch's checks are its checks");
+                }
+            }
             for event in events(previous.as_ref(), &snapshot, self.config.pulls) {
                 let (jobs, ended) = schedule::plan(&*self.forge, repository, &event, &self.config.runner_id).await;
                 for check in ended {
