@@ -89,4 +89,11 @@ mod tests {
         assert!(text.contains("batch fedcba9876 on aaaaaaaaaa of pull/3, pull/4  failed: batch test failed"), "{text}");
         assert!(text.contains("check lint-1  (no record)"), "{text}");
     }
+
+    #[test]
+    fn an_empty_queue_says_so() {
+        let queue = QueueState { repository: "/srv/demo".into(), branch: "main".into(), ..QueueState::default() };
+        let text = render(&queue, &[]);
+        assert_eq!(text, "merge queue of /srv/demo into main\n  (empty)\n");
+    }
 }

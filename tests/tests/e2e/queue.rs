@@ -188,3 +188,16 @@ fn the_fake_executor_ledger_is_empty_once_the_queue_is_idle() {
     let sessions = std::fs::read_to_string(&ledger).expect("the ledger");
     assert_eq!(sessions.trim(), "[]", "no session is left behind");
 }
+
+#[test]
+fn the_shell_executor_refuses_the_queue_unless_forced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, _) = queue_repo(dir.path(), None);
+    let mut runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-q-refuse", &["--queue"]), vec![repo.url().as_str()]].concat(),
+    );
+    assert!(!runner.wait().success());
+    let stderr = runner.stderr();
+    assert!(stderr.contains("merge queues") && stderr.contains("--force-shell"), "{stderr}");
+}
