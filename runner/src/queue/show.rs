@@ -6,10 +6,12 @@ use std::fmt::Write as _;
 use super::QueueState;
 use crate::checks::CheckRecord;
 
+/// A commit as shown: its first ten characters.
 fn short(commit: &str) -> String {
     commit.chars().take(10).collect()
 }
 
+/// One check of a pull or a batch: its run id, workflow, status and cause.
 fn check_line(out: &mut String, checks: &[CheckRecord], run_id: &str) {
     match checks.iter().find(|check| check.run_id == run_id) {
         Some(check) => {
