@@ -13,5 +13,6 @@ pub mod engine;
 pub mod forge;
 pub mod host;
 pub mod mask;
+pub mod queue;
 pub mod secrets;
 pub mod workflow;

@@ -1,5 +1,6 @@
-//! `knotless-run checks REPO [REV]` lists a repository's checks; `knotless-run logs RUN
-//! [--follow]` prints a run's log, following it while the run goes.
+//! `knotless-run checks REPO [REV]` lists a repository's checks (`--queue BRANCH`: its merge
+//! queue and the batches' checks); `knotless-run logs RUN [--follow]` prints a run's log,
+//! following it while the run goes.
 
 use std::io::{Read as _, Seek as _, Write as _};
 use std::path::Path;
@@ -12,6 +13,7 @@ use clap::Args;
 use super::daemon::StateArgs;
 use crate::checks::{CheckRecord, CheckStore};
 use crate::forge::{normalize_url, repository_key};
+use crate::queue::{QueueState, QueueStore, render};
 
 /// `checks` flags.
 #[derive(Debug, Args)]
@@ -22,7 +24,10 @@ pub struct ChecksArgs {
     /// Only the checks of this revision: a commit (or a prefix), a branch, or `pull/N`.
     #[arg(value_name = "REV")]
     pub rev: Option<String>,
-    /// Print the records as a JSON array.
+    /// Show the merge queue of BRANCH instead: each queued pull's state and the batches' checks.
+    #[arg(long, value_name = "BRANCH", conflicts_with = "rev")]
+    pub queue: Option<String>,
+    /// Print the records (or the queue) as JSON.
     #[arg(long)]
     pub json: bool,
     /// The state folder.
@@ -91,6 +96,20 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
     let store = CheckStore::new(&args.state.state);
     let key = resolve_key(&store, &args.repository)?;
     let mut records = store.list(&key)?;
+    if let Some(branch) = &args.queue {
+        let queue = QueueStore::new(&args.state.state).load(&key, branch)?.unwrap_or_else(|| QueueState {
+            repository: args.repository.clone(),
+            branch: branch.clone(),
+            ..QueueState::default()
+        });
+        let mut stdout = std::io::stdout().lock();
+        if args.json {
+            writeln!(stdout, "{}", serde_json::to_string_pretty(&queue)?)?;
+        } else {
+            write!(stdout, "{}", render(&queue, &records))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(rev) = &args.rev {
         let commit = resolve_rev(&args.state.state, &key, rev);
         records.retain(|record| matches(record, rev, commit.as_deref()));

@@ -37,7 +37,11 @@ pub struct DaemonArgs {
     /// Run pull requests (refs/pulls/<n>/head), merged with their base.
     #[arg(long)]
     pub pulls: bool,
-    /// Allow the shell executor, which isolates nothing, to run pulls.
+    /// Land merge queues (refs/queue/<branch>/<n>) of the repositories this runner is the
+    /// lander of: pre-flights, batches, landing.
+    #[arg(long)]
+    pub queue: bool,
+    /// Allow the shell executor, which isolates nothing, to run pulls and queue batches.
     #[arg(long)]
     pub force_shell: bool,
     /// Seconds between fetches of each repository (`knotless-run notify` wakes it at once).
@@ -89,6 +93,9 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     if name == "shell" && args.pulls && !args.force_shell {
         bail!("--executor shell isolates nothing: it runs pulls (untrusted code) only with --force-shell");
     }
+    if name == "shell" && args.queue && !args.force_shell {
+        bail!("--executor shell isolates nothing: it runs merge queues (untrusted code) only with --force-shell");
+    }
     if name == "shell" && !args.executor.executor_options.iter().any(|option| option.starts_with("work-dir=")) {
         args.executor.executor_options.push(format!("work-dir={}", state.join("work").display()));
         std::fs::create_dir_all(state.join("work"))
@@ -110,6 +117,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         state: state.clone(),
         runner_id,
         pulls: args.pulls,
+        queue: args.queue,
         poll: Duration::from_secs(args.poll.max(1)),
         concurrency: args.concurrency.max(1),
         secrets_file: args.secrets_file.clone(),

@@ -3,7 +3,9 @@
 //! keeps `state.json` so that a restart finishes what a dead runner left and SIGTERM hands
 //! over without losing a check.
 
+mod lander;
 pub mod notify;
+mod queue_runs;
 mod run;
 mod schedule;
 pub mod state;
@@ -40,6 +42,8 @@ pub struct DaemonConfig {
     pub runner_id: String,
     /// Whether pulls start runs (`--pulls`).
     pub pulls: bool,
+    /// Whether this runner may land merge queues (`--queue`).
+    pub queue: bool,
     /// How often repositories are fetched (`--poll`).
     pub poll: Duration,
     /// How many runs at once (`--concurrency`).
@@ -62,6 +66,8 @@ pub struct Daemon<F: Forge> {
     state: StateFile,
     slots: Arc<Semaphore>,
     handover: CancellationToken,
+    /// The repositories whose merge queue a task drives now.
+    driving: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl<F: Forge> Daemon<F> {
@@ -79,6 +85,7 @@ impl<F: Forge> Daemon<F> {
             state,
             slots,
             handover: CancellationToken::new(),
+            driving: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         })
     }
 
@@ -193,6 +200,12 @@ impl<F: Forge> Daemon<F> {
             if previous.is_none() {
                 tracing::info!(repository = %repository.url, "watching {} (its current heads run once)", repository.url);
             }
+            for (branch, commit) in &snapshot.branches {
+                let moved = previous.as_ref().is_some_and(|seen| seen.branches.get(branch) != Some(commit));
+                if moved && snapshot.landed.contains(commit) {
+                    tracing::info!(repository = %repository.url, "{commit} landed on {branch} through the merge queue: no push run, its batch's checks are its checks");
+                }
+            }
             for event in events(previous.as_ref(), &snapshot, self.config.pulls) {
                 let (jobs, ended) = schedule::plan(&*self.forge, repository, &event, &self.config.runner_id).await;
                 for check in ended {
@@ -215,6 +228,7 @@ impl<F: Forge> Daemon<F> {
             self.state.update(|state| {
                 state.repositories.insert(repository.key.clone(), RepositoryState { url: repository.url.clone(), seen })
             });
+            self.consider_queue(repository, &snapshot, tasks).await;
         }
     }
 

@@ -86,7 +86,8 @@ impl<F: Forge> Daemon<F> {
             let leases = self.caches.lease(&repository.key, &workflow.name, &workflow.cache, trusted, &check.run_id);
             let outputs_dir = self.config.state.join("outputs").join(&repository.key).join(&check.run_id);
             check.outputs_dir = Some(outputs_dir.clone());
-            let event = if trusted { Event::Push } else { Event::Pull };
+            let fallback = if trusted { Event::Push } else { Event::Pull };
+            let event = check.target.event.parse::<Event>().unwrap_or(fallback);
             let plan = RunPlan {
                 check_key: format!("{}/{}/{}", repository.key, check.target.commit, workflow.name),
                 workflow: workflow.clone(),

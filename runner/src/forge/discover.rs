@@ -15,6 +15,9 @@ pub struct RepositoryRecord {
     /// The ids of the runners named by the repository.
     #[serde(default)]
     pub runners: Vec<String>,
+    /// The ids of the named runners that may push (land the merge queue).
+    #[serde(default)]
+    pub pushers: Vec<String>,
 }
 
 impl RepositoryRecord {
@@ -23,6 +26,16 @@ impl RepositoryRecord {
         let record: Option<RepositoryRecord> = serde_saphyr::from_str(text)
             .map_err(|error| anyhow::anyhow!("{RECORD_FILE} is not a repository record: {error}"))?;
         Ok(record.unwrap_or_default())
+    }
+
+    /// The merge-queue lander: the first named runner that may push, else the first named
+    /// runner; `None` when no runner is named. It is chosen whether or not it is running.
+    pub fn lander(&self) -> Option<&str> {
+        self.runners
+            .iter()
+            .find(|runner| self.pushers.contains(runner))
+            .or_else(|| self.runners.first())
+            .map(String::as_str)
     }
 
     /// Whether it names `runner_id`.
@@ -70,5 +83,9 @@ mod tests {
         assert!(record.names("beta") && !record.names("gamma"));
         assert!(RepositoryRecord::parse("").expect("empty").runners.is_empty());
         assert!(RepositoryRecord::parse("runner: [x]\n").is_err());
+        assert_eq!(record.lander(), Some("alpha"));
+        let pushing = RepositoryRecord::parse("runners: [a, b, c]\npushers: [c, b]\n").expect("record");
+        assert_eq!(pushing.lander(), Some("b"));
+        assert_eq!(RepositoryRecord::default().lander(), None);
     }
 }

@@ -1,8 +1,10 @@
 //! The git forge: repositories are anything the git CLI can fetch, mirrored (bare) under
 //! `<state>/mirrors/`; branches are `refs/heads/*`; a pull is `refs/pulls/<n>/head` (its head
 //! commit) with an optional `refs/pulls/<n>/base/<branch>` naming its base branch (its value is
-//! not read; without it the base is the default branch); checks are files under the state
-//! folder ([`CheckStore`]).
+//! not read; without it the base is the default branch); a pull queued for landing on a branch
+//! is `refs/queue/<branch>/<n>` (pointing at the head to land) and a landed one is marked
+//! `refs/pulls/<n>/merged` (pointing at the batch that landed it); checks are files under the
+//! state folder ([`CheckStore`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use anyhow::{Context as _, bail};
 use tokio::process::Command;
 
 use super::discover::{RECORD_FILE, RepositoryRecord, candidates};
+use super::merge::{Batch, Merged, commit_tree, make_batch, merge_tree};
 use super::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot};
 use crate::cache::fnv;
 use crate::checkout::{Checkout, git};
@@ -34,6 +37,8 @@ pub struct GitForgeConfig {
 pub struct GitForge {
     config: GitForgeConfig,
     checks: CheckStore,
+    /// Held while a mirror is fetched: the daemon's look and the queue's lander both refresh.
+    fetching: tokio::sync::Mutex<()>,
 }
 
 /// A repository's key: its name and a hash of its URL (`demo-1a2b3c4d`).
@@ -62,7 +67,7 @@ impl GitForge {
     /// A git forge over `config`.
     pub fn new(config: GitForgeConfig) -> GitForge {
         let checks = CheckStore::new(&config.state);
-        GitForge { config, checks }
+        GitForge { config, checks, fetching: tokio::sync::Mutex::new(()) }
     }
 
     /// The check store.
@@ -109,6 +114,7 @@ impl Forge for GitForge {
 
     async fn refresh(&self, repository: &Repository) -> anyhow::Result<Snapshot> {
         let mirror = self.mirror(repository);
+        let _fetching = self.fetching.lock().await;
         if mirror.join("HEAD").is_file() {
             git_in(&mirror, &["fetch", "--prune", "--quiet", "origin"])
                 .await
@@ -129,8 +135,11 @@ impl Forge for GitForge {
             }
             std::fs::rename(&partial, &mirror).with_context(|| format!("cannot create {}", mirror.display()))?;
         }
-        let listing =
-            git_in(&mirror, &["for-each-ref", "--format=%(objectname) %(refname)", "refs/heads", "refs/pulls"]).await?;
+        let listing = git_in(
+            &mirror,
+            &["for-each-ref", "--format=%(objectname) %(refname)", "refs/heads", "refs/pulls", "refs/queue"],
+        )
+        .await?;
         let default_branch = git_in(&mirror, &["symbolic-ref", "--quiet", "HEAD"])
             .await
             .ok()
@@ -152,44 +161,20 @@ impl Forge for GitForge {
                     .await
                     .with_context(|| format!("pull {number}: its base branch {} does not exist", pull.base))?;
                 let base = base.trim();
-                let output = Command::new("git")
-                    .arg("-C")
-                    .arg(&mirror)
-                    .args(["merge-tree", "--write-tree", "--name-only", "--no-messages", base, &pull.head])
-                    .output()
-                    .await
-                    .context("cannot run git merge-tree")?;
-                let stdout = String::from_utf8_lossy(&output.stdout);
-                let mut lines = stdout.lines();
-                let tree = lines.next().unwrap_or("").trim().to_string();
-                if output.status.code() == Some(1) {
-                    let files: Vec<&str> = lines.filter(|line| !line.is_empty()).collect();
-                    bail!(
-                        "pull {number}: its head {} does not merge cleanly into {} at {base}: conflict in {}",
-                        pull.head,
-                        pull.base,
-                        files.join(", ")
-                    );
-                }
-                if !output.status.success() || tree.is_empty() {
-                    bail!("pull {number}: git merge-tree failed: {}", String::from_utf8_lossy(&output.stderr).trim());
-                }
+                let tree =
+                    match merge_tree(&mirror, base, &pull.head).await.with_context(|| format!("pull {number}"))? {
+                        Merged::Tree(tree) => tree,
+                        Merged::Conflict(files) => bail!(
+                            "pull {number}: its head {} does not merge cleanly into {} at {base}: conflict in {}",
+                            pull.head,
+                            pull.base,
+                            files.join(", ")
+                        ),
+                    };
                 let message = format!("knotless: pull {number} ({}) merged into {}", pull.head, pull.base);
-                let output = Command::new("git")
-                    .arg("-C")
-                    .arg(&mirror)
-                    .args(["commit-tree", &tree, "-p", base, "-p", &pull.head, "-m", &message])
-                    .env("GIT_AUTHOR_NAME", "knotless-run")
-                    .env("GIT_AUTHOR_EMAIL", "knotless-run@localhost")
-                    .env("GIT_COMMITTER_NAME", "knotless-run")
-                    .env("GIT_COMMITTER_EMAIL", "knotless-run@localhost")
-                    .output()
+                let commit = commit_tree(&mirror, &tree, &[base, &pull.head], &[], &message)
                     .await
-                    .context("cannot run git commit-tree")?;
-                if !output.status.success() {
-                    bail!("pull {number}: cannot make the merge: {}", String::from_utf8_lossy(&output.stderr).trim());
-                }
-                let commit = String::from_utf8_lossy(&output.stdout).trim().to_string();
+                    .with_context(|| format!("pull {number}: cannot make the merge"))?;
                 Ok(Prepared {
                     checkout: Checkout::Revision { repo: mirror, commit: commit.clone() },
                     commit,
@@ -220,13 +205,41 @@ impl Forge for GitForge {
         self.checks.put_log(&check.repository_key, &check.run_id, log)
     }
 
-    async fn land(&self, repository: &Repository, branch: &str, commit: &str) -> anyhow::Result<()> {
-        // A push without force is refused unless it fast-forwards.
+    async fn land(&self, repository: &Repository, branch: &str, commit: &str, pulls: &[u64]) -> anyhow::Result<()> {
+        // One atomic push without force: refused unless the branch fast-forwards; the pulls are
+        // marked merged and leave the queue in the same push. It names the URL, not `origin`,
+        // since a mirror's remote pushes only as `--mirror`.
         let mirror = self.mirror(repository);
-        git_in(&mirror, &["push", "--quiet", "origin", &format!("{commit}:refs/heads/{branch}")])
+        let mut args = vec!["push".to_string(), "--atomic".into(), "--quiet".into(), repository.url.clone()];
+        args.push(format!("{commit}:refs/heads/{branch}"));
+        for number in pulls {
+            args.push(format!("{commit}:refs/pulls/{number}/merged"));
+            args.push(format!(":refs/queue/{branch}/{number}"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        git_in(&mirror, &args)
             .await
             .with_context(|| format!("cannot land {commit} on {branch} of {}", repository.url))?;
         Ok(())
+    }
+
+    async fn dequeue(&self, repository: &Repository, branch: &str, number: u64) -> anyhow::Result<()> {
+        let mirror = self.mirror(repository);
+        let spec = format!(":refs/queue/{branch}/{number}");
+        git_in(&mirror, &["push", "--quiet", &repository.url, &spec])
+            .await
+            .with_context(|| format!("cannot take pull {number} out of the queue of {branch}"))?;
+        Ok(())
+    }
+
+    async fn batch(
+        &self,
+        repository: &Repository,
+        branch: &str,
+        base: &str,
+        pulls: &[(u64, String)],
+    ) -> anyhow::Result<Batch> {
+        make_batch(&self.mirror(repository), branch, base, pulls).await
     }
 }
 
@@ -235,15 +248,23 @@ fn parse_refs(listing: &str, default_branch: Option<String>) -> Snapshot {
     let mut branches = BTreeMap::new();
     let mut heads = BTreeMap::new();
     let mut bases = BTreeMap::new();
+    let mut landed = std::collections::BTreeSet::new();
+    let mut queued: BTreeMap<String, BTreeMap<u64, String>> = BTreeMap::new();
     for line in listing.lines() {
         let Some((object, name)) = line.split_once(' ') else { continue };
-        if let Some(branch) = name.strip_prefix("refs/heads/") {
+        if let Some((branch, number)) = name.strip_prefix("refs/queue/").and_then(|rest| rest.rsplit_once('/')) {
+            if let Ok(number) = number.parse::<u64>() {
+                queued.entry(branch.to_string()).or_default().insert(number, object.to_string());
+            }
+        } else if let Some(branch) = name.strip_prefix("refs/heads/") {
             branches.insert(branch.to_string(), object.to_string());
         } else if let Some(rest) = name.strip_prefix("refs/pulls/") {
             let Some((number, what)) = rest.split_once('/') else { continue };
             let Ok(number) = number.parse::<u64>() else { continue };
             if what == "head" {
                 heads.insert(number, object.to_string());
+            } else if what == "merged" {
+                landed.insert(object.to_string());
             } else if let Some(base) = what.strip_prefix("base/") {
                 bases.insert(number, base.to_string());
             }
@@ -256,7 +277,7 @@ fn parse_refs(listing: &str, default_branch: Option<String>) -> Snapshot {
             (number, PullRef { head, base: bases.remove(&number).unwrap_or_else(|| fallback.clone()) })
         })
         .collect();
-    Snapshot { default_branch, branches, pulls }
+    Snapshot { default_branch, branches, pulls, queued, landed }
 }
 
 #[cfg(test)]
@@ -270,6 +291,10 @@ mod tests {
         assert_eq!(snapshot.branches.get("feature/x").map(String::as_str), Some("b"));
         assert_eq!(snapshot.pulls[&7], PullRef { head: "c".into(), base: "feature/x".into() });
         assert_eq!(snapshot.pulls[&8], PullRef { head: "e".into(), base: "main".into() });
+        let more = format!("{listing}f refs/queue/feature/x/7\ng refs/pulls/7/merged\n");
+        let snapshot = parse_refs(&more, Some("main".into()));
+        assert_eq!(snapshot.queued["feature/x"][&7], "f");
+        assert!(snapshot.landed.contains("g"));
     }
 
     #[test]

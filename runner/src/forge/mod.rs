@@ -4,6 +4,7 @@
 
 mod discover;
 mod git;
+mod merge;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 pub use discover::{RECORD_FILE, RepositoryRecord};
 pub use git::{GitForge, GitForgeConfig, normalize_url, repository_key};
+pub use merge::Batch;
 
 use crate::checkout::Checkout;
 use crate::checks::CheckRecord;
@@ -44,6 +46,10 @@ pub struct Snapshot {
     pub branches: BTreeMap<String, String>,
     /// The open pulls, by number.
     pub pulls: BTreeMap<u64, PullRef>,
+    /// The merge queue of each branch: pull number to the head queued for landing.
+    pub queued: BTreeMap<String, BTreeMap<u64, String>>,
+    /// The commits that landed through the merge queue (a pull's `merged` mark names them).
+    pub landed: std::collections::BTreeSet<String>,
 }
 
 /// What the runner saw of a repository last time (kept in `state.json`).
@@ -91,7 +97,8 @@ pub enum ForgeEvent {
 /// A new head on a branch is one push event for that head only (not for every commit in
 /// between). At the first sight of a repository (`previous` is `None`) every branch's current
 /// head runs once, a commit heading several branches once. A pull runs when its head changes
-/// (and at first sight), with `pulls` only.
+/// (and at first sight), with `pulls` only. A commit that landed through the merge queue is no
+/// push run: its batch's checks are its checks.
 pub fn events(previous: Option<&Seen>, snapshot: &Snapshot, pulls: bool) -> Vec<ForgeEvent> {
     let empty = Seen::default();
     let seen = previous.unwrap_or(&empty);
@@ -101,6 +108,9 @@ pub fn events(previous: Option<&Seen>, snapshot: &Snapshot, pulls: bool) -> Vec<
     // The default branch first, so a commit heading several branches runs as a push to it.
     branches.sort_by_key(|(branch, _)| Some(*branch) != snapshot.default_branch.as_ref());
     for (branch, commit) in branches {
+        if snapshot.landed.contains(commit) {
+            continue;
+        }
         if seen.branches.get(branch) != Some(commit) && commits.insert(commit.clone()) {
             found.push(ForgeEvent::Push { branch: branch.clone(), commit: commit.clone() });
         }
@@ -159,13 +169,32 @@ pub trait Forge: Send + Sync + 'static {
     /// Stores a finished check's whole log (masked, capped).
     fn put_log(&self, check: &CheckRecord, log: &str) -> anyhow::Result<()>;
 
-    /// Lands a passing batch: moves `branch` to `commit`, only as a fast-forward.
+    /// Lands a passing batch: moves `branch` to `commit`, only as a fast-forward, and marks
+    /// `pulls` merged (out of the queue), all at once.
     fn land(
         &self,
         repository: &Repository,
         branch: &str,
         commit: &str,
+        pulls: &[u64],
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Takes an ejected pull out of `branch`'s merge queue.
+    fn dequeue(
+        &self,
+        repository: &Repository,
+        branch: &str,
+        number: u64,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// Makes the batch of `pulls` (number, head; in queue order) on `base`, `branch`'s head.
+    fn batch(
+        &self,
+        repository: &Repository,
+        branch: &str,
+        base: &str,
+        pulls: &[(u64, String)],
+    ) -> impl Future<Output = anyhow::Result<Batch>> + Send;
 }
 
 #[cfg(test)]
@@ -177,6 +206,7 @@ mod tests {
             default_branch: Some("main".into()),
             branches: branches.iter().map(|(b, c)| (b.to_string(), c.to_string())).collect(),
             pulls: pulls.iter().map(|(n, h)| (*n, PullRef { head: h.to_string(), base: "main".into() })).collect(),
+            ..Snapshot::default()
         }
     }
 
@@ -199,5 +229,8 @@ mod tests {
             events(Some(&seen), &later, false),
             vec![ForgeEvent::Push { branch: "main".into(), commit: "d".into() }]
         );
+        let mut landed = later.clone();
+        landed.landed.insert("d".into());
+        assert!(events(Some(&seen), &landed, false).is_empty(), "a landed batch is no push run");
     }
 }

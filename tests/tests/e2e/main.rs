@@ -9,6 +9,7 @@ mod plugin_check;
 mod pulls;
 mod pushes;
 mod python_executor;
+mod queue;
 mod restarts;
 mod run_command;
 mod secrets;

@@ -1,0 +1,202 @@
+//! The merge queue's runs: a queued pull's pre-flights (its `queue: first` workflows on its head
+//! merged with the base, as pull runs) and a batch's checks (its `on: queue` workflows on the
+//! squashed commit). Both are untrusted runs through the daemon's slots; a check of the same
+//! commit and workflow that already exists is waited for or reused, never run twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use super::Daemon;
+use super::schedule::{Job, new_run_id, selected};
+use super::state::InFlight;
+use crate::checks::{CheckRecord, CheckStore, CheckTarget, now_ms};
+use crate::engine::RunStatus;
+use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, Repository};
+use crate::workflow::{Event, QueuePhase, Workflow};
+
+/// What a set of queue runs gave: whether all passed, their run ids, and the first failure.
+pub(super) struct Outcome {
+    /// Whether every check succeeded.
+    pub passed: bool,
+    /// The checks' run ids.
+    pub runs: Vec<String>,
+    /// The first workflow that did not succeed.
+    pub failed: Option<String>,
+}
+
+fn record(repository: &Repository, workflow: &str, target: &CheckTarget, runner_id: &str) -> CheckRecord {
+    CheckRecord {
+        run_id: new_run_id(workflow),
+        repository: repository.url.clone(),
+        repository_key: repository.key.clone(),
+        workflow: workflow.to_string(),
+        target: target.clone(),
+        trusted: false,
+        runner_id: runner_id.to_string(),
+        status: RunStatus::Queued,
+        cause: None,
+        steps: Vec::new(),
+        outputs: Vec::new(),
+        outputs_dir: None,
+        caches: Vec::new(),
+        log_truncated: false,
+        queued_at: now_ms(),
+        started_at: None,
+        finished_at: None,
+        duration_ms: None,
+    }
+}
+
+impl<F: Forge> Daemon<F> {
+    /// A queued pull's pre-flights on its head merged with `branch`'s head: `Ok` with their
+    /// run ids when all pass, else the ejection reason (and the run ids).
+    pub(super) async fn preflights(
+        self: &Arc<Self>,
+        repository: &Repository,
+        branch: &str,
+        number: u64,
+        head: &str,
+    ) -> Result<Vec<String>, (String, Vec<String>)> {
+        let event = ForgeEvent::Pull { number, pull: PullRef { head: head.to_string(), base: branch.to_string() } };
+        let prepared = match self.forge.prepare(repository, &event).await {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                let text = format!("{error:#}");
+                let reason = match text.split_once("conflict in ") {
+                    Some((_, files)) => format!("conflicts with {branch} at {files}"),
+                    None => format!("cannot merge with {branch}: {text}"),
+                };
+                return Err((reason, Vec::new()));
+            }
+        };
+        let target = CheckTarget {
+            event: "pull".into(),
+            commit: prepared.commit.clone(),
+            git_ref: format!("refs/pulls/{number}/head"),
+            pull: Some(number),
+            head: Some(head.to_string()),
+            base: Some(branch.to_string()),
+        };
+        let workflows = self.workflows_of(&prepared, |workflow| workflow.queue == Some(QueuePhase::First)).await;
+        let outcome = self.run_all(repository, &prepared, &target, workflows).await;
+        match outcome.failed {
+            None if outcome.passed => Ok(outcome.runs),
+            failed => Err((format!("pre-flight {} failed", failed.unwrap_or_default()), outcome.runs)),
+        }
+    }
+
+    /// A batch's checks: its `on: queue` workflows on `commit`.
+    pub(super) async fn batch_checks(
+        self: &Arc<Self>,
+        repository: &Repository,
+        branch: &str,
+        commit: &str,
+    ) -> anyhow::Result<Outcome> {
+        let event = ForgeEvent::Push { branch: branch.to_string(), commit: commit.to_string() };
+        let mut prepared = self.forge.prepare(repository, &event).await?;
+        prepared.git_ref = format!("refs/queue/{branch}");
+        let target = CheckTarget {
+            event: "queue".into(),
+            commit: commit.to_string(),
+            git_ref: prepared.git_ref.clone(),
+            pull: None,
+            head: None,
+            base: Some(branch.to_string()),
+        };
+        let workflows = self.workflows_of(&prepared, |workflow| workflow.on.matches(Event::Queue, Some(branch))).await;
+        Ok(self.run_all(repository, &prepared, &target, workflows).await)
+    }
+
+    /// The workflows of a checkout that `wanted` picks and that may run on this runner.
+    async fn workflows_of(&self, prepared: &Prepared, wanted: impl Fn(&Workflow) -> bool) -> Vec<Workflow> {
+        match prepared.checkout.workflows().await {
+            Ok((workflows, errors)) => {
+                for error in errors {
+                    tracing::warn!("merge queue: {error}");
+                }
+                workflows
+                    .into_iter()
+                    .filter(|workflow| wanted(workflow) && selected(workflow, &self.config.runner_id))
+                    .collect()
+            }
+            Err(error) => {
+                tracing::error!("merge queue: cannot read the workflows of {}: {error:#}", prepared.commit);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Runs (or reuses) one check of each workflow on `target`, all at once, to their ends.
+    async fn run_all(
+        self: &Arc<Self>,
+        repository: &Repository,
+        prepared: &Prepared,
+        target: &CheckTarget,
+        workflows: Vec<Workflow>,
+    ) -> Outcome {
+        let mut set = JoinSet::new();
+        for (index, workflow) in workflows.into_iter().enumerate() {
+            let daemon = Arc::clone(self);
+            let job = Job {
+                repository: repository.clone(),
+                check: record(repository, &workflow.name, target, &self.config.runner_id),
+                workflow,
+                prepared: prepared.clone(),
+            };
+            set.spawn(async move { (index, daemon.reuse_or_run(job).await) });
+        }
+        let mut ended: Vec<(usize, CheckRecord)> = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(done) => ended.push(done),
+                Err(error) => tracing::error!("merge queue: a run task failed: {error}"),
+            }
+        }
+        ended.sort_by_key(|(index, _)| *index);
+        let failed =
+            ended.iter().find(|(_, check)| check.status != RunStatus::Success).map(|(_, c)| c.workflow.clone());
+        Outcome {
+            passed: failed.is_none() && !self.handover.is_cancelled(),
+            runs: ended.into_iter().map(|(_, check)| check.run_id).collect(),
+            failed,
+        }
+    }
+
+    /// The check of `job`'s workflow on its commit: one that passed or failed already, one in
+    /// flight (waited for), or a new run.
+    async fn reuse_or_run(self: Arc<Self>, job: Job) -> CheckRecord {
+        let store = CheckStore::new(&self.config.state);
+        let same = |check: &CheckRecord| {
+            check.workflow == job.check.workflow
+                && check.target.commit == job.check.target.commit
+                && check.target.event == job.check.target.event
+        };
+        loop {
+            let existing: Vec<CheckRecord> =
+                store.list(&job.repository.key).unwrap_or_default().into_iter().filter(same).collect();
+            let settled = existing
+                .iter()
+                .rev()
+                .find(|check| check.status == RunStatus::Success)
+                .or_else(|| existing.iter().rev().find(|check| check.status == RunStatus::Failure));
+            if let Some(check) = settled {
+                return check.clone();
+            }
+            if !existing.iter().any(|check| !check.status.is_final()) || self.handover.is_cancelled() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let key = job.repository.key.clone();
+        let run_id = job.check.run_id.clone();
+        let fallback = job.check.clone();
+        self.state.update(|state| {
+            state.in_flight.insert(run_id.clone(), InFlight { repository_key: key.clone(), status: "queued".into() })
+        });
+        self.put_check(&job.check);
+        Arc::clone(&self).queue(job).await;
+        store.get(&key, &run_id).unwrap_or(fallback)
+    }
+}

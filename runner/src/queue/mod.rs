@@ -1,0 +1,199 @@
+//! The merge queue's record: for each repository and branch, the queued pulls in queue order
+//! with their state (waiting for pre-flights, ready, in a batch, merged, ejected and why) and
+//! the batches tried, kept as `<state>/queue/<key>/<branch>.json` (atomic writes) by the
+//! lander and shown by `knotless-run checks REPO --queue BRANCH`.
+
+mod show;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+pub use show::render;
+
+use crate::checks::{now_ms, write_atomic};
+
+/// Where a queued pull is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EntryState {
+    /// Queued; its pre-flights have not all passed yet.
+    Waiting,
+    /// Its pre-flights passed; it joins the next batch.
+    Ready,
+    /// In the batch being checked.
+    InBatch,
+    /// Landed: its batch moved the branch.
+    Merged,
+    /// Out of the queue, with a reason.
+    Ejected,
+    /// Its queue ref was deleted before it landed.
+    Removed,
+}
+
+impl EntryState {
+    /// Its name as shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryState::Waiting => "waiting for pre-flights",
+            EntryState::Ready => "pre-flights passed",
+            EntryState::InBatch => "in batch",
+            EntryState::Merged => "merged",
+            EntryState::Ejected => "ejected",
+            EntryState::Removed => "removed",
+        }
+    }
+
+    /// Whether the entry is done with the queue.
+    pub fn is_final(self) -> bool {
+        matches!(self, EntryState::Merged | EntryState::Ejected | EntryState::Removed)
+    }
+}
+
+/// One queued pull.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The pull's number.
+    pub number: u64,
+    /// The head queued (the queue ref's commit).
+    pub head: String,
+    /// Where it is.
+    pub state: EntryState,
+    /// Why it was ejected (or what it waits for).
+    pub reason: Option<String>,
+    /// The run ids of its pre-flight checks.
+    #[serde(default)]
+    pub preflights: Vec<String>,
+    /// The batch commit it is in or landed with.
+    pub batch: Option<String>,
+    /// When it was first seen queued (Unix milliseconds).
+    pub queued_at: u64,
+}
+
+/// One batch tried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRecord {
+    /// The squashed commit.
+    pub commit: String,
+    /// The base it sits on.
+    pub base: String,
+    /// Its pulls, in queue order.
+    pub pulls: Vec<u64>,
+    /// `running`, `passed`, `failed`, `landed` or `stale` (the branch moved under it).
+    pub status: String,
+    /// The run ids of its checks.
+    #[serde(default)]
+    pub runs: Vec<String>,
+    /// Why it failed or did not land.
+    pub cause: Option<String>,
+}
+
+/// The queue of one branch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueState {
+    /// The repository as watched.
+    pub repository: String,
+    /// The branch the pulls land on.
+    pub branch: String,
+    /// Every pull queued, in queue order (first seen first, then by number).
+    pub entries: Vec<Entry>,
+    /// The batches, oldest first.
+    #[serde(default)]
+    pub batches: Vec<BatchRecord>,
+}
+
+impl QueueState {
+    /// The entry of pull `number` still in the queue.
+    pub fn active_mut(&mut self, number: u64) -> Option<&mut Entry> {
+        self.entries.iter_mut().find(|entry| entry.number == number && !entry.state.is_final())
+    }
+
+    /// Takes in the queue refs now there: a new (number, head) is a new waiting entry; a live
+    /// entry whose ref is gone or moved is removed (a moved ref is queued anew). A head that
+    /// already landed or was ejected is not queued again.
+    pub fn sync(&mut self, queued: &std::collections::BTreeMap<u64, String>) {
+        for entry in self.entries.iter_mut().filter(|entry| !entry.state.is_final()) {
+            if queued.get(&entry.number) != Some(&entry.head) {
+                entry.state = EntryState::Removed;
+                entry.reason = Some("its queue ref was deleted or moved".into());
+            }
+        }
+        for (number, head) in queued {
+            if !self.entries.iter().any(|entry| entry.number == *number && &entry.head == head) {
+                self.entries.push(Entry {
+                    number: *number,
+                    head: head.clone(),
+                    state: EntryState::Waiting,
+                    reason: None,
+                    preflights: Vec::new(),
+                    batch: None,
+                    queued_at: now_ms(),
+                });
+            }
+        }
+    }
+
+    /// Whether a pull waits or is ready.
+    pub fn is_busy(&self) -> bool {
+        self.entries.iter().any(|entry| !entry.state.is_final())
+    }
+}
+
+/// The queue files under a state folder.
+#[derive(Debug, Clone)]
+pub struct QueueStore {
+    root: PathBuf,
+}
+
+impl QueueStore {
+    /// The store under `<state>/queue`.
+    pub fn new(state: &Path) -> QueueStore {
+        QueueStore { root: state.join("queue") }
+    }
+
+    fn path(&self, repository_key: &str, branch: &str) -> PathBuf {
+        self.root.join(repository_key).join(format!("{}.json", branch.replace('%', "%25").replace('/', "%2F")))
+    }
+
+    /// The queue of a branch (empty when none was kept).
+    pub fn load(&self, repository_key: &str, branch: &str) -> anyhow::Result<Option<QueueState>> {
+        let path = self.path(repository_key, branch);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(
+                serde_json::from_slice(&bytes).with_context(|| format!("{} is not a queue record", path.display()))?,
+            )),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    /// Writes a branch's queue atomically.
+    pub fn save(&self, repository_key: &str, queue: &QueueState) -> anyhow::Result<()> {
+        let text = serde_json::to_vec_pretty(queue).context("cannot encode a queue record")?;
+        write_atomic(&self.path(repository_key, &queue.branch), &text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn refs_become_entries_in_order_and_a_moved_ref_is_queued_anew() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = QueueStore::new(dir.path());
+        let mut queue = QueueState { repository: "r".into(), branch: "release/1".into(), ..QueueState::default() };
+        queue.sync(&BTreeMap::from([(2, "b".to_string()), (1, "a".to_string())]));
+        queue.entries[0].state = EntryState::Merged;
+        queue.sync(&BTreeMap::from([(1, "a".to_string()), (2, "c".to_string())]));
+        let shown: Vec<_> = queue.entries.iter().map(|e| (e.number, e.head.as_str(), e.state)).collect();
+        assert_eq!(shown, [(1, "a", EntryState::Merged), (2, "b", EntryState::Removed), (2, "c", EntryState::Waiting)]);
+        assert!(queue.is_busy());
+        store.save("k", &queue).expect("save");
+        assert_eq!(store.load("k", "release/1").expect("load"), Some(queue));
+        assert_eq!(store.load("k", "main").expect("load"), None);
+    }
+}
