@@ -34,6 +34,10 @@ pub struct DaemonArgs {
     /// branch) names this runner in `runners:`.
     #[arg(long, value_name = "DIR")]
     pub discover: Option<PathBuf>,
+    /// With --discover: the runner of repositories whose record names none (or that have no
+    /// record); this runner watches them when ID is its own id.
+    #[arg(long, value_name = "ID")]
+    pub default_runner: Option<String>,
     /// Run pull requests (refs/pulls/<n>/head), merged with their base.
     #[arg(long)]
     pub pulls: bool,
@@ -112,6 +116,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         repositories: args.repositories.clone(),
         discover: args.discover.clone(),
         runner_id: runner_id.clone(),
+        default_runner: args.default_runner.clone(),
     });
     let daemon_config = DaemonConfig {
         state: state.clone(),

@@ -31,6 +31,8 @@ pub struct GitForgeConfig {
     pub discover: Option<PathBuf>,
     /// This runner's id, which a discovered repository's record must name.
     pub runner_id: String,
+    /// `--default-runner ID`: the runner of discovered repositories whose record names none.
+    pub default_runner: Option<String>,
 }
 
 /// The embedded git forge.
@@ -94,16 +96,23 @@ impl Forge for GitForge {
         let mut found: Vec<Repository> = self.config.repositories.iter().map(|url| Self::watch(url)).collect();
         if let Some(dir) = &self.config.discover {
             for path in candidates(dir) {
+                // A repository without a record (or naming no runner) belongs to the default
+                // runner, if there is one.
                 let record = match git_in(&path, &["show", &format!("HEAD:{RECORD_FILE}")]).await {
-                    Ok(text) => text,
-                    Err(_) => continue,
+                    Ok(text) => match RepositoryRecord::parse(&text) {
+                        Ok(record) => record,
+                        Err(error) => {
+                            tracing::warn!("--discover: {}: {error:#}", path.display());
+                            continue;
+                        }
+                    },
+                    Err(_) => RepositoryRecord::default(),
                 };
-                match RepositoryRecord::parse(&record) {
-                    Ok(record) if record.names(&self.config.runner_id) => {
-                        found.push(Self::watch(&path.to_string_lossy()));
-                    }
-                    Ok(_) => {}
-                    Err(error) => tracing::warn!("--discover: {}: {error:#}", path.display()),
+                let runner = &self.config.runner_id;
+                let named = record.names(runner)
+                    || (record.runners.is_empty() && self.config.default_runner.as_deref() == Some(runner.as_str()));
+                if named {
+                    found.push(Self::watch(&path.to_string_lossy()));
                 }
             }
         }

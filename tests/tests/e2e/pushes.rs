@@ -98,3 +98,22 @@ fn discover_watches_the_repositories_whose_record_names_this_runner() {
     let state = std::fs::read_to_string(dir.path().join("state/state.json")).expect("state.json");
     assert!(!state.contains(&other.url()), "a repository that does not name the runner is not watched: {state}");
 }
+
+#[test]
+fn the_default_runner_takes_discovered_repositories_that_name_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let forge = dir.path().join("forge");
+    let unnamed = knotless_tests::Repo::init(&forge.join("unnamed"));
+    unnamed.write(".knotless/workflows/pass.yml", PASS);
+    let unnamed_commit = unnamed.commit("no record");
+    let other = knotless_tests::Repo::init(&forge.join("other"));
+    other.write(".knotless/repository.yml", "runners: [someone]\n").write(".knotless/workflows/pass.yml", PASS);
+    other.commit("names another runner");
+    let discover = forge.to_string_lossy().into_owned();
+    let extra = ["--discover", discover.as_str(), "--default-runner", "e2e-default"];
+    let runner = Runner::start(&dir.path().join("state"), &flags("e2e-default", &extra));
+    let checks = runner.final_checks(&unnamed.url(), &unnamed_commit, 1);
+    assert_eq!(checks[0]["status"], "success");
+    let state = std::fs::read_to_string(dir.path().join("state/state.json")).expect("state.json");
+    assert!(!state.contains(&other.url()), "a repository naming another runner stays theirs: {state}");
+}
