@@ -3,7 +3,7 @@
 use knotless_executor_shell::ShellExecutor;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     // Stdout carries protocol frames only: every log line goes to stderr.
     let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));

@@ -24,8 +24,20 @@ use crate::messages::*;
 use crate::version::SUPPORTED_VERSIONS;
 
 /// Serves `executor` on stdin and stdout until `shutdown` or the end of stdin.
+///
+/// When stdin and stdout are pipes, as when the runner starts the executor, they are read and
+/// written without blocking; tokio's own `stdin()` and `stdout()` hand every read and write to a
+/// blocking thread, which costs a thread wake-up per message. Anything else (a terminal, a file)
+/// falls back to them.
 pub async fn serve<E: Executor>(executor: E) -> anyhow::Result<()> {
-    serve_io(executor, tokio::io::stdin(), tokio::io::stdout()).await
+    use std::os::fd::AsFd;
+    use tokio::net::unix::pipe;
+    let input = std::io::stdin().as_fd().try_clone_to_owned().and_then(pipe::Receiver::from_owned_fd);
+    let output = std::io::stdout().as_fd().try_clone_to_owned().and_then(pipe::Sender::from_owned_fd);
+    match (input, output) {
+        (Ok(input), Ok(output)) => serve_io(executor, input, output).await,
+        _ => serve_io(executor, tokio::io::stdin(), tokio::io::stdout()).await,
+    }
 }
 
 /// Serves `executor` on any pair of streams (tests drive an executor in memory with this).
