@@ -93,6 +93,37 @@ pub struct CheckRecord {
 }
 
 impl CheckRecord {
+    /// A new check, queued now: nothing has run yet.
+    pub fn queued(
+        run_id: String,
+        (repository, repository_key): (&str, &str),
+        workflow: &str,
+        target: &CheckTarget,
+        trusted: bool,
+        runner_id: &str,
+    ) -> CheckRecord {
+        CheckRecord {
+            run_id,
+            repository: repository.to_string(),
+            repository_key: repository_key.to_string(),
+            workflow: workflow.to_string(),
+            target: target.clone(),
+            trusted,
+            runner_id: runner_id.to_string(),
+            status: RunStatus::Queued,
+            cause: None,
+            steps: Vec::new(),
+            outputs: Vec::new(),
+            outputs_dir: None,
+            caches: Vec::new(),
+            log_truncated: false,
+            queued_at: now_ms(),
+            started_at: None,
+            finished_at: None,
+            duration_ms: None,
+        }
+    }
+
     /// Takes in what the engine reported.
     pub fn finish(&mut self, report: &RunReport) {
         self.status = report.status;

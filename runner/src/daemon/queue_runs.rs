@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use super::Daemon;
 use super::schedule::{Job, new_run_id, selected};
 use super::state::InFlight;
-use crate::checks::{CheckRecord, CheckStore, CheckTarget, now_ms};
+use crate::checks::{CheckRecord, CheckStore, CheckTarget};
 use crate::engine::RunStatus;
 use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, Repository};
 use crate::workflow::{Event, QueuePhase, Workflow};
@@ -27,26 +27,9 @@ pub(super) struct Outcome {
 }
 
 fn record(repository: &Repository, workflow: &str, target: &CheckTarget, runner_id: &str) -> CheckRecord {
-    CheckRecord {
-        run_id: new_run_id(workflow),
-        repository: repository.url.clone(),
-        repository_key: repository.key.clone(),
-        workflow: workflow.to_string(),
-        target: target.clone(),
-        trusted: false,
-        runner_id: runner_id.to_string(),
-        status: RunStatus::Queued,
-        cause: None,
-        steps: Vec::new(),
-        outputs: Vec::new(),
-        outputs_dir: None,
-        caches: Vec::new(),
-        log_truncated: false,
-        queued_at: now_ms(),
-        started_at: None,
-        finished_at: None,
-        duration_ms: None,
-    }
+    let repository = (repository.url.as_str(), repository.key.as_str());
+    // Queue runs (pre-flights and batches) are never trusted.
+    CheckRecord::queued(new_run_id(workflow), repository, workflow, target, false, runner_id)
 }
 
 impl<F: Forge> Daemon<F> {

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::checks::{CheckRecord, CheckTarget, now_ms};
+use crate::checks::{CheckRecord, CheckTarget};
 use crate::engine::RunStatus;
 use crate::forge::{Forge, ForgeEvent, Prepared, Repository};
 use crate::workflow::{Event, Workflow};
@@ -72,25 +72,9 @@ pub async fn plan<F: Forge>(
         ),
     };
     let trusted = kind == Event::Push;
-    let record = |workflow: &str, target: &CheckTarget| CheckRecord {
-        run_id: new_run_id(workflow),
-        repository: repository.url.clone(),
-        repository_key: repository.key.clone(),
-        workflow: workflow.to_string(),
-        target: target.clone(),
-        trusted,
-        runner_id: runner_id.to_string(),
-        status: RunStatus::Queued,
-        cause: None,
-        steps: Vec::new(),
-        outputs: Vec::new(),
-        outputs_dir: None,
-        caches: Vec::new(),
-        log_truncated: false,
-        queued_at: now_ms(),
-        started_at: None,
-        finished_at: None,
-        duration_ms: None,
+    let record = |workflow: &str, target: &CheckTarget| {
+        let repository = (repository.url.as_str(), repository.key.as_str());
+        CheckRecord::queued(new_run_id(workflow), repository, workflow, target, trusted, runner_id)
     };
     let mut ended = Vec::new();
     let (prepared, merge_error) = match forge.prepare(repository, event).await {
