@@ -79,7 +79,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Logs to stderr: human lines on a terminal, JSON lines otherwise; `KNOTLESS_LOG_FORMAT`
-/// (`json` or `human`) overrides. The filter comes from `KNOTLESS_LOG` (default `info`).
+/// (`json`, or `human` alias `text`) overrides. The filter comes from `KNOTLESS_LOG` (default `info`).
 fn init_tracing() {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
@@ -87,7 +87,7 @@ fn init_tracing() {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let json = match std::env::var("KNOTLESS_LOG_FORMAT").as_deref() {
         Ok("json") => true,
-        Ok("human") => false,
+        Ok("human" | "text") => false,
         _ => !std::io::stderr().is_terminal(),
     };
     if json {
