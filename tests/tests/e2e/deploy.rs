@@ -360,3 +360,63 @@ fn the_kubernetes_guide_runs_against_the_fake_cluster() {
     assert_eq!(left, Vec::<String>::new(), "the guide's runs left objects in the cluster");
     uninstall(&destdir, &["--purge"]);
 }
+
+/// The variables of a systemd environment file: `NAME=VALUE` lines, `#` comments, a later line
+/// for the same name winning.
+fn environment_file(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(name, value)| (name.trim().to_string(), value.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn the_daemon_starts_from_the_example_env_file_runs_a_push_and_hands_over() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let made = ran({
+        let mut command = Command::new("bash");
+        command
+            .arg(source_root().join("tests/fake-kubectl/fake-cluster.sh"))
+            .arg(work.path().join("cluster"))
+            .arg(bin_dir().join("knotless-rootfs.tar"));
+        command
+    });
+    assert_eq!(made.code, Some(0), "fake-cluster.sh\n{}", made.both());
+    let kubeconfig = made.stdout.trim().to_string();
+    let repo = knotless_tests::Repo::init(&work.path().join("repo"));
+    repo.write(".knotless/workflows/hello.yml", "steps:\n  - name: hello\n    run: echo hello from the unit\n");
+    let commit = repo.commit("a workflow");
+
+    // The unit's command line: `knotless-run $KNOTLESS_EXECUTOR_ARGS $KNOTLESS_ARGS
+    // $KNOTLESS_REPOS`, each variable split on whitespace, as systemd does without a shell. Only
+    // the host's paths are swapped for the test's.
+    let unit = std::fs::read_to_string(source_root().join("deploy/knotless-run.service")).expect("the unit");
+    assert!(unit.contains("$KNOTLESS_EXECUTOR_ARGS $KNOTLESS_ARGS $KNOTLESS_REPOS"), "{unit}");
+    let variables = environment_file(&std::fs::read_to_string(source_root().join("deploy/env.example")).expect("env"));
+    let state = work.path().join("state");
+    let mut args: Vec<String> = ["KNOTLESS_EXECUTOR_ARGS", "KNOTLESS_ARGS", "KNOTLESS_REPOS"]
+        .iter()
+        .flat_map(|name| variables.get(*name).map(String::as_str).unwrap_or("").split_whitespace())
+        .map(|arg| match arg {
+            "/etc/knotless/tenant.kubeconfig" => kubeconfig.clone(),
+            "/var/lib/knotless" => state.display().to_string(),
+            other => other.to_string(),
+        })
+        .collect();
+    // `Runner` names the state folder itself.
+    let at = args.iter().position(|arg| arg == "--state").expect("the example sets --state");
+    args.drain(at..at + 2);
+    args.extend(["--kubectl".to_string(), bin("fake-kubectl").display().to_string(), repo.url()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut runner = knotless_tests::Runner::start(&state, &args);
+    let checks = runner.final_checks(&repo.url(), &commit, 1);
+    assert_eq!(checks[0]["status"], "success", "{checks:#?}\n{}", runner.stderr());
+    let log = runner.run_log(checks[0]["run_id"].as_str().expect("a run id"));
+    assert!(log.contains("hello from the unit"), "{log}");
+    runner.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = runner.wait();
+    assert_eq!(status.code(), Some(0), "{}", runner.stderr());
+    assert!(runner.stderr().contains("handed over"), "{}", runner.stderr());
+}
