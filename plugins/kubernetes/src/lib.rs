@@ -1,5 +1,5 @@
 //! The Kubernetes executor: one `batch/v1` Job per session on a cluster, driven through
-//! `kubectl` (seeds 0002 and 0003).
+//! `kubectl`.
 //!
 //! A session is a Job whose pod keeps a shell alive; steps, uploads and downloads are
 //! `kubectl exec -i` into it. Manifests are typed `k8s-openapi` structs piped to

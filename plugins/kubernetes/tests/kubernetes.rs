@@ -1,5 +1,7 @@
-//! The Kubernetes executor against the fake kubectl: the failure matrix of seed 0003 M3, the
-//! canary secret, and the sweep of a secret-bearing step's leftovers.
+//! The Kubernetes executor against the fake kubectl: the failure matrix (image missing, pull
+//! denied, unschedulable, non-zero exit, timeout, runner killed, node lost, Job deleted, policy
+//! denied, token expired, exec stream dropped), the canary secret, and the sweep of a
+//! secret-bearing step's leftovers.
 
 mod support;
 
