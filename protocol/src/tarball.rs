@@ -4,6 +4,7 @@
 //! The vetting rules live here only: [`unpack_vetted`] and [`copy_vetted`] (for an executor
 //! that hands the stream to a tool that would unpack it as given, like `docker cp`) share them.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -97,9 +98,10 @@ pub fn unpack_vetted<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<U
     archive.set_unpack_xattrs(false);
     archive.set_mask(0o7000);
     let mut entries = 0;
+    let mut vetter = Vetter::default();
     for entry in archive.entries()? {
         let mut entry = entry.map_err(|error| over_or_io(error, max_bytes))?;
-        if vet(&mut entry)? == Vetted::Skip {
+        if vetter.vet(&mut entry)? == Vetted::Skip {
             continue;
         }
         let size = entry.header().size()?;
@@ -125,9 +127,10 @@ pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, Unpack
     let mut builder = Builder::new(output);
     builder.follow_symlinks(false);
     let mut written = 0;
+    let mut vetter = Vetter::default();
     for entry in archive.entries()? {
         let mut entry = entry?;
-        let vetted = vet(&mut entry)?;
+        let vetted = vetter.vet(&mut entry)?;
         if vetted == Vetted::Skip {
             continue;
         }
@@ -161,35 +164,81 @@ enum Vetted {
 }
 
 /// The rules every entry passes: a relative path without `..`, links that stay inside, no
-/// device node, fifo or unknown entry type.
-fn vet<R: Read>(entry: &mut Entry<'_, R>) -> Result<Vetted, UnpackError> {
-    let path = entry.path()?.into_owned();
-    let Some(depth) = vetted_depth(&path) else {
-        return Err(refused(entry, "absolute path or `..`"));
-    };
-    let entry_type = entry.header().entry_type();
-    let vetted = match entry_type {
-        EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::GNUSparse => Vetted::Content,
-        EntryType::Symlink | EntryType::Link => {
-            let Some(target) = entry.link_name()?.map(|target| target.into_owned()) else {
-                return Err(refused(entry, "link without a target"));
-            };
-            let escapes = if entry_type == EntryType::Link {
-                vetted_depth(&target).is_none()
-            } else {
-                target.is_absolute() || !link_stays_inside(depth, &target)
-            };
-            if escapes {
-                return Err(refused(entry, "link leaves the tree"));
+/// device node, fifo or unknown entry type. A link's target is resolved through the links seen
+/// before it (`a/l1 -> ..` then `l2 -> a/l1/..` would leave the tree, though each looks inside on
+/// its own), and no entry may be written through a link.
+#[derive(Default)]
+struct Vetter {
+    /// The symlinks seen so far, each with where it leads, as normal components from the root.
+    links: HashMap<PathBuf, PathBuf>,
+}
+
+impl Vetter {
+    fn vet<R: Read>(&mut self, entry: &mut Entry<'_, R>) -> Result<Vetted, UnpackError> {
+        let path = entry.path()?.into_owned();
+        let Some(depth) = vetted_depth(&path) else {
+            return Err(refused(entry, "absolute path or `..`"));
+        };
+        let normal: PathBuf = path.components().filter(|component| matches!(component, Component::Normal(_))).collect();
+        if normal.ancestors().skip(1).any(|ancestor| self.links.contains_key(ancestor)) {
+            return Err(refused(entry, "path through a link"));
+        }
+        let entry_type = entry.header().entry_type();
+        let vetted = match entry_type {
+            EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::GNUSparse => Vetted::Content,
+            EntryType::Symlink | EntryType::Link => {
+                let Some(target) = entry.link_name()?.map(|target| target.into_owned()) else {
+                    return Err(refused(entry, "link without a target"));
+                };
+                let from = if entry_type == EntryType::Link {
+                    Path::new("")
+                } else {
+                    normal.parent().unwrap_or(Path::new(""))
+                };
+                let lexically_inside = if entry_type == EntryType::Link {
+                    vetted_depth(&target).is_some()
+                } else {
+                    !target.is_absolute() && link_stays_inside(depth, &target)
+                };
+                let Some(leads_to) = self.resolve(from, &target).filter(|_| lexically_inside) else {
+                    return Err(refused(entry, "link leaves the tree"));
+                };
+                if entry_type == EntryType::Symlink {
+                    self.links.insert(normal, leads_to);
+                }
+                Vetted::Link(target)
             }
-            Vetted::Link(target)
+            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {
+                return Ok(Vetted::Skip);
+            }
+            _ => return Err(refused(entry, "device node, fifo or unknown entry type")),
+        };
+        Ok(if depth == 0 { Vetted::Skip } else { vetted })
+    }
+
+    /// Where `target`, read from the folder `from`, leads, following the links seen so far;
+    /// `None` when it leaves the tree.
+    fn resolve(&self, from: &Path, target: &Path) -> Option<PathBuf> {
+        let mut at = from.to_path_buf();
+        for component in target.components() {
+            match component {
+                Component::Normal(name) => {
+                    at.push(name);
+                    if let Some(leads_to) = self.links.get(&at) {
+                        at = leads_to.clone();
+                    }
+                }
+                Component::ParentDir => {
+                    if !at.pop() {
+                        return None;
+                    }
+                }
+                Component::CurDir => {}
+                Component::RootDir | Component::Prefix(_) => return None,
+            }
         }
-        EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink => {
-            return Ok(Vetted::Skip);
-        }
-        _ => return Err(refused(entry, "device node, fifo or unknown entry type")),
-    };
-    Ok(if depth == 0 { Vetted::Skip } else { vetted })
+        Some(at)
+    }
 }
 
 /// The refusal of an entry, naming it as the archive does.
@@ -384,5 +433,61 @@ mod tests {
         unpack_vetted(archive.as_slice(), dest.path(), 1 << 20).expect("unpack");
         let mode = fs::metadata(dest.path().join("tool")).expect("stat").permissions().mode();
         assert_eq!(mode & 0o7777, 0o755);
+    }
+
+    /// An archive of the given entries, names written raw as a hostile archive would.
+    fn archive_of(entries: &[(EntryType, &str, Option<&str>)]) -> Vec<u8> {
+        let mut builder = Builder::new(Vec::new());
+        for (entry_type, path, link) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(*entry_type);
+            header.set_size(0);
+            header.set_mode(if *entry_type == EntryType::Directory { 0o755 } else { 0o644 });
+            if let Some(link) = link {
+                header.set_link_name(link).expect("link name");
+            }
+            let name = &mut header.as_old_mut().name;
+            name[..path.len()].copy_from_slice(path.as_bytes());
+            header.set_cksum();
+            builder.append(&header, io::empty()).expect("append");
+        }
+        builder.into_inner().expect("finish")
+    }
+
+    #[test]
+    fn a_chain_of_links_that_leaves_the_tree_is_refused() {
+        // Each link looks inside on its own; through `l1`, `l2` leads above the root.
+        let chain = archive_of(&[
+            (EntryType::Directory, "p", None),
+            (EntryType::Directory, "p/q", None),
+            (EntryType::Symlink, "p/q/l1", Some("../..")),
+            (EntryType::Symlink, "l2", Some("p/q/l1/..")),
+        ]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        let unpacked = unpack_vetted(chain.as_slice(), dest.path(), 1 << 20);
+        assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{unpacked:?}");
+        let copied = copy_vetted(chain.as_slice(), Vec::new());
+        assert!(matches!(copied, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{copied:?}");
+        // Writing through a link is refused too.
+        let through = archive_of(&[(EntryType::Symlink, "dir", Some(".")), (EntryType::Regular, "dir/x", None)]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        let unpacked = unpack_vetted(through.as_slice(), dest.path(), 1 << 20);
+        assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "path through a link", .. })), "{unpacked:?}");
+    }
+
+    #[test]
+    fn links_to_links_inside_the_tree_are_kept() {
+        let libraries = archive_of(&[
+            (EntryType::Directory, "lib", None),
+            (EntryType::Regular, "lib/libfoo.so.1.2", None),
+            (EntryType::Symlink, "lib/libfoo.so.1", Some("libfoo.so.1.2")),
+            (EntryType::Symlink, "lib/libfoo.so", Some("libfoo.so.1")),
+            (EntryType::Symlink, "current", Some("lib/libfoo.so")),
+            (EntryType::Symlink, "lib/up", Some("../lib")),
+        ]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        unpack_vetted(libraries.as_slice(), dest.path(), 1 << 20).expect("a tree of links inside");
+        assert_eq!(fs::read_link(dest.path().join("current")).expect("readlink"), PathBuf::from("lib/libfoo.so"));
+        copy_vetted(libraries.as_slice(), Vec::new()).expect("copied");
     }
 }
