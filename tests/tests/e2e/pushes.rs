@@ -117,3 +117,50 @@ fn the_default_runner_takes_discovered_repositories_that_name_none() {
     let state = std::fs::read_to_string(dir.path().join("state/state.json")).expect("state.json");
     assert!(!state.contains(&other.url()), "a repository naming another runner stays theirs: {state}");
 }
+
+#[test]
+fn logs_follow_prints_a_running_log_as_it_grows_and_stops_when_the_run_ends() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proceed = dir.path().join("proceed");
+    let workflow = format!(
+        "steps:\n  - name: slow\n    run: |\n      echo first-line\n      while [ ! -e '{}' ]; do sleep 0.05; done\n      echo second-line\n",
+        proceed.display()
+    );
+    let (repo, commit) = repo_with(dir.path(), &[("slow", workflow.as_str())]);
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-follow", &[]), vec![repo.url().as_str()]].concat());
+    let run_id = eventually("a running check", || {
+        let checks = runner.checks(&repo.url(), Some(&commit));
+        checks
+            .iter()
+            .find(|check| check["status"] == "running")
+            .and_then(|check| check["run_id"].as_str().map(str::to_string))
+    });
+    let mut follow = std::process::Command::new(knotless_tests::bin("knotless-run"))
+        .args(["logs", &run_id, "--follow", "--state"])
+        .arg(&runner.state)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn logs --follow");
+    let mut lines = BufReader::new(follow.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("a line");
+        let first = line.contains("first-line");
+        seen.push(line);
+        if first {
+            break;
+        }
+    }
+    assert!(seen.iter().any(|line| line.contains("first-line")), "the live log showed the first line: {seen:?}");
+    assert!(!seen.iter().any(|line| line.contains("second-line")), "the step has not printed its second line yet");
+    std::fs::write(&proceed, "").expect("let the step go on");
+    // Bounded: a `--follow` that never ends fails the test instead of hanging it.
+    let status = eventually("logs --follow to end with the run", || follow.try_wait().expect("wait"));
+    seen.extend(lines.map_while(Result::ok));
+    assert!(status.success(), "{seen:?}");
+    assert!(seen.iter().any(|line| line.contains("second-line")), "the rest came as it was written: {seen:?}");
+    let checks = runner.final_checks(&repo.url(), &commit, 1);
+    assert_eq!(checks[0]["status"], "success");
+}
