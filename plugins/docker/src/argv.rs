@@ -18,9 +18,16 @@ pub const REPOSITORY_LABEL: &str = "dev.knotless.repository";
 /// The folders every session has, created by `start`.
 pub const SESSION_FOLDERS: [&str; 3] = ["/work", "/steps", "/outputs"];
 
-/// What keeps a session's container alive between steps: a shell sleeping forever, under the
-/// init process `--init` adds (which reaps the zombies steps leave).
-pub const KEEP_ALIVE: &str = "while :; do sleep 86400; done";
+/// What keeps a session's container alive between steps: a shell sleeping, under the init
+/// process `--init` adds (which reaps the zombies steps leave). With a lifetime it sleeps that
+/// long and the container then stops by itself, as a Job past its `activeDeadlineSeconds`:
+/// a container whose runner and executor both died does not run forever.
+pub fn keep_alive(lifetime_secs: Option<u64>) -> String {
+    match lifetime_secs {
+        Some(seconds) => format!("sleep {seconds}"),
+        None => "while :; do sleep 86400; done".to_string(),
+    }
+}
 
 /// What `start` creates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +46,8 @@ pub struct ContainerSpec {
     pub memory: Option<u64>,
     /// Whether the container may use the network (else `--network none`).
     pub network: bool,
+    /// Seconds after which the container stops by itself; `None` for a kept session.
+    pub lifetime_secs: Option<u64>,
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -75,7 +84,8 @@ pub fn run_container(spec: &ContainerSpec) -> Vec<String> {
     }
     argv.extend(strings(&["--workdir", "/work", "--entrypoint", "sh"]));
     argv.push(spec.image.clone());
-    argv.extend(strings(&["-c", KEEP_ALIVE]));
+    argv.push("-c".into());
+    argv.push(keep_alive(spec.lifetime_secs));
     argv
 }
 
@@ -143,6 +153,7 @@ mod tests {
             cpus: Some("0.5".into()),
             memory: Some(536_870_912),
             network: false,
+            lifetime_secs: None,
         }
     }
 
@@ -155,6 +166,12 @@ mod tests {
              --pids-limit 1024 --cpus 0.5 --memory 536870912 --network none --workdir /work --entrypoint sh \
              knotless-test/busybox:1 -c while :; do sleep 86400; done"
         );
+    }
+
+    #[test]
+    fn a_container_with_a_lifetime_stops_by_itself() {
+        let spec = ContainerSpec { lifetime_secs: Some(3900), ..spec() };
+        assert_eq!(run_container(&spec)[run_container(&spec).len() - 2..], ["-c", "sleep 3900"]);
     }
 
     #[test]

@@ -9,10 +9,14 @@ use crate::argv;
 use crate::docker::{Docker, Failure};
 
 /// The options this executor takes, as the runner spells them.
-const OPTIONS: &[&str] = &["docker", "image", "host", "pids-limit"];
+const OPTIONS: &[&str] = &["docker", "image", "host", "pids-limit", "lifetime-margin"];
 
 /// `--pids-limit` of a container when the `pids-limit` option is not given.
 pub const DEFAULT_PIDS_LIMIT: u32 = 1024;
+
+/// Seconds a container outlives its run's timeout (for the outputs and the stop) when the
+/// `lifetime-margin` option is not given.
+pub const DEFAULT_LIFETIME_MARGIN: u64 = 300;
 
 /// How long the engine may take to answer `docker version` in `initialize`.
 const PROBE_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
@@ -26,6 +30,8 @@ pub struct Config {
     pub image: Option<String>,
     /// Each container's `--pids-limit`.
     pub pids_limit: u32,
+    /// Seconds a container lives past its run's timeout before it stops itself.
+    pub lifetime_margin: u64,
     /// The runner's id: every container carries it as a label.
     pub runner_id: String,
 }
@@ -70,10 +76,20 @@ impl Config {
                 ))
             })?,
         };
+        let lifetime_margin = match non_empty("lifetime-margin")? {
+            None => DEFAULT_LIFETIME_MARGIN,
+            Some(text) => text.trim().parse::<u64>().map_err(|_| {
+                ExecutorError::configuration(format!(
+                    "option {} of the docker executor must be a number of seconds, not {text:?}",
+                    flag("lifetime-margin")
+                ))
+            })?,
+        };
         Ok(Config {
             docker: Docker { program: PathBuf::from(program), host },
             image,
             pids_limit,
+            lifetime_margin,
             runner_id: params.runner.id.clone(),
         })
     }

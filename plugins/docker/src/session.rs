@@ -68,6 +68,10 @@ pub fn container_spec(config: &Config, params: &StartParams) -> Result<Container
         cpus: params.resources.cpu.as_deref().map(resources::cpus).transpose()?,
         memory: params.resources.memory.as_deref().map(resources::memory_bytes).transpose()?,
         network: params.network,
+        lifetime_secs: match (params.keep, params.run_timeout_ms) {
+            (false, Some(timeout_ms)) => Some(timeout_ms.div_ceil(1000) + config.lifetime_margin),
+            _ => None,
+        },
     })
 }
 
@@ -196,6 +200,7 @@ mod tests {
             docker: Docker { program: "docker".into(), host: None },
             image: image.map(str::to_string),
             pids_limit: 1024,
+            lifetime_margin: 300,
             runner_id: "r1".into(),
         }
     }
@@ -228,6 +233,15 @@ mod tests {
         assert_eq!(spec.labels[0], ("dev.knotless.runner".to_string(), "r1".to_string()));
         assert_eq!(spec.labels[1], ("dev.knotless.session".to_string(), "s1".to_string()));
         assert_eq!((spec.cpus.as_deref(), spec.memory), (Some("0.5"), Some(536_870_912)));
+    }
+
+    #[test]
+    fn a_container_lives_its_run_timeout_plus_the_margin_unless_kept() {
+        let timed = StartParams { run_timeout_ms: Some(3_600_001), ..params(Some("w:1")) };
+        assert_eq!(container_spec(&config(None), &timed).expect("spec").lifetime_secs, Some(3601 + 300));
+        let kept = StartParams { keep: true, ..timed };
+        assert_eq!(container_spec(&config(None), &kept).expect("spec").lifetime_secs, None);
+        assert_eq!(container_spec(&config(None), &params(Some("w:1"))).expect("spec").lifetime_secs, None);
     }
 
     #[test]

@@ -282,3 +282,30 @@ async fn an_upload_with_a_device_node_is_refused() {
     assert_eq!(ran["exit_code"], 0, "no device node was made");
     harness.finish().await;
 }
+
+#[tokio::test]
+async fn a_container_stops_by_itself_past_its_run_timeout_and_its_margin() {
+    let runner_id = format!("knotless-test-lifetime-{}", std::process::id());
+    let mut harness = Harness::uninitialized(&runner_id).await;
+    harness.initialize(json!({"image": support::IMAGE, "lifetime-margin": "1"})).await.expect("initialize");
+    harness
+        .request("start", json!({"session": "short", "timeout_ms": 60_000, "run_timeout_ms": 1_000}))
+        .await
+        .expect("start");
+    let container = harness.container("short");
+    let running = || {
+        let (ok, stdout, _) = docker(&["inspect", "--format", "{{.State.Running}}", &container]);
+        ok && String::from_utf8_lossy(&stdout).trim() == "true"
+    };
+    assert!(running(), "the container runs at first");
+    // A run of 1 s plus a margin of 1 s: the keep-alive ends and the container with it.
+    assert!(eventually(Duration::from_secs(30), || !running()).await, "{container} outlived its lifetime");
+    let (code, message) = harness
+        .request("command", json!({"session": "short", "step": 0, "script": "true", "timeout_ms": 10_000}))
+        .await
+        .expect_err("a step in a stopped container");
+    assert_eq!(code, i64::from(code::INFRASTRUCTURE), "{message}");
+    harness.request("stop", json!({"session": "short", "timeout_ms": 60_000})).await.expect("stop");
+    assert!(containers_of(&runner_id).is_empty(), "stop removes the stopped container");
+    harness.finish().await;
+}
