@@ -338,20 +338,7 @@ mod tests {
     }
 
     fn archive_with(entry_type: EntryType, path: &str, link: Option<&str>) -> Vec<u8> {
-        let mut builder = Builder::new(Vec::new());
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(entry_type);
-        header.set_size(0);
-        header.set_mode(0o644);
-        if let Some(link) = link {
-            header.set_link_name(link).expect("link name");
-        }
-        // `set_path` refuses `..`, so write the name bytes the way a hostile archive would.
-        let name = &mut header.as_old_mut().name;
-        name[..path.len()].copy_from_slice(path.as_bytes());
-        header.set_cksum();
-        builder.append(&header, io::empty()).expect("append");
-        builder.into_inner().expect("finish")
+        archive_of(&[(entry_type, path, link)])
     }
 
     #[test]
@@ -446,6 +433,7 @@ mod tests {
             if let Some(link) = link {
                 header.set_link_name(link).expect("link name");
             }
+            // `set_path` refuses `..`, so write the name bytes the way a hostile archive would.
             let name = &mut header.as_old_mut().name;
             name[..path.len()].copy_from_slice(path.as_bytes());
             header.set_cksum();

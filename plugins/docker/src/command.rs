@@ -10,9 +10,10 @@
 use std::time::{Duration, Instant};
 
 use knotless_protocol::sdk::Context;
+use knotless_protocol::sdk::output::OutputPipes;
 use knotless_protocol::sdk::payload::{self, SentinelFilter};
 use knotless_protocol::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStderr, ChildStdout};
 
 use crate::DockerExecutor;
@@ -28,9 +29,6 @@ const SETTLE: Duration = Duration::from_millis(200);
 
 /// How long the sweep of a step's processes may take.
 const SWEEP_WITHIN: Duration = Duration::from_secs(30);
-
-/// The most bytes read from a pipe at once.
-const CHUNK: usize = 64 * 1024;
 
 /// How the step's first phase ended.
 enum Ending {
@@ -184,49 +182,23 @@ async fn sweep(config: &Config, session: &Session, marker: &str) -> Result<u32, 
 /// The step's stdout and stderr, the filter taking the sentinel out of stderr, and the
 /// tail of what came on stderr, for errors.
 struct Pipes {
-    stdout: Option<ChildStdout>,
-    stderr: Option<ChildStderr>,
+    output: OutputPipes<ChildStdout, ChildStderr>,
     filter: SentinelFilter,
-    stdout_buffer: Vec<u8>,
-    stderr_buffer: Vec<u8>,
     stderr_tail: Vec<u8>,
 }
 
 impl Pipes {
     fn new(stdout: Option<ChildStdout>, stderr: Option<ChildStderr>, filter: SentinelFilter) -> Pipes {
-        Pipes {
-            stdout,
-            stderr,
-            filter,
-            stdout_buffer: vec![0; CHUNK],
-            stderr_buffer: vec![0; CHUNK],
-            stderr_tail: Vec::new(),
-        }
+        Pipes { output: OutputPipes::new(stdout, stderr), filter, stderr_tail: Vec::new() }
     }
 
     fn open(&self) -> bool {
-        self.stdout.is_some() || self.stderr.is_some()
+        self.output.is_open()
     }
 
     /// The next chunk from either pipe; `None` when a pipe just closed. Cancel-safe.
     async fn read(&mut self) -> Option<(Stream, Vec<u8>)> {
-        let Pipes { stdout, stderr, stdout_buffer, stderr_buffer, .. } = self;
-        tokio::select! {
-            read = read_from(stdout, stdout_buffer) => match read {
-                Ok(count) if count > 0 => Some((Stream::Stdout, stdout_buffer[..count].to_vec())),
-                _ => {
-                    *stdout = None;
-                    None
-                }
-            },
-            read = read_from(stderr, stderr_buffer) => match read {
-                Ok(count) if count > 0 => Some((Stream::Stderr, stderr_buffer[..count].to_vec())),
-                _ => {
-                    *stderr = None;
-                    None
-                }
-            },
-        }
+        self.output.read().await
     }
 
     /// Sends a chunk on, stderr through the filter; at the end of stderr, what it held.
@@ -234,7 +206,7 @@ impl Pipes {
         let (stream, bytes) = match chunk {
             Some((Stream::Stderr, bytes)) => (Stream::Stderr, self.filter.push(&bytes)),
             Some(other) => other,
-            None if self.stderr.is_none() => (Stream::Stderr, self.filter.finish()),
+            None if !self.output.stderr_open() => (Stream::Stderr, self.filter.finish()),
             None => return,
         };
         if stream == Stream::Stderr {
@@ -258,17 +230,8 @@ impl Pipes {
                 () = &mut settle => break,
             }
         }
-        self.stdout = None;
-        self.stderr = None;
+        self.output.close();
         let _ = child.start_kill();
         let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-    }
-}
-
-/// Reads from a pipe that may be closed already (then it never resolves).
-async fn read_from<R: AsyncReadExt + Unpin>(pipe: &mut Option<R>, buffer: &mut [u8]) -> std::io::Result<usize> {
-    match pipe {
-        Some(pipe) => pipe.read(buffer).await,
-        None => std::future::pending().await,
     }
 }

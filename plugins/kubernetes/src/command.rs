@@ -14,9 +14,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use knotless_protocol::sdk::Context;
+use knotless_protocol::sdk::output::OutputPipes;
 use knotless_protocol::sdk::payload::{self, SentinelFilter};
 use knotless_protocol::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::KubernetesExecutor;
 use crate::kubectl::{self, Kubectl};
@@ -82,36 +83,34 @@ pub async fn run(
             tracing::warn!(step = params.step, error = %error, "the payload was not written whole");
         }
     }
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
+    let mut pipes = OutputPipes::new(child.stdout.take(), child.stderr.take());
     let mut filter = SentinelFilter::new(&nonce);
     let mut tail: Vec<u8> = Vec::new();
-    let (mut out_buffer, mut err_buffer) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    let mut stderr_done = false;
     let mut settle: Option<tokio::time::Instant> = None;
     let ending = loop {
-        if stdout.is_none() && stderr.is_none() {
+        if !pipes.is_open() {
             break Ending::Closed;
         }
         if filter.code().is_some() && settle.is_none() {
             settle = Some(tokio::time::Instant::now() + SETTLE);
         }
         tokio::select! {
-            read = read_from(&mut stdout, &mut out_buffer) => match read {
-                Some(count) => context.output(&session.id, params.step, Stream::Stdout, &out_buffer[..count]).await,
-                None => stdout = None,
-            },
-            read = read_from(&mut stderr, &mut err_buffer) => match read {
-                Some(count) => {
-                    let bytes = filter.push(&err_buffer[..count]);
+            chunk = pipes.read() => match chunk {
+                Some((Stream::Stdout, bytes)) => context.output(&session.id, params.step, Stream::Stdout, &bytes).await,
+                Some((Stream::Stderr, bytes)) => {
+                    let bytes = filter.push(&bytes);
                     keep_tail(&mut tail, &bytes);
                     context.output(&session.id, params.step, Stream::Stderr, &bytes).await;
                 }
-                None => {
+                // Once stderr has closed, the filter gives up what it held back, once.
+                None if !pipes.stderr_open() && !stderr_done => {
+                    stderr_done = true;
                     let rest = filter.finish();
                     keep_tail(&mut tail, &rest);
                     context.output(&session.id, params.step, Stream::Stderr, &rest).await;
-                    stderr = None;
                 }
+                None => {}
             },
             () = sleep_until(settle) => break Ending::Closed,
             () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
@@ -220,17 +219,6 @@ fn keep_tail(tail: &mut Vec<u8>, bytes: &[u8]) {
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Reads from a pipe that may be closed already (then it never resolves); `None` at its end.
-async fn read_from<R: AsyncReadExt + Unpin>(pipe: &mut Option<R>, buffer: &mut [u8]) -> Option<usize> {
-    match pipe {
-        Some(pipe) => match pipe.read(buffer).await {
-            Ok(count) if count > 0 => Some(count),
-            _ => None,
-        },
         None => std::future::pending().await,
     }
 }

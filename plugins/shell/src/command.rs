@@ -15,8 +15,8 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use knotless_protocol::sdk::Context;
+use knotless_protocol::sdk::output::OutputPipes;
 use knotless_protocol::*;
-use tokio::io::AsyncReadExt;
 use tokio::process::{ChildStderr, ChildStdout, Command};
 
 use crate::ShellExecutor;
@@ -25,9 +25,6 @@ use crate::session::Session;
 
 /// How long output is read after the step's main process exited while the pipes stay open.
 const SETTLE: Duration = Duration::from_millis(200);
-
-/// The most bytes read from a pipe at once (and sent in one `output` notification).
-const CHUNK: usize = 64 * 1024;
 
 /// How the step's main process ended.
 enum Ending {
@@ -80,7 +77,7 @@ pub async fn run(
 
     let ending = loop {
         tokio::select! {
-            chunk = pipes.read(), if pipes.open() => {
+            chunk = pipes.read(), if pipes.is_open() => {
                 if let Some((stream, bytes)) = chunk {
                     context.output(&session.id, params.step, stream, &bytes).await;
                 }
@@ -104,7 +101,7 @@ pub async fn run(
             // The main process is dead (or a zombie): reap it.
             let _ = child.start_kill();
             let _ = child.wait().await;
-            pipes.drain(&context, &session.id, params.step).await;
+            drain(&mut pipes, &context, &session.id, params.step).await;
             tracing::info!(session = %session.id, step = params.step, killed = killed.len(), "step killed");
             return Err(match ending {
                 Ending::TimedOut => {
@@ -129,7 +126,7 @@ pub async fn run(
             context.log(&session.id, LogLevel::Warn, message).await;
         }
     }
-    pipes.drain(&context, &session.id, params.step).await;
+    drain(&mut pipes, &context, &session.id, params.step).await;
     let exit_code = status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1);
     tracing::debug!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
     Ok(CommandResult { exit_code, duration_ms, killed_processes })
@@ -158,69 +155,23 @@ fn step_command(params: &CommandParams, session: &Session, path: &str) -> Comman
     command
 }
 
-/// The step's stdout and stderr, read chunk by chunk until both close.
-struct Pipes {
-    stdout: Option<ChildStdout>,
-    stderr: Option<ChildStderr>,
-    stdout_buffer: Vec<u8>,
-    stderr_buffer: Vec<u8>,
-}
+/// The step's output pipes.
+type Pipes = OutputPipes<ChildStdout, ChildStderr>;
 
-impl Pipes {
-    fn new(stdout: Option<ChildStdout>, stderr: Option<ChildStderr>) -> Pipes {
-        Pipes { stdout, stderr, stdout_buffer: vec![0; CHUNK], stderr_buffer: vec![0; CHUNK] }
-    }
-
-    fn open(&self) -> bool {
-        self.stdout.is_some() || self.stderr.is_some()
-    }
-
-    /// The next chunk from either pipe; `None` when a pipe just closed. Cancel-safe: no
-    /// bytes are lost when the future is dropped unfinished.
-    async fn read(&mut self) -> Option<(Stream, Vec<u8>)> {
-        let Pipes { stdout, stderr, stdout_buffer, stderr_buffer } = self;
+/// Sends what is left in the pipes until both close or [`SETTLE`] passes, then closes them:
+/// what a leftover process writes later is not the step's.
+async fn drain(pipes: &mut Pipes, context: &Context, session: &str, step: u32) {
+    let settle = tokio::time::sleep(SETTLE);
+    tokio::pin!(settle);
+    while pipes.is_open() {
         tokio::select! {
-            read = read_from(stdout, stdout_buffer) => match read {
-                Ok(count) if count > 0 => Some((Stream::Stdout, stdout_buffer[..count].to_vec())),
-                _ => {
-                    *stdout = None;
-                    None
+            chunk = pipes.read() => {
+                if let Some((stream, bytes)) = chunk {
+                    context.output(session, step, stream, &bytes).await;
                 }
-            },
-            read = read_from(stderr, stderr_buffer) => match read {
-                Ok(count) if count > 0 => Some((Stream::Stderr, stderr_buffer[..count].to_vec())),
-                _ => {
-                    *stderr = None;
-                    None
-                }
-            },
-        }
-    }
-
-    /// Sends what is left in the pipes until both close or [`SETTLE`] passes, then closes
-    /// them: what a leftover process writes later is not the step's.
-    async fn drain(&mut self, context: &Context, session: &str, step: u32) {
-        let settle = tokio::time::sleep(SETTLE);
-        tokio::pin!(settle);
-        while self.open() {
-            tokio::select! {
-                chunk = self.read() => {
-                    if let Some((stream, bytes)) = chunk {
-                        context.output(session, step, stream, &bytes).await;
-                    }
-                }
-                () = &mut settle => break,
             }
+            () = &mut settle => break,
         }
-        self.stdout = None;
-        self.stderr = None;
     }
-}
-
-/// Reads from a pipe that may be closed already (then it never resolves).
-async fn read_from<R: AsyncReadExt + Unpin>(pipe: &mut Option<R>, buffer: &mut [u8]) -> std::io::Result<usize> {
-    match pipe {
-        Some(pipe) => pipe.read(buffer).await,
-        None => std::future::pending().await,
-    }
+    pipes.close();
 }

@@ -19,6 +19,7 @@
 //! }
 //! ```
 
+pub mod output;
 pub mod payload;
 mod serve;
 mod transfer;

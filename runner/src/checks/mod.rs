@@ -258,33 +258,17 @@ mod tests {
     use super::*;
 
     fn record(run_id: &str, queued_at: u64) -> CheckRecord {
-        CheckRecord {
-            run_id: run_id.into(),
-            repository: "/srv/demo".into(),
-            repository_key: "demo-1".into(),
-            workflow: "build".into(),
-            target: CheckTarget {
-                event: "push".into(),
-                commit: "abc".into(),
-                git_ref: "refs/heads/main".into(),
-                pull: None,
-                head: None,
-                base: None,
-            },
-            trusted: true,
-            runner_id: "r".into(),
-            status: RunStatus::Queued,
-            cause: None,
-            steps: Vec::new(),
-            outputs: Vec::new(),
-            outputs_dir: None,
-            caches: Vec::new(),
-            log_truncated: false,
-            queued_at,
-            started_at: None,
-            finished_at: None,
-            duration_ms: None,
-        }
+        let target = CheckTarget {
+            event: "push".into(),
+            commit: "abc".into(),
+            git_ref: "refs/heads/main".into(),
+            pull: None,
+            head: None,
+            base: None,
+        };
+        let mut record = CheckRecord::queued(run_id.into(), ("/srv/demo", "demo-1"), "build", &target, true, "r");
+        record.queued_at = queued_at;
+        record
     }
 
     #[test]

@@ -255,6 +255,21 @@ fn systemd_analyze_accepts_the_units() {
     assert!(complaints.is_empty(), "systemd-analyze verify of the installed units: {complaints:#?}");
 }
 
+/// A fake cluster in `<work>/cluster` (`tests/fake-kubectl/fake-cluster.sh`); its admin
+/// kubeconfig's path.
+fn fake_cluster(work: &Path) -> String {
+    let made = ran({
+        let mut command = Command::new("bash");
+        command
+            .arg(source_root().join("tests/fake-kubectl/fake-cluster.sh"))
+            .arg(work.join("cluster"))
+            .arg(bin_dir().join("knotless-rootfs.tar"));
+        command
+    });
+    assert_eq!(made.code, Some(0), "fake-cluster.sh\n{}", made.both());
+    made.stdout.trim().to_string()
+}
+
 /// The fenced `sh` blocks of a Markdown text that follow a `<!-- test: fake-cluster -->` line.
 fn marked_blocks(markdown: &str) -> Vec<String> {
     let mut blocks = Vec::new();
@@ -285,16 +300,7 @@ fn the_kubernetes_guide_runs_against_the_fake_cluster() {
     assert!(blocks.len() >= 5, "the guide marks {} blocks for the test", blocks.len());
 
     let work = tempfile::tempdir().expect("tempdir");
-    let made = ran({
-        let mut command = Command::new("bash");
-        command
-            .arg(source_root().join("tests/fake-kubectl/fake-cluster.sh"))
-            .arg(work.path().join("cluster"))
-            .arg(bin_dir().join("knotless-rootfs.tar"));
-        command
-    });
-    assert_eq!(made.code, Some(0), "fake-cluster.sh\n{}", made.both());
-    let admin = made.stdout.trim().to_string();
+    let admin = fake_cluster(work.path());
     let state = work.path().canonicalize().expect("canonical").join("cluster/state");
 
     // The guide's commands run against what install.sh laid out.
@@ -375,16 +381,7 @@ fn environment_file(text: &str) -> BTreeMap<String, String> {
 #[test]
 fn the_daemon_starts_from_the_example_env_file_runs_a_push_and_hands_over() {
     let work = tempfile::tempdir().expect("tempdir");
-    let made = ran({
-        let mut command = Command::new("bash");
-        command
-            .arg(source_root().join("tests/fake-kubectl/fake-cluster.sh"))
-            .arg(work.path().join("cluster"))
-            .arg(bin_dir().join("knotless-rootfs.tar"));
-        command
-    });
-    assert_eq!(made.code, Some(0), "fake-cluster.sh\n{}", made.both());
-    let kubeconfig = made.stdout.trim().to_string();
+    let kubeconfig = fake_cluster(work.path());
     let repo = knotless_tests::Repo::init(&work.path().join("repo"));
     repo.write(".knotless/workflows/hello.yml", "steps:\n  - name: hello\n    run: echo hello from the unit\n");
     let commit = repo.commit("a workflow");
