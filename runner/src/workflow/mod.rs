@@ -256,7 +256,31 @@ pub fn parse(name: &str, display_path: &str, text: &str) -> Result<Workflow, Wor
     if text.len() as u64 > MAX_WORKFLOW_BYTES {
         return Err(WorkflowError::whole_file(display_path, format!("file is larger than {MAX_WORKFLOW_BYTES} bytes")));
     }
+    check_name(name).map_err(|rule| WorkflowError::whole_file(display_path, rule))?;
     raw::parse(name, display_path, text)
+}
+
+/// The longest workflow name, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// Whether a workflow name (its file's stem) may be one: a name becomes a folder of outputs and
+/// caches, a label and a line on a terminal, so it is never empty, `.` or `..`, and holds no
+/// path separator and no control character. The error says the rule broken.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let rule = if name.is_empty() {
+        "its name (the file's stem) is empty"
+    } else if name == "." || name == ".." {
+        "its name (the file's stem) is `.` or `..`, which name folders"
+    } else if name.contains(['/', '\\']) {
+        "its name (the file's stem) holds a path separator"
+    } else if name.chars().any(char::is_control) {
+        "its name (the file's stem) holds a control character"
+    } else if name.len() > MAX_NAME_BYTES {
+        "its name (the file's stem) is longer than 128 bytes"
+    } else {
+        return Ok(());
+    };
+    Err(format!("{rule}: rename the file"))
 }
 
 /// Reads the workflow file at `path` (a regular file, never through a symlink); its stem is the

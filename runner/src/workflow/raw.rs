@@ -47,7 +47,7 @@ pub(crate) fn parse(name: &str, file: &str, text: &str) -> Result<Workflow, Work
                 return Err(at_position(file, start, "", "the file is empty, expected a mapping with steps"));
             };
             let root = Position::of(raw.referenced).unwrap_or(start);
-            Check { file }.workflow(name, root, workflow)
+            Check { file, text }.workflow(name, root, workflow)
         }
         Err(error) => {
             // The index reads past duplicate keys so that their error can name the field too.
@@ -70,7 +70,7 @@ struct WorkflowRaw {
     cache: Option<Vec<Spanned<String>>>,
     runners: Option<Vec<Spanned<String>>>,
     queue: Option<QueuePhase>,
-    network: Option<bool>,
+    network: Option<Spanned<StrictBool>>,
     steps: Option<Spanned<Vec<Spanned<StepRaw>>>>,
 }
 
@@ -220,6 +220,8 @@ fn at_position(file: &str, position: Position, path: &str, message: &str) -> Wor
 /// The semantic checks, run on what serde accepted.
 struct Check<'a> {
     file: &'a str,
+    /// The file's text, to see how a scalar was written.
+    text: &'a str,
 }
 
 impl Check<'_> {
@@ -236,6 +238,10 @@ impl Check<'_> {
         if let Some(image) = &raw.image {
             self.not_blank(image, root, "image")?;
         }
+        let network = match &raw.network {
+            Some(network) => self.boolean(network, root, "network")?,
+            None => false,
+        };
         let resources = match raw.resources {
             Some(resources) => Resources {
                 cpu: self.quantity(resources.cpu, root, "resources.cpu")?,
@@ -285,7 +291,7 @@ impl Check<'_> {
             cache: cache.into_iter().map(|path| path.value).collect(),
             runners: runners.into_iter().map(|runner| runner.value).collect(),
             queue: raw.queue,
-            network: raw.network.unwrap_or(false),
+            network,
             steps,
         })
     }
@@ -479,4 +485,82 @@ fn is_quantity(text: &str) -> bool {
                 .map(|exponent| exponent.strip_prefix(['+', '-']).unwrap_or(exponent))
                 .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
     number_ok && suffix_ok
+}
+
+/// A boolean as written: YAML's `true` or `false`, or anything else (a quoted `"true"`, `yes`,
+/// `on`, `1`), which the checks refuse naming the field, never reading it as a boolean.
+#[derive(Debug, Clone)]
+enum StrictBool {
+    Bool(bool),
+    Other(String),
+}
+
+impl<'de> Deserialize<'de> for StrictBool {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct StrictBoolVisitor;
+        impl<'de> Visitor<'de> for StrictBoolVisitor {
+            type Value = StrictBool;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("`true` or `false`")
+            }
+            fn visit_bool<E: de::Error>(self, value: bool) -> Result<StrictBool, E> {
+                Ok(StrictBool::Bool(value))
+            }
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<StrictBool, E> {
+                Ok(StrictBool::Other(format!("the string {value:?}")))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<StrictBool, E> {
+                Ok(StrictBool::Other(format!("the number {value}")))
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<StrictBool, E> {
+                Ok(StrictBool::Other(format!("the number {value}")))
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<StrictBool, E> {
+                Ok(StrictBool::Other(format!("the number {value}")))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<StrictBool, E> {
+                Ok(StrictBool::Other("an empty value".to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StrictBool, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                Ok(StrictBool::Other("a list".to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StrictBool, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(StrictBool::Other("a mapping".to_string()))
+            }
+        }
+        deserializer.deserialize_any(StrictBoolVisitor)
+    }
+}
+
+impl<'a> Check<'a> {
+    /// The plain scalar starting at `at` as written (up to a space, `,`, `}`, `]` or `#`).
+    fn scalar_at(&self, at: Position) -> Option<&'a str> {
+        let line = self.text.lines().nth(usize::try_from(at.line).ok()?.checked_sub(1)?)?;
+        let skip = usize::try_from(at.column).ok()?.checked_sub(1)?;
+        let start = line.char_indices().nth(skip).map(|(index, _)| index)?;
+        let rest = &line[start..];
+        let end = rest.find([' ', '\t', ',', '}', ']', '#']).unwrap_or(rest.len());
+        Some(&rest[..end])
+    }
+
+    /// A boolean field's value: `true` or `false` as YAML writes them, else an error at it.
+    fn boolean(&self, value: &Spanned<StrictBool>, fallback: Position, path: &str) -> Result<bool, WorkflowError> {
+        // YAML 1.1 spellings (`yes`, `on`, `True`) reach serde as booleans too: only the
+        // written `true` and `false` are.
+        let written = Position::of(value.referenced).and_then(|at| self.scalar_at(at));
+        match &value.value {
+            StrictBool::Bool(value) if written == Some(if *value { "true" } else { "false" }) => Ok(*value),
+            StrictBool::Bool(_) => {
+                let found = written.map_or_else(|| "another spelling".to_string(), |text| format!("`{text}`"));
+                let message = format!("expected `true` or `false`, found {found}");
+                Err(self.at(value, fallback, path, &message))
+            }
+            StrictBool::Other(written) => {
+                let message = format!("expected `true` or `false`, found {written}");
+                Err(self.at(value, fallback, path, &message))
+            }
+        }
+    }
 }

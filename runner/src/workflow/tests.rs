@@ -338,3 +338,64 @@ fn demo_workflows_parse() {
     let names: Vec<&str> = workflows.iter().map(|w| w.name.as_str()).collect();
     assert_eq!(names, ["build", "test"]);
 }
+
+#[test]
+fn booleans_are_true_or_false_only() {
+    let steps = "steps:\n  - name: a\n    run: 'true'\n";
+    assert!(parse_ok(&format!("network: true\n{steps}")).network);
+    assert!(!parse_ok(&format!("network: false\n{steps}")).network);
+    for written in ["\"yes\"", "yes", "\"true\"", "on", "'false'", "1", "0", "no", "~x"] {
+        match parse("build", FILE, &format!("network: {written}\n{steps}")) {
+            Ok(workflow) => panic!("network: {written} was read as {}", workflow.network),
+            Err(error) => {
+                let shown = error.to_string();
+                assert!(shown.starts_with(&format!("{FILE}:1:10: network: ")), "network: {written}: {shown}");
+                assert!(shown.contains("`true` or `false`"), "network: {written}: {shown}");
+            }
+        }
+    }
+}
+
+#[test]
+fn names_that_would_be_paths_are_refused() {
+    let text = "steps:\n  - name: a\n    run: 'true'\n";
+    for (name, rule) in [
+        ("", "empty"),
+        (".", "`.` or `..`"),
+        ("..", "`.` or `..`"),
+        ("a/b", "path separator"),
+        ("a\\b", "path separator"),
+        ("evil\nname", "control character"),
+        ("red\u{1b}[31m", "control character"),
+        ("tab\there", "control character"),
+    ] {
+        match parse(name, FILE, text) {
+            Ok(_) => panic!("workflow name {name:?} was accepted"),
+            Err(error) => {
+                assert_eq!(error.file, FILE);
+                assert!(error.message.contains(rule), "{name:?}: {error}");
+            }
+        }
+    }
+    let long = "x".repeat(MAX_NAME_BYTES + 1);
+    assert!(parse(&long, FILE, text).is_err());
+    for name in ["-dash", "ünïcode", "...x", "a.b", "x".repeat(MAX_NAME_BYTES).as_str()] {
+        assert_eq!(parse(name, FILE, text).map(|workflow| workflow.name).ok().as_deref(), Some(name));
+    }
+}
+
+#[test]
+fn load_dir_refuses_dot_stems() -> Result<(), Box<dyn std::error::Error>> {
+    let repo = tempfile::tempdir()?;
+    let folder = repo.path().join(WORKFLOWS_DIR);
+    std::fs::create_dir_all(&folder)?;
+    let text = "steps:\n  - name: a\n    run: 'true'\n";
+    for file in ["...yml", "..yml", "good.yml"] {
+        std::fs::write(folder.join(file), text)?;
+    }
+    let (workflows, errors) = load_dir(repo.path());
+    assert_eq!(workflows.iter().map(|workflow| workflow.name.as_str()).collect::<Vec<_>>(), ["good"]);
+    let files: Vec<&str> = errors.iter().map(|error| error.file.as_str()).collect();
+    assert_eq!(files, [".knotless/workflows/...yml", ".knotless/workflows/..yml"], "{errors:?}");
+    Ok(())
+}

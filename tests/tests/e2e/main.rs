@@ -5,6 +5,7 @@
 mod caches;
 mod deploy;
 mod executor_faults;
+mod hostile_names;
 mod plugin_check;
 mod pulls;
 mod pushes;
