@@ -143,13 +143,14 @@ pub async fn run(
                     "docker exec of step {step_name} failed in container {}: {said}",
                     session.container
                 )),
-                Ok(Some(state)) if state == "running" => ExecutorError::new(
-                    ErrorKind::StepFailed,
-                    format!(
-                        "step {step_name} ended without reporting its exit code (docker exec exited with {}): {said}",
-                        code.map_or("a signal".to_string(), |code| code.to_string())
-                    ),
-                ),
+                // The step's completion is proven by the sentinel only: an exec that ended
+                // without it lost the stream, whatever its own exit code says.
+                Ok(Some(state)) if state == "running" => ExecutorError::infrastructure(format!(
+                    "lost the exec stream of step {step_name} in container {}: docker exec ended with {} before \
+                     the step reported its exit code: {said}",
+                    session.container,
+                    code.map_or("a signal".to_string(), |code| format!("exit code {code}"))
+                )),
                 Ok(state) => ExecutorError::infrastructure(format!(
                     "container {} of session {} is {} during step {step_name}: {said}",
                     session.container,

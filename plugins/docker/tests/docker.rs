@@ -204,6 +204,21 @@ async fn a_container_removed_under_a_running_step_is_an_infrastructure_error() {
 }
 
 #[tokio::test]
+async fn an_exec_that_ends_without_the_sentinel_is_a_lost_stream_not_a_step_failure() {
+    let harness = Harness::new().await;
+    harness.start("lost").await;
+    // The step kills the shell that would report its exit code: the exec ends, the container
+    // runs on, and nothing proved the step's end.
+    let (code, message) =
+        harness.command("lost", 0, "echo started; kill -9 $PPID; sleep 5", json!({}), 60_000).await.expect_err("lost");
+    assert_eq!(code, i64::from(code::INFRASTRUCTURE), "{message}");
+    assert!(message.contains("lost the exec stream"), "{message}");
+    let after = harness.command("lost", 1, "true", json!({}), 30_000).await.expect("the session still works");
+    assert_eq!(after["exit_code"], 0);
+    harness.finish().await;
+}
+
+#[tokio::test]
 async fn cleanup_removes_what_a_killed_runner_left_and_keeps_sessions_in_flight() {
     let crashed = Harness::new().await;
     crashed.start("orphan").await;

@@ -33,6 +33,9 @@ pub enum Mode {
     IgnoreTimeout,
     /// `download` answers one byte more than it wrote.
     BadTransfer,
+    /// `command` does not enforce `timeout_ms`, and answers `cancel` with a normal result,
+    /// exit code 0, as if the step had passed.
+    CancelAnswersOk,
 }
 
 /// Every mode with its name and a one-line description, in the order of the usage text.
@@ -50,6 +53,7 @@ pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::DropOutput, "drop-output", "run steps for real but send no output notifications"),
     (Mode::IgnoreTimeout, "ignore-timeout", "run steps without enforcing timeout_ms"),
     (Mode::BadTransfer, "bad-transfer", "answer download with one byte more than was written"),
+    (Mode::CancelAnswersOk, "cancel-answers-ok", "ignore timeout_ms and answer cancel with exit code 0"),
 ];
 
 impl Mode {

@@ -39,7 +39,7 @@ pub async fn command(
         Mode::LoseSession => return Err(Fault::unknown_session(&params.session)),
         Mode::CrashMidStep => crash(&shared.out, &params).await,
         Mode::DropOutput => output = None,
-        Mode::IgnoreTimeout => timeout = None,
+        Mode::IgnoreTimeout | Mode::CancelAnswersOk => timeout = None,
         Mode::Garbage if !shared.garbage_written.swap(true, Ordering::SeqCst) => {
             eprintln!("fake: about to write garbage");
             eprintln!("fake: the next stdout line is not json (simulated)");
@@ -55,7 +55,17 @@ pub async fn command(
         Some(workdir) => dir.join("work").join(workdir),
         None => dir.join("work"),
     };
-    run(&params, &workdir, output, timeout, &token).await
+    let result = run(&params, &workdir, output, timeout, &token).await;
+    match result {
+        Err(fault) if setup.mode == Mode::CancelAnswersOk && token.is_cancelled() => {
+            eprintln!(
+                "fake: answering the cancel of step {} with exit code 0 (simulated): {}",
+                params.step, fault.message
+            );
+            Ok(CommandResult { exit_code: 0, duration_ms: 1, killed_processes: 0 })
+        }
+        other => other,
+    }
 }
 
 /// Sends one output notification, says so on stderr and exits 101 at once.

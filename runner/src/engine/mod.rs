@@ -211,8 +211,8 @@ pub async fn execute(
         steps,
         outputs,
         duration_ms: started.elapsed().as_millis() as u64,
-        log: std::mem::take(&mut log.text),
-        log_truncated: log.truncated,
+        log_truncated: log.truncated(),
+        log: log.take_text(),
     }
 }
 
@@ -352,6 +352,8 @@ async fn in_session(
                 SessionEvent::Log { message, .. } => log.note(message),
             })
             .await;
+        // The runner's deadline and the user's cancel decide, whatever the executor answered.
+        let result = session.judge(index as u32, result, step_started.elapsed(), timeout, cancel.is_cancelled());
         log.end_step();
         let report = &mut steps[index];
         report.duration_ms = step_started.elapsed().as_millis() as u64;

@@ -1,15 +1,23 @@
 //! What a run produced: its status, each step's outcome, the cause of an error, and its log
 //! (masked, capped at 1 MB, split into lines as it streams).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use knotless_protocol::messages::Stream;
 use serde::{Deserialize, Serialize};
 
 use crate::mask::{MaskStream, Masker};
 
-/// The most bytes of log a run keeps.
+/// The most bytes of log a run keeps: its head and its tail (a marker between).
 pub const LOG_CAP: usize = 1 << 20;
+
+/// The bytes of a capped log's head: the rest of [`LOG_CAP`] is its tail, so the last step's
+/// lines and the run's outcome are always kept.
+pub const LOG_HEAD: usize = 768 << 10;
+
+/// The longest line of step output: a longer one is split into lines of this many bytes, so
+/// a step that never writes a newline cannot make the runner hold its whole output.
+pub const MAX_LINE: usize = 64 << 10;
 
 /// A run's status, as a check shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,14 +161,30 @@ pub(crate) struct RunLog<'a> {
     masker: Masker,
     streams: HashMap<Stream, (MaskStream, Vec<u8>)>,
     step: Option<String>,
-    pub(crate) text: String,
-    pub(crate) truncated: bool,
+    /// The log's head, up to [`LOG_HEAD`] bytes (the whole log while it is short).
+    text: String,
+    /// Once the head is full: the latest lines, at most `LOG_CAP - LOG_HEAD` bytes in all.
+    tail: VecDeque<String>,
+    tail_bytes: usize,
+    /// Bytes of lines dropped between the head and the tail.
+    cut_bytes: usize,
+    truncated: bool,
     sink: &'a mut dyn LogSink,
 }
 
 impl<'a> RunLog<'a> {
     pub(crate) fn new(masker: Masker, sink: &'a mut dyn LogSink) -> RunLog<'a> {
-        RunLog { masker, streams: HashMap::new(), step: None, text: String::new(), truncated: false, sink }
+        RunLog {
+            masker,
+            streams: HashMap::new(),
+            step: None,
+            text: String::new(),
+            tail: VecDeque::new(),
+            tail_bytes: 0,
+            cut_bytes: 0,
+            truncated: false,
+            sink,
+        }
     }
 
     /// A note of the runner's, masked too (it may quote an executor's message).
@@ -181,12 +205,29 @@ impl<'a> RunLog<'a> {
     pub(crate) fn output(&mut self, stream: Stream, bytes: &[u8]) {
         let masker = &self.masker;
         let (mask, pending) = self.streams.entry(stream).or_insert_with(|| (masker.stream(), Vec::new()));
+        // What is pending holds no newline and is shorter than a line: only the new bytes are
+        // searched, once, and the lines are drained at the end, so the work is linear.
+        let mut searched = pending.len();
         pending.extend_from_slice(&mask.push(bytes));
         let mut lines = Vec::new();
-        while let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            lines.push(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned());
+        let mut start = 0;
+        while start < pending.len() {
+            let limit = pending.len().min(start + MAX_LINE);
+            match pending[searched.max(start)..limit].iter().position(|&byte| byte == b'\n') {
+                Some(offset) => {
+                    let end = searched.max(start) + offset;
+                    lines.push(String::from_utf8_lossy(&pending[start..end]).into_owned());
+                    start = end + 1;
+                }
+                None if limit - start == MAX_LINE => {
+                    lines.push(String::from_utf8_lossy(&pending[start..limit]).into_owned());
+                    start = limit;
+                }
+                None => break,
+            }
+            searched = start;
         }
+        pending.drain(..start);
         for text in lines {
             self.emit(LogLine { step: self.step.clone(), stream: Some(stream), text });
         }
@@ -208,16 +249,114 @@ impl<'a> RunLog<'a> {
 
     fn emit(&mut self, line: LogLine) {
         self.sink.line(&line);
-        if self.truncated {
+        let mut rendered = line.render();
+        rendered.push('\n');
+        if !self.truncated && self.text.len() + rendered.len() <= LOG_HEAD {
+            self.text.push_str(&rendered);
             return;
         }
-        let rendered = line.render();
-        if self.text.len() + rendered.len() + 1 > LOG_CAP {
-            self.truncated = true;
-            self.text.push_str("==> the log was cut here at its cap of 1 MB\n");
-            return;
+        self.truncated = true;
+        self.tail_bytes += rendered.len();
+        self.tail.push_back(rendered);
+        while self.tail_bytes > LOG_CAP - LOG_HEAD {
+            let Some(dropped) = self.tail.pop_front() else { break };
+            self.tail_bytes -= dropped.len();
+            self.cut_bytes += dropped.len();
         }
-        self.text.push_str(&rendered);
-        self.text.push('\n');
+    }
+
+    /// Whether the log was cut at its cap.
+    pub(crate) fn truncated(&self) -> bool {
+        self.truncated && self.cut_bytes > 0
+    }
+
+    /// The log as kept: the whole of it, or its head, a marker saying how much was cut, and
+    /// its tail.
+    pub(crate) fn take_text(&mut self) -> String {
+        let mut text = std::mem::take(&mut self.text);
+        if self.cut_bytes > 0 {
+            text.push_str(&format!(
+                "==> {} bytes of log were cut here: a log keeps its first {} KiB and its last {} KiB\n",
+                self.cut_bytes,
+                LOG_HEAD >> 10,
+                (LOG_CAP - LOG_HEAD) >> 10
+            ));
+        }
+        for line in self.tail.drain(..) {
+            text.push_str(&line);
+        }
+        self.tail_bytes = 0;
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Keeps every line a sink sees.
+    #[derive(Default)]
+    struct Lines(Vec<String>);
+
+    impl LogSink for Lines {
+        fn line(&mut self, line: &LogLine) {
+            self.0.push(line.text.clone());
+        }
+    }
+
+    #[test]
+    fn a_capped_log_keeps_its_head_and_its_tail() {
+        let mut sink = NoSink;
+        let mut log = RunLog::new(Masker::new(Vec::<String>::new()).expect("a masker"), &mut sink);
+        log.begin_step("noisy");
+        for number in 0..12_000 {
+            log.output(Stream::Stdout, format!("line {number:06} {}\n", "x".repeat(90)).as_bytes());
+        }
+        log.end_step();
+        log.note("failure: step last exited with 1");
+        assert!(log.truncated());
+        let text = log.take_text();
+        assert!(text.len() <= LOG_CAP + 200, "{}", text.len());
+        assert!(text.starts_with("[noisy] line 000000 "), "{}", &text[..40]);
+        assert!(text.contains("[noisy] line 011999 "));
+        assert!(text.ends_with("==> failure: step last exited with 1\n"));
+        let marker = text.lines().find(|line| line.contains("bytes of log were cut here")).expect("a marker");
+        assert!(marker.contains("first 768 KiB and its last 256 KiB"), "{marker}");
+    }
+
+    #[test]
+    fn a_short_log_is_kept_whole() {
+        let mut sink = NoSink;
+        let mut log = RunLog::new(Masker::new(Vec::<String>::new()).expect("a masker"), &mut sink);
+        log.note("start");
+        log.begin_step("s");
+        log.output(Stream::Stderr, b"oops\n");
+        log.end_step();
+        assert!(!log.truncated());
+        assert_eq!(log.take_text(), "==> start\n[s!] oops\n");
+    }
+
+    #[test]
+    fn lines_are_split_whatever_the_chunking_and_overlong_lines_are_cut_at_the_bound() {
+        let mut sink = Lines::default();
+        {
+            let mut log = RunLog::new(Masker::new(Vec::<String>::new()).expect("a masker"), &mut sink);
+            log.begin_step("s");
+            let mut bytes = b"a\nbb\n\nccc".to_vec();
+            bytes.extend(std::iter::repeat_n(b'y', MAX_LINE * 2 + 5));
+            bytes.extend_from_slice(b"\nlast");
+            for chunk in bytes.chunks(7) {
+                log.output(Stream::Stdout, chunk);
+            }
+            log.end_step();
+        }
+        let lines = &sink.0;
+        assert_eq!(&lines[..3], ["a", "bb", ""]);
+        assert_eq!(lines[3].len(), MAX_LINE);
+        assert!(lines[3].starts_with("cccy"));
+        assert_eq!(lines[4].len(), MAX_LINE);
+        assert_eq!(lines[5], "y".repeat(8));
+        assert_eq!(lines[6], "last");
+        assert_eq!(lines.len(), 7);
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use knotless_protocol::channel::ChannelListener;
 use knotless_protocol::messages::*;
 use knotless_protocol::tarball::{self, Unpacked};
+use knotless_protocol::{ExecutorError, FailureClass};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +90,18 @@ impl Session {
             on_event(event);
         }
         result
+    }
+
+    /// The runner's verdict on a step's answer (see [`judge`]).
+    pub fn judge(
+        &self,
+        step: u32,
+        result: Result<CommandResult, HostError>,
+        took: Duration,
+        timeout: Duration,
+        cancelled: bool,
+    ) -> Result<CommandResult, HostError> {
+        judge(self.host.name(), step, result, took, timeout, cancelled)
     }
 
     /// Streams a tar archive from `source` into `path` in the session.
@@ -215,4 +228,46 @@ async fn race<A, S>(
         },
     };
     (answer, streamed)
+}
+
+/// The runner's verdict on a step's answer: the runner owns the step's deadline and its
+/// cancellation, whatever the executor answered. A user's cancel ends the step cancelled, and
+/// an answer that came `took` after the request, past the step's `timeout` (the runner's
+/// `cancel` for the deadline included), ends it timed out, even with an exit code 0. An
+/// executor's own fault (it died, broke the protocol, hit an infrastructure or configuration
+/// error) stays what it is.
+pub fn judge(
+    executor: &str,
+    step: u32,
+    result: Result<CommandResult, HostError>,
+    took: Duration,
+    timeout: Duration,
+    cancelled: bool,
+) -> Result<CommandResult, HostError> {
+    let answered = match &result {
+        Ok(result) => format!("exit code {}", result.exit_code),
+        Err(HostError::Answered { error, .. })
+            if matches!(error.kind.step_class(), FailureClass::Step | FailureClass::Cancelled) =>
+        {
+            format!("{:?}", error.kind)
+        }
+        Err(_) => return result,
+    };
+    let said = match &result {
+        Err(HostError::Answered { error, .. }) => Some(error.kind),
+        _ => None,
+    };
+    let error = if cancelled {
+        ExecutorError::cancelled()
+    } else if took >= timeout {
+        ExecutorError::timeout(format!("step {step} passed its timeout of {timeout:?}: the answer came after {took:?}"))
+    } else {
+        return result;
+    };
+    if said == Some(error.kind) {
+        return result;
+    }
+    tracing::warn!(executor = %executor, step, answered = %answered, verdict = ?error.kind,
+        "the executor answered after the step was cancelled or passed its deadline: the runner's verdict stands");
+    Err(HostError::Answered { executor: executor.to_string(), method: method::COMMAND.to_string(), error })
 }

@@ -3,6 +3,7 @@
 //! deadline.
 
 mod caches;
+mod deadlines;
 mod deploy;
 mod executor_faults;
 mod hostile_names;

@@ -48,6 +48,11 @@ fn an_executor_that_ignores_timeouts_fails_the_timeout_check() {
 }
 
 #[test]
+fn an_executor_that_answers_a_cancel_with_exit_code_0_fails_the_timeout_check() {
+    check_fails("cancel-answers-ok", "step timeout");
+}
+
+#[test]
 fn an_executor_that_miscounts_a_transfer_fails_the_round_trip() {
     check_fails("bad-transfer", "upload and download");
 }
