@@ -289,7 +289,7 @@ impl<F: Forge> Daemon<F> {
                 outcome => {
                     let cause = match &outcome.failed {
                         Some(workflow) => format!("batch {workflow} failed"),
-                        None => "the runner stopped".to_string(),
+                        None => STOPPED.to_string(),
                     };
                     if let Some(record) = queue.batches.last_mut() {
                         record.runs = outcome.runs;
@@ -306,6 +306,12 @@ impl<F: Forge> Daemon<F> {
                     record.runs = runs.clone();
                 }
                 Ok(None) => {}
+                // Stopped before its checks ended (SIGTERM): not a failure; the next start
+                // batches its pulls again and reuses the checks that passed.
+                Err((cause, _)) if cause == STOPPED => {
+                    record.status = "stopped".into();
+                    record.cause = Some(format!("{STOPPED} before it landed"));
+                }
                 Err((cause, _)) => {
                     record.status = "failed".into();
                     record.cause = Some(cause.clone());
@@ -389,6 +395,9 @@ impl<F: Forge> Daemon<F> {
         }
     }
 }
+
+/// The cause of a batch whose checks the runner stopped during.
+const STOPPED: &str = "the runner stopped";
 
 /// Whether `what` is said for the first time in this process (a log line said once, not
 /// every poll); the set is bounded by the repositories watched and their landers.

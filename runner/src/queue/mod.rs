@@ -95,7 +95,8 @@ pub struct BatchRecord {
     pub base: String,
     /// Its pulls, in queue order.
     pub pulls: Vec<u64>,
-    /// `running`, `passed`, `failed`, `landed` or `stale` (the branch moved under it).
+    /// `running`, `passed`, `failed`, `stopped` (the runner stopped before it landed), `landed`
+    /// or `stale` (the branch moved under it).
     pub status: String,
     /// The run ids of its checks.
     #[serde(default)]

@@ -110,3 +110,40 @@ fn queueing_an_ejected_head_again_retries_its_pre_flights() {
     assert_eq!(entries[1]["state"], "merged", "{queue:#}");
     assert_eq!(repo.git(&["rev-parse", "main"]), entries[1]["batch"].as_str().expect("a batch"));
 }
+
+#[test]
+fn a_batch_whose_check_passed_as_the_runner_stopped_is_not_recorded_failed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let slow = format!(
+        "on: [queue]\nsteps:\n  - name: wait\n    run: |\n      echo started\n      while [ ! -f '{}' ]; do sleep 0.05; done\n",
+        gate.display()
+    );
+    let (repo, base) = crate::repo_with(dir.path(), &[("slow", &slow)]);
+    repo.git(&["config", "receive.denyCurrentBranch", "updateInstead"]);
+    queue_pull(&repo, 1, &base, "one.txt", "one\n");
+    let url = repo.url();
+    let state = dir.path().join("state");
+    let args = [flags("e2e-qg-term", &["--queue", "--force-shell"]), vec![&url]].concat();
+    let mut runner = Runner::start(&state, &args);
+    eventually("the batch check to start", || {
+        let checks = runner.checks(&url, None);
+        let run = checks.iter().find(|c| c["event"] == "queue")?["run_id"].as_str()?.to_string();
+        runner.run_log(&run).contains("[wait] started").then_some(())
+    });
+    runner.signal(nix::sys::signal::Signal::SIGTERM);
+    eventually("the runner to stop taking work", || runner.stderr().contains("stopping: no new work").then_some(()));
+    std::fs::write(&gate, "").expect("open the gate");
+    assert!(runner.wait().success());
+    let queue = crate::queue::queue_of(&runner, &url);
+    let batch = &queue["batches"][0];
+    assert_eq!(batch["status"], "stopped", "{queue:#}");
+    let checks = runner.checks(&url, None);
+    assert!(checks.iter().any(|c| c["event"] == "queue" && c["status"] == "success"), "{checks:#?}");
+    drop(runner);
+    let again = Runner::start(&state, &args);
+    let queue = settled(&again, &url, 1);
+    assert_eq!(entry(&queue, 1)["state"], "merged", "{queue:#}");
+    let batch_checks = again.checks(&url, None).into_iter().filter(|c| c["event"] == "queue").count();
+    assert_eq!(batch_checks, 1, "the passing check was reused");
+}
