@@ -94,11 +94,14 @@ fn matches(record: &CheckRecord, rev: &str, commit: Option<&str>) -> bool {
 /// Runs `checks`.
 pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
     let store = CheckStore::new(&args.state.state);
-    let key = resolve_key(&store, &args.repository)?;
-    let mut records = store.list(&key)?;
     if let Some(branch) = &args.queue {
+        // A queue can be kept before any check of its repository (a pull ejected before its
+        // pre-flights ran), and an empty one is shown under the repository's normalized name.
+        let key =
+            resolve_key(&store, &args.repository).unwrap_or_else(|_| repository_key(&normalize_url(&args.repository)));
+        let records = store.list(&key).unwrap_or_default();
         let queue = QueueStore::new(&args.state.state).load(&key, branch)?.unwrap_or_else(|| QueueState {
-            repository: args.repository.clone(),
+            repository: normalize_url(&args.repository),
             branch: branch.clone(),
             ..QueueState::default()
         });
@@ -110,6 +113,8 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    let key = resolve_key(&store, &args.repository)?;
+    let mut records = store.list(&key)?;
     if let Some(rev) = &args.rev {
         let commit = resolve_rev(&args.state.state, &key, rev);
         records.retain(|record| matches(record, rev, commit.as_deref()));

@@ -25,7 +25,11 @@ impl<F: Forge> Daemon<F> {
             Ok(Some(text)) => match RepositoryRecord::parse(&text) {
                 Ok(record) => match record.lander() {
                     Some(lander) if lander != self.config.runner_id => {
-                        tracing::info!(repository = %repository.url, "runner {lander} lands {}, not this one", repository.url);
+                        if first_time(&format!("{} {lander}", repository.key)) {
+                            tracing::info!(repository = %repository.url, "runner {lander} lands {}, not this one", repository.url);
+                        } else {
+                            tracing::debug!(repository = %repository.url, "runner {lander} lands {}, not this one", repository.url);
+                        }
                         false
                     }
                     _ => true,
@@ -94,10 +98,7 @@ impl<F: Forge> Daemon<F> {
         snapshot.queued.iter().any(|(branch, queued)| {
             let kept = store.load(&repository.key, branch).ok().flatten().unwrap_or_default();
             queued.iter().any(|(number, head)| {
-                !kept
-                    .entries
-                    .iter()
-                    .any(|entry| entry.number == *number && &entry.head == head && entry.state.is_final())
+                !kept.entries.iter().any(|entry| entry.settles(*number, head) && entry.state.is_final())
             })
         })
     }
@@ -167,8 +168,10 @@ impl<F: Forge> Daemon<F> {
             if self.handover.is_cancelled() {
                 return;
             }
-            let Some(head) = queue.active_mut(number).map(|entry| entry.head.clone()) else { continue };
-            match self.preflights(repository, &branch, number, &head).await {
+            let Some((head, retry)) = queue.active_mut(number).map(|entry| (entry.head.clone(), entry.retry)) else {
+                continue;
+            };
+            match self.preflights(repository, &branch, base, number, &head, retry).await {
                 Ok(runs) => {
                     if let Some(entry) = queue.active_mut(number) {
                         entry.state = EntryState::Ready;
@@ -278,19 +281,22 @@ impl<F: Forge> Daemon<F> {
             cause: None,
         });
         self.save_queue(repository, queue);
-        let outcome = self.batch_checks(repository, &branch, &commit).await;
+        let outcome = self.batch_checks(repository, &branch, base, &commit).await;
         let result = match outcome {
-            Ok(outcome) if outcome.passed => Ok(Some((commit.clone(), batch.pulls.clone(), outcome.runs))),
-            Ok(outcome) => {
-                let cause = match &outcome.failed {
-                    Some(workflow) => format!("batch {workflow} failed"),
-                    None => "the runner stopped".to_string(),
-                };
-                if let Some(record) = queue.batches.last_mut() {
-                    record.runs = outcome.runs;
+            Ok(Err(reason)) => Err((reason, batch.pulls.clone())),
+            Ok(Ok(outcome)) => match outcome {
+                outcome if outcome.passed => Ok(Some((commit.clone(), batch.pulls.clone(), outcome.runs))),
+                outcome => {
+                    let cause = match &outcome.failed {
+                        Some(workflow) => format!("batch {workflow} failed"),
+                        None => STOPPED.to_string(),
+                    };
+                    if let Some(record) = queue.batches.last_mut() {
+                        record.runs = outcome.runs;
+                    }
+                    Err((cause, batch.pulls.clone()))
                 }
-                Err((cause, batch.pulls.clone()))
-            }
+            },
             Err(error) => Err((format!("cannot check out the batch: {error:#}"), batch.pulls.clone())),
         };
         if let Some(record) = queue.batches.last_mut() {
@@ -300,6 +306,12 @@ impl<F: Forge> Daemon<F> {
                     record.runs = runs.clone();
                 }
                 Ok(None) => {}
+                // Stopped before its checks ended (SIGTERM): not a failure; the next start
+                // batches its pulls again and reuses the checks that passed.
+                Err((cause, _)) if cause == STOPPED => {
+                    record.status = "stopped".into();
+                    record.cause = Some(format!("{STOPPED} before it landed"));
+                }
                 Err((cause, _)) => {
                     record.status = "failed".into();
                     record.cause = Some(cause.clone());
@@ -339,7 +351,7 @@ impl<F: Forge> Daemon<F> {
                 self.save_queue(repository, queue);
             }
             Err(error) => {
-                let cause = format!("{error:#}");
+                let cause = one_line(&format!("{error:#}"));
                 if let Some(record) = record {
                     record.status = "stale".into();
                     record.cause = Some(cause.clone());
@@ -366,10 +378,15 @@ impl<F: Forge> Daemon<F> {
             entry.state = EntryState::Ejected;
             entry.reason = Some(reason);
         }
-        self.save_queue(repository, queue);
-        if let Err(error) = self.forge.dequeue(repository, &queue.branch, number).await {
-            tracing::warn!(repository = %repository.url, "{error:#}");
+        match self.forge.dequeue(repository, &queue.branch, number).await {
+            Ok(()) => {
+                if let Some(entry) = queue.entries.iter_mut().rev().find(|entry| entry.number == number) {
+                    entry.dequeued = entry.state == EntryState::Ejected;
+                }
+            }
+            Err(error) => tracing::warn!(repository = %repository.url, "{error:#}"),
         }
+        self.save_queue(repository, queue);
     }
 
     fn save_queue(&self, repository: &Repository, queue: &QueueState) {
@@ -379,7 +396,43 @@ impl<F: Forge> Daemon<F> {
     }
 }
 
+/// The cause of a batch whose checks the runner stopped during.
+const STOPPED: &str = "the runner stopped";
+
+/// Whether `what` is said for the first time in this process (a log line said once, not
+/// every poll); the set is bounded by the repositories watched and their landers.
+fn first_time(what: &str) -> bool {
+    static SAID: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    SAID.lock().unwrap_or_else(|poison| poison.into_inner()).insert(what.to_string())
+}
+
 /// The numbers of the live entries in one of `states`, in queue order.
 fn live(queue: &QueueState, states: &[EntryState]) -> Vec<u64> {
     queue.entries.iter().filter(|entry| states.contains(&entry.state)).map(|entry| entry.number).collect()
+}
+
+/// The line of a git error that says why (`! [rejected] ...` when there is one), not git's
+/// whole multi-line stderr.
+fn one_line(text: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|line| !line.is_empty());
+    let first = lines.clone().next().unwrap_or("").to_string();
+    match lines.find(|line| line.contains("[rejected]") || line.contains("[remote rejected]")) {
+        Some(reason) if reason != first => format!("{} ({})", first.trim_end_matches(':'), reason),
+        _ => first,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn a_git_error_becomes_one_line() {
+        let text = "cannot push: git push failed: To /r\n ! [rejected]        abc -> main (fetch first)\nerror: failed to push some refs\nhint: Updates were rejected\nhint: more\n";
+        let line = one_line(text);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("[rejected]") && line.contains("cannot push"), "{line}");
+        assert!(!line.contains("hint"), "{line}");
+    }
 }

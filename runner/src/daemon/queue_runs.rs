@@ -2,6 +2,10 @@
 //! merged with the base, as pull runs) and a batch's checks (its `on: queue` workflows on the
 //! squashed commit). Both are untrusted runs through the daemon's slots; a check of the same
 //! commit and workflow that already exists is waited for or reused, never run twice.
+//!
+//! The gating workflows and their list come from the base branch's tip, never from the pull or
+//! the merge: a pull that deletes or edits its pre-flight still meets the base's copy, and a
+//! check of its own edited copy is never reused as the gate.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,8 +43,10 @@ impl<F: Forge> Daemon<F> {
         self: &Arc<Self>,
         repository: &Repository,
         branch: &str,
+        base: &str,
         number: u64,
         head: &str,
+        retry: bool,
     ) -> Result<Vec<String>, (String, Vec<String>)> {
         let event = ForgeEvent::Pull { number, pull: PullRef { head: head.to_string(), base: branch.to_string() } };
         let prepared = match self.forge.prepare(repository, &event).await {
@@ -62,7 +68,12 @@ impl<F: Forge> Daemon<F> {
             head: Some(head.to_string()),
             base: Some(branch.to_string()),
         };
-        let workflows = self.workflows_of(&prepared, |workflow| workflow.queue == Some(QueuePhase::First)).await;
+        let gating = |workflow: &Workflow| workflow.queue == Some(QueuePhase::First);
+        let workflows = match self.gating(repository, branch, base, &prepared, gating).await {
+            // A retry runs every pre-flight anew.
+            Ok(workflows) => workflows.into_iter().map(|(workflow, reuse)| (workflow, reuse && !retry)).collect(),
+            Err(reason) => return Err((reason, Vec::new())),
+        };
         let outcome = self.run_all(repository, &prepared, &target, workflows).await;
         match outcome.failed {
             None if outcome.passed => Ok(outcome.runs),
@@ -75,8 +86,9 @@ impl<F: Forge> Daemon<F> {
         self: &Arc<Self>,
         repository: &Repository,
         branch: &str,
+        base: &str,
         commit: &str,
-    ) -> anyhow::Result<Outcome> {
+    ) -> anyhow::Result<Result<Outcome, String>> {
         let event = ForgeEvent::Push { branch: branch.to_string(), commit: commit.to_string() };
         let mut prepared = self.forge.prepare(repository, &event).await?;
         prepared.git_ref = format!("refs/queue/{branch}");
@@ -88,27 +100,60 @@ impl<F: Forge> Daemon<F> {
             head: None,
             base: Some(branch.to_string()),
         };
-        let workflows = self.workflows_of(&prepared, |workflow| workflow.on.matches(Event::Queue, Some(branch))).await;
-        Ok(self.run_all(repository, &prepared, &target, workflows).await)
+        let wanted = |workflow: &Workflow| workflow.on.matches(Event::Queue, Some(branch));
+        match self.gating(repository, branch, base, &prepared, wanted).await {
+            Ok(workflows) => Ok(Ok(self.run_all(repository, &prepared, &target, workflows).await)),
+            Err(reason) => Ok(Err(reason)),
+        }
     }
 
-    /// The workflows of a checkout that `wanted` picks and that may run on this runner.
-    async fn workflows_of(&self, prepared: &Prepared, wanted: impl Fn(&Workflow) -> bool) -> Vec<Workflow> {
-        match prepared.checkout.workflows().await {
-            Ok((workflows, errors)) => {
-                for error in errors {
-                    tracing::warn!("merge queue: {error}");
-                }
-                workflows
-                    .into_iter()
-                    .filter(|workflow| wanted(workflow) && selected(workflow, &self.config.runner_id))
-                    .collect()
-            }
+    /// The gating workflows `wanted` picks, read from `branch`'s tip `base` (never from the
+    /// checkout run), each with whether an existing check of it may be reused: only when the
+    /// checkout's own copy is the same. Every one is evaluated whatever it is pinned to: one
+    /// pinned away from this runner (the lander) is an error naming the fix, never skipped.
+    async fn gating(
+        &self,
+        repository: &Repository,
+        branch: &str,
+        base: &str,
+        prepared: &Prepared,
+        wanted: impl Fn(&Workflow) -> bool,
+    ) -> Result<Vec<(Workflow, bool)>, String> {
+        let event = ForgeEvent::Push { branch: branch.to_string(), commit: base.to_string() };
+        let tip =
+            self.forge.prepare(repository, &event).await.map_err(|error| {
+                format!("cannot read the gating workflows of {branch} at {}: {error:#}", short(base))
+            })?;
+        let (workflows, errors) =
+            tip.checkout.workflows().await.map_err(|error| {
+                format!("cannot read the gating workflows of {branch} at {}: {error:#}", short(base))
+            })?;
+        for error in errors {
+            tracing::warn!("merge queue: {branch} at {}: {error}", short(base));
+        }
+        let own = match prepared.checkout.workflows().await {
+            Ok((own, _)) => own,
             Err(error) => {
-                tracing::error!("merge queue: cannot read the workflows of {}: {error:#}", prepared.commit);
+                tracing::warn!("merge queue: cannot read the workflows of {}: {error:#}", prepared.commit);
                 Vec::new()
             }
+        };
+        let mut picked = Vec::new();
+        for workflow in workflows.into_iter().filter(|workflow| wanted(workflow)) {
+            if !selected(&workflow, &self.config.runner_id) {
+                return Err(format!(
+                    "{} is pinned to runners [{}] but runner {} lands the queue of {branch}: \
+                     add {} to its runners: or remove the pin",
+                    workflow.file,
+                    workflow.runners.join(", "),
+                    self.config.runner_id,
+                    self.config.runner_id
+                ));
+            }
+            let same = own.iter().any(|copy| copy == &workflow);
+            picked.push((workflow, same));
         }
+        Ok(picked)
     }
 
     /// Runs (or reuses) one check of each workflow on `target`, all at once, to their ends.
@@ -117,10 +162,10 @@ impl<F: Forge> Daemon<F> {
         repository: &Repository,
         prepared: &Prepared,
         target: &CheckTarget,
-        workflows: Vec<Workflow>,
+        workflows: Vec<(Workflow, bool)>,
     ) -> Outcome {
         let mut set = JoinSet::new();
-        for (index, workflow) in workflows.into_iter().enumerate() {
+        for (index, (workflow, reuse)) in workflows.into_iter().enumerate() {
             let daemon = Arc::clone(self);
             let job = Job {
                 repository: repository.clone(),
@@ -128,7 +173,7 @@ impl<F: Forge> Daemon<F> {
                 workflow,
                 prepared: prepared.clone(),
             };
-            set.spawn(async move { (index, daemon.reuse_or_run(job).await) });
+            set.spawn(async move { (index, daemon.reuse_or_run(job, reuse).await) });
         }
         let mut ended: Vec<(usize, CheckRecord)> = Vec::new();
         while let Some(joined) = set.join_next().await {
@@ -148,8 +193,8 @@ impl<F: Forge> Daemon<F> {
     }
 
     /// The check of `job`'s workflow on its commit: one that passed or failed already, one in
-    /// flight (waited for), or a new run.
-    async fn reuse_or_run(self: Arc<Self>, job: Job) -> CheckRecord {
+    /// flight (waited for), or a new run (always a new run unless `reuse`).
+    async fn reuse_or_run(self: Arc<Self>, job: Job, reuse: bool) -> CheckRecord {
         let store = CheckStore::new(&self.config.state);
         let same = |check: &CheckRecord| {
             check.workflow == job.check.workflow
@@ -157,6 +202,9 @@ impl<F: Forge> Daemon<F> {
                 && check.target.event == job.check.target.event
         };
         loop {
+            if !reuse {
+                break;
+            }
             let existing: Vec<CheckRecord> =
                 store.list(&job.repository.key).unwrap_or_default().into_iter().filter(same).collect();
             let settled = existing
@@ -182,4 +230,9 @@ impl<F: Forge> Daemon<F> {
         Arc::clone(&self).queue(job).await;
         store.get(&key, &run_id).unwrap_or(fallback)
     }
+}
+
+/// The first ten characters of a commit id.
+fn short(commit: &str) -> &str {
+    commit.get(..10).unwrap_or(commit)
 }

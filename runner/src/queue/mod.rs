@@ -69,6 +69,21 @@ pub struct Entry {
     pub batch: Option<String>,
     /// When it was first seen queued (Unix milliseconds).
     pub queued_at: u64,
+    /// Whether the lander took its queue ref out (an ejection); queueing the same head again
+    /// after that is a retry.
+    #[serde(default)]
+    pub dequeued: bool,
+    /// Whether it is a retry: its pre-flights run anew instead of reusing finished checks.
+    #[serde(default)]
+    pub retry: bool,
+}
+
+impl Entry {
+    /// Whether this entry settles `number` at `head`: a queue ref of them is not queued again
+    /// (an ejected entry whose ref was taken out does not: queueing it again retries it).
+    pub fn settles(&self, number: u64, head: &str) -> bool {
+        self.number == number && self.head == head && !(self.state == EntryState::Ejected && self.dequeued)
+    }
 }
 
 /// One batch tried.
@@ -80,7 +95,8 @@ pub struct BatchRecord {
     pub base: String,
     /// Its pulls, in queue order.
     pub pulls: Vec<u64>,
-    /// `running`, `passed`, `failed`, `landed` or `stale` (the branch moved under it).
+    /// `running`, `passed`, `failed`, `stopped` (the runner stopped before it landed), `landed`
+    /// or `stale` (the branch moved under it).
     pub status: String,
     /// The run ids of its checks.
     #[serde(default)]
@@ -111,7 +127,8 @@ impl QueueState {
 
     /// Takes in the queue refs now there: a new (number, head) is a new waiting entry; a live
     /// entry whose ref is gone or moved is removed (a moved ref is queued anew). A head that
-    /// already landed or was ejected is not queued again.
+    /// already landed, or was ejected while its ref stayed, is not queued again; an ejected head
+    /// whose ref the lander took out and that is queued again is a retry.
     pub fn sync(&mut self, queued: &std::collections::BTreeMap<u64, String>) {
         for entry in self.entries.iter_mut().filter(|entry| !entry.state.is_final()) {
             if queued.get(&entry.number) != Some(&entry.head) {
@@ -120,7 +137,8 @@ impl QueueState {
             }
         }
         for (number, head) in queued {
-            if !self.entries.iter().any(|entry| entry.number == *number && &entry.head == head) {
+            if !self.entries.iter().any(|entry| entry.settles(*number, head)) {
+                let retry = self.entries.iter().any(|entry| entry.number == *number && &entry.head == head);
                 self.entries.push(Entry {
                     number: *number,
                     head: head.clone(),
@@ -129,6 +147,8 @@ impl QueueState {
                     preflights: Vec::new(),
                     batch: None,
                     queued_at: now_ms(),
+                    dequeued: false,
+                    retry,
                 });
             }
         }
@@ -195,5 +215,23 @@ mod tests {
         store.save("k", &queue).expect("save");
         assert_eq!(store.load("k", "release/1").expect("load"), Some(queue));
         assert_eq!(store.load("k", "main").expect("load"), None);
+    }
+
+    #[test]
+    fn an_ejected_head_queued_again_after_its_ref_was_taken_out_is_a_retry() {
+        let mut queue = QueueState { repository: "r".into(), branch: "main".into(), ..QueueState::default() };
+        let refs = BTreeMap::from([(1, "a".to_string())]);
+        queue.sync(&refs);
+        queue.entries[0].state = EntryState::Ejected;
+        queue.sync(&refs);
+        assert_eq!(queue.entries.len(), 1, "a ref left in place after an ejection is not a retry");
+        queue.entries[0].dequeued = true;
+        queue.sync(&BTreeMap::new());
+        assert_eq!(queue.entries.len(), 1);
+        queue.sync(&refs);
+        let shown: Vec<_> = queue.entries.iter().map(|e| (e.state, e.retry)).collect();
+        assert_eq!(shown, [(EntryState::Ejected, false), (EntryState::Waiting, true)]);
+        queue.sync(&refs);
+        assert_eq!(queue.entries.len(), 2, "the retry is queued once");
     }
 }

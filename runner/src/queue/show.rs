@@ -76,6 +76,8 @@ mod tests {
                 preflights: vec!["lint-1".into()],
                 batch: None,
                 queued_at: 1,
+                dequeued: false,
+                retry: false,
             }],
             batches: vec![BatchRecord {
                 commit: "fedcba9876543210".into(),

@@ -12,6 +12,7 @@ mod pulls;
 mod pushes;
 mod python_executor;
 mod queue;
+mod queue_gates;
 mod restarts;
 mod run_command;
 mod secrets;

@@ -12,13 +12,13 @@ use serde_json::Value;
 use crate::{flags, repo_with};
 
 /// A pre-flight that fails when the pull adds `preflight-fails`; it runs in batches too.
-const PRE: &str = "on: [queue]\nqueue: first\nsteps:\n  - name: pre\n    run: test ! -f preflight-fails\n";
+pub(crate) const PRE: &str = "on: [queue]\nqueue: first\nsteps:\n  - name: pre\n    run: test ! -f preflight-fails\n";
 /// A batch check that fails when both `a.txt` and `b.txt` are there.
 const TOGETHER: &str =
     "on: [queue]\nsteps:\n  - name: together\n    run: if [ -f a.txt ] && [ -f b.txt ]; then echo both; exit 1; fi\n";
 
 /// A repository with the two workflows, which accepts pushes to its checked-out branch.
-fn queue_repo(dir: &Path, record: Option<&str>) -> (Repo, String) {
+pub(crate) fn queue_repo(dir: &Path, record: Option<&str>) -> (Repo, String) {
     let (repo, _) = repo_with(dir, &[("pre", PRE), ("together", TOGETHER)]);
     repo.git(&["config", "receive.denyCurrentBranch", "updateInstead"]);
     repo.write("base.txt", "base\n");
@@ -30,7 +30,7 @@ fn queue_repo(dir: &Path, record: Option<&str>) -> (Repo, String) {
 }
 
 /// A pull `number` off `from` adding `file`, queued for landing on main.
-fn queue_pull(repo: &Repo, number: u64, from: &str, file: &str, text: &str) -> String {
+pub(crate) fn queue_pull(repo: &Repo, number: u64, from: &str, file: &str, text: &str) -> String {
     repo.git(&["checkout", "-q", "-b", &format!("pull-{number}"), from]);
     repo.write(file, text);
     let head = repo.commit(&format!("pull {number}"));
@@ -40,13 +40,13 @@ fn queue_pull(repo: &Repo, number: u64, from: &str, file: &str, text: &str) -> S
     head
 }
 
-fn queue_of(runner: &Runner, url: &str) -> Value {
+pub(crate) fn queue_of(runner: &Runner, url: &str) -> Value {
     let output = runner.command(&["checks", url, "--queue", "main", "--json"]);
     serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
 }
 
 /// Waits until every queued pull is merged or ejected and gives the queue.
-fn settled(runner: &Runner, url: &str, count: usize) -> Value {
+pub(crate) fn settled(runner: &Runner, url: &str, count: usize) -> Value {
     eventually("the queue to settle", || {
         let queue = queue_of(runner, url);
         let entries = queue["entries"].as_array()?;
@@ -56,7 +56,7 @@ fn settled(runner: &Runner, url: &str, count: usize) -> Value {
     })
 }
 
-fn entry(queue: &Value, number: u64) -> &Value {
+pub(crate) fn entry(queue: &Value, number: u64) -> &Value {
     queue["entries"].as_array().and_then(|e| e.iter().find(|e| e["number"] == number)).expect("the entry")
 }
 
