@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::checks::{CheckRecord, CheckTarget};
 use crate::engine::RunStatus;
-use crate::forge::{Forge, ForgeEvent, Prepared, Repository};
+use crate::forge::{Forge, ForgeEvent, Prepared, RECORD_FILE, Repository, RepositoryRecord};
 use crate::workflow::{Event, Workflow};
 
 /// One run to do.
@@ -20,10 +20,22 @@ pub struct Job {
     pub check: CheckRecord,
 }
 
-/// Whether `workflow` runs on runner `runner_id`: every workflow runs on every named, watching
-/// runner unless its `runners:` pins some.
+/// Whether `workflow` may run on runner `runner_id` at all: it pins no runner, or pins this one
+/// (the lander's test for gating workflows; pushes and pulls use [`runs_here`]).
 pub fn selected(workflow: &Workflow, runner_id: &str) -> bool {
     workflow.runners.is_empty() || workflow.runners.iter().any(|runner| runner == runner_id)
+}
+
+/// Whether `workflow` runs on runner `runner_id` for pushes and pulls, so that each commit
+/// and pull has exactly one check a workflow however many runners are named: a workflow
+/// pinned by `runners:` runs on the first runner it pins; any other on the first runner the
+/// repository record names (`named`), whether or not that runner is running; with no runner
+/// named, on every runner watching the repository.
+pub fn runs_here(workflow: &Workflow, runner_id: &str, named: &[String]) -> bool {
+    match workflow.runners.first().or_else(|| named.first()) {
+        Some(owner) => owner == runner_id,
+        None => true,
+    }
 }
 
 /// A run id: the workflow's safe characters and a unique suffix (a session id too).
@@ -117,9 +129,13 @@ pub async fn plan<F: Forge>(
         check.end(RunStatus::Error, error.to_string());
         ended.push(check);
     }
+    let named = match forge.read_default(repository, RECORD_FILE).await {
+        Ok(Some(text)) => RepositoryRecord::parse(&text).map(|record| record.runners).unwrap_or_default(),
+        _ => Vec::new(),
+    };
     let mut jobs = Vec::new();
     for workflow in workflows {
-        if !workflow.on.matches(kind, Some(&branch)) || !selected(&workflow, runner_id) {
+        if !workflow.on.matches(kind, Some(&branch)) || !runs_here(&workflow, runner_id, &named) {
             continue;
         }
         let check = record(&workflow.name, &target);

@@ -83,6 +83,9 @@ pub struct Connection {
     pending: Pending,
     sessions: Sessions,
     next_id: AtomicU64,
+    /// The step running in each session, as the runner asked for it: output for any other
+    /// step, or for a session running none, breaks the protocol.
+    running: Mutex<HashMap<String, u32>>,
     closed: CancellationToken,
     cause: Arc<Mutex<Option<Closed>>>,
 }
@@ -104,6 +107,7 @@ impl Connection {
             pending: Arc::default(),
             sessions: Arc::default(),
             next_id: AtomicU64::new(1),
+            running: Mutex::default(),
             closed: CancellationToken::new(),
             cause: Arc::default(),
         });
@@ -146,12 +150,11 @@ impl Connection {
         }
         match (object.get("id"), object.get("method")) {
             (Some(id), None) => {
-                // A response. One for a request the runner gave up on is dropped.
-                let Some(id) = id.as_u64() else {
-                    if let Some(error) = object.get("error") {
-                        return Err(format!("an error for no request: {error}"));
-                    }
-                    return Err(not_a_message("a response with an id the runner never sent"));
+                // A response, to a request the runner sent and that has not been answered yet;
+                // one for a request the runner stopped waiting for is dropped.
+                let sent = id.as_u64().filter(|id| *id > 0 && *id < self.next_id.load(Ordering::SeqCst));
+                let Some(id) = sent else {
+                    return Err(not_a_message(&format!("a response with an id the runner never sent ({id})")));
                 };
                 let answer = if let Some(error) = object.get("error") {
                     let code = error.get("code").and_then(|c| c.as_i64()).unwrap_or(0) as i32;
@@ -163,9 +166,10 @@ impl Connection {
                 } else {
                     return Err(not_a_message("a response with neither result nor error"));
                 };
-                if let Some(sender) = lock(&self.pending).remove(&id) {
-                    let _ = sender.send(answer);
-                }
+                let Some(sender) = lock(&self.pending).remove(&id) else {
+                    return Err(not_a_message(&format!("a second answer to request {id}")));
+                };
+                let _ = sender.send(answer);
                 Ok(())
             }
             (None, Some(name)) => {
@@ -177,6 +181,22 @@ impl Connection {
                         let bytes = base64::engine::general_purpose::STANDARD
                             .decode(output.data.as_bytes())
                             .map_err(|error| not_a_message(&format!("output that is not base64 ({error})")))?;
+                        let running = lock(&self.running).get(&output.session).copied();
+                        match running {
+                            Some(step) if step == output.step => {}
+                            Some(step) => {
+                                return Err(not_a_message(&format!(
+                                    "output for step {} of session {} while step {step} runs",
+                                    output.step, output.session
+                                )));
+                            }
+                            None => {
+                                return Err(not_a_message(&format!(
+                                    "output for session {} while it runs no step",
+                                    output.session
+                                )));
+                            }
+                        }
                         self.route(
                             &output.session,
                             SessionEvent::Output { step: output.step, stream: output.stream, bytes },
@@ -216,6 +236,16 @@ impl Connection {
         let (sender, receiver) = mpsc::unbounded_channel();
         lock(&self.sessions).insert(session.to_string(), sender);
         receiver
+    }
+
+    /// Marks `step` of `session` running (`Some`) or none (`None`): output is accepted for the
+    /// running step only.
+    pub fn set_running(&self, session: &str, step: Option<u32>) {
+        let mut running = lock(&self.running);
+        match step {
+            Some(step) => running.insert(session.to_string(), step),
+            None => running.remove(session),
+        };
     }
 
     /// Stops routing events of `session`.
@@ -311,6 +341,7 @@ mod tests {
         let (unrouted, _) = mpsc::unbounded_channel();
         let connection = Connection::new(read, write, unrouted);
         let mut events = connection.subscribe("s1");
+        connection.set_running("s1", Some(0));
         let (id, answer) = connection.send("command", &serde_json::json!({})).await;
         let lines = format!(
             "{}\n{}\n",
@@ -337,5 +368,55 @@ mod tests {
             panic!("expected garbage, got {reply:?}");
         };
         assert!(detail.contains("`hello there`"), "{detail}");
+    }
+
+    /// Sends `lines` after a `command` for step 0 of session `s1` (marked running) and returns
+    /// why the connection closed.
+    async fn closed_by(lines: &[&str]) -> String {
+        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(runner_side);
+        let (unrouted, _) = mpsc::unbounded_channel();
+        let connection = Connection::new(read, write, unrouted);
+        let _events = connection.subscribe("s1");
+        connection.set_running("s1", Some(0));
+        let (id, answer) = connection.send("command", &serde_json::json!({})).await;
+        let mut text = String::new();
+        for line in lines {
+            text.push_str(&line.replace("ID", &id.to_string()));
+            text.push('\n');
+        }
+        executor_side.write_all(text.as_bytes()).await.expect("write");
+        connection.closed().await;
+        drop(answer);
+        match connection.cause() {
+            Some(Closed::Garbage(detail)) => detail,
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_and_output_the_runner_did_not_ask_for_break_the_protocol() {
+        let ok = r#"{"jsonrpc":"2.0","id":ID,"result":{"exit_code":0,"duration_ms":1}}"#;
+        let never_sent = closed_by(&[r#"{"jsonrpc":"2.0","id":977,"result":{}}"#]).await;
+        assert!(
+            never_sent.contains("an id the runner never sent (977)") && never_sent.contains("first bytes"),
+            "{never_sent}"
+        );
+        let string_id = closed_by(&[r#"{"jsonrpc":"2.0","id":"1","result":{}}"#]).await;
+        assert!(string_id.contains("never sent (\"1\")"), "{string_id}");
+        let zero = closed_by(&[r#"{"jsonrpc":"2.0","id":0,"error":{"code":-32603,"message":"x"}}"#]).await;
+        assert!(zero.contains("never sent (0)"), "{zero}");
+        let twice = closed_by(&[ok, ok]).await;
+        assert!(twice.contains("a second answer to request"), "{twice}");
+        let other_step = closed_by(&[
+            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":3,"stream":"stdout","data":"aGk="}}"#,
+        ])
+        .await;
+        assert!(other_step.contains("output for step 3 of session s1 while step 0 runs"), "{other_step}");
+        let unknown = closed_by(&[
+            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"nope","step":0,"stream":"stdout","data":"aGk="}}"#,
+        ])
+        .await;
+        assert!(unknown.contains("output for session nope while it runs no step"), "{unknown}");
     }
 }

@@ -75,6 +75,7 @@ impl Session {
         mut on_event: impl FnMut(SessionEvent),
     ) -> Result<CommandResult, HostError> {
         let timeout = Duration::from_millis(params.timeout_ms);
+        self.live.connection.set_running(&params.session, Some(params.step));
         let call = self.host.call_on::<_, CommandResult>(&self.live, method::COMMAND, &params, timeout, cancel);
         tokio::pin!(call);
         let mut events = self.events.lock().await;
@@ -89,6 +90,7 @@ impl Session {
         while let Ok(event) = events.try_recv() {
             on_event(event);
         }
+        self.live.connection.set_running(&params.session, None);
         result
     }
 

@@ -85,7 +85,7 @@ fn discover_watches_the_repositories_whose_record_names_this_runner() {
     let forge = dir.path().join("forge");
     let named = knotless_tests::Repo::init(&forge.join("team/named"));
     named
-        .write(".knotless/repository.yml", "runners: [someone, e2e-discover]\n")
+        .write(".knotless/repository.yml", "runners: [e2e-discover, someone]\n")
         .write(".knotless/workflows/pass.yml", PASS);
     let named_commit = named.commit("named");
     let other = knotless_tests::Repo::init(&forge.join("other"));
@@ -163,4 +163,23 @@ fn logs_follow_prints_a_running_log_as_it_grows_and_stops_when_the_run_ends() {
     assert!(seen.iter().any(|line| line.contains("second-line")), "the rest came as it was written: {seen:?}");
     let checks = runner.final_checks(&repo.url(), &commit, 1);
     assert_eq!(checks[0]["status"], "success");
+}
+
+#[test]
+fn two_named_runners_give_one_check_a_workflow_on_its_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let step = "on: [push]\nsteps:\n  - name: s\n    run: 'true'\n";
+    let pinned = "on: [push]\nrunners: [e2e-dup-two, e2e-dup-one]\nsteps:\n  - name: s\n    run: 'true'\n";
+    let (repo, _) = repo_with(dir.path(), &[("plain", step), ("pinned", pinned)]);
+    repo.write(".knotless/repository.yml", "runners: [e2e-dup-one, e2e-dup-two]\n");
+    let commit = repo.commit("name two runners");
+    let url = repo.url();
+    let one = Runner::start(&dir.path().join("one"), &[flags("e2e-dup-one", &[]), vec![url.as_str()]].concat());
+    let two = Runner::start(&dir.path().join("two"), &[flags("e2e-dup-two", &[]), vec![url.as_str()]].concat());
+    // Each runner plans every workflow of a push at once: once its own check is final, it has
+    // planned all it ever will for this commit.
+    let on_one = one.final_checks(&url, &commit, 1);
+    let on_two = two.final_checks(&url, &commit, 1);
+    assert_eq!(by_workflow(&on_one, "plain")["status"], "success", "{on_one:#?}");
+    assert_eq!(by_workflow(&on_two, "pinned")["status"], "success", "{on_two:#?}");
 }
