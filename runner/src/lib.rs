@@ -13,6 +13,7 @@ pub mod engine;
 pub mod forge;
 pub mod host;
 pub mod mask;
+pub mod printable;
 pub mod queue;
 pub mod secrets;
 pub mod workflow;

@@ -13,6 +13,7 @@ use clap::Args;
 use super::daemon::StateArgs;
 use crate::checks::{CheckRecord, CheckStore};
 use crate::forge::{normalize_url, repository_key};
+use crate::printable;
 use crate::queue::{QueueState, QueueStore, render};
 
 /// `checks` flags.
@@ -137,26 +138,37 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
         writeln!(
             stdout,
             "{}  {}  {} {}  {}{time}",
-            record.run_id,
-            record.workflow,
-            target,
+            printable::name(&record.run_id),
+            printable::name(&record.workflow),
+            printable::name(&target),
             short,
             record.status.as_str()
         )?;
         for step in &record.steps {
             let exit = step.exit_code.map(|code| format!("exit {code}")).unwrap_or_else(|| "no exit code".into());
-            writeln!(stdout, "    step {}: {:?}, {exit}, {} ms", step.name, step.status, step.duration_ms)?;
+            writeln!(
+                stdout,
+                "    step {}: {:?}, {exit}, {} ms",
+                printable::name(&step.name),
+                step.status,
+                step.duration_ms
+            )?;
         }
         for cache in &record.caches {
             let warm = if cache.warm { "warm" } else { "cold" };
-            writeln!(stdout, "    cache {}: {warm}, {}", cache.path, cache.outcome)?;
+            writeln!(
+                stdout,
+                "    cache {}: {warm}, {}",
+                printable::name(&cache.path),
+                printable::name(&cache.outcome)
+            )?;
         }
         for output in &record.outputs {
             let image = if output.image { " (image)" } else { "" };
-            writeln!(stdout, "    output {}: {} bytes{image}", output.path, output.bytes)?;
+            writeln!(stdout, "    output {}: {} bytes{image}", printable::name(&output.path), output.bytes)?;
         }
         if let Some(cause) = &record.cause {
-            writeln!(stdout, "    cause: {cause}")?;
+            writeln!(stdout, "    cause: {}", printable::name(cause))?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -178,8 +190,11 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
             file.seek(std::io::SeekFrom::Start(offset)).with_context(|| format!("cannot read {}", path.display()))?;
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
-            offset += bytes.len() as u64;
-            stdout.write_all(&bytes)?;
+            // Only whole lines are shown, escaped; the rest waits for its newline.
+            let whole =
+                if finished { bytes.len() } else { bytes.iter().rposition(|&b| b == b'\n').map_or(0, |end| end + 1) };
+            offset += whole as u64;
+            stdout.write_all(printable::log(&bytes[..whole]).as_bytes())?;
             stdout.flush()?;
         }
         if !args.follow || finished {

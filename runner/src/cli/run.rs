@@ -15,6 +15,7 @@ use super::ExecutorArgs;
 use crate::checkout::Checkout;
 use crate::engine::{self, LogLine, LogSink, RunPlan, RunReport, RunStatus, StepStatus};
 use crate::host::ExecutorHost;
+use crate::printable;
 use crate::workflow::Event;
 
 /// `run` flags.
@@ -53,8 +54,14 @@ impl LogSink for Terminal {
     fn line(&mut self, line: &LogLine) {
         let mut stdout = std::io::stdout().lock();
         let _ = match &line.step {
-            Some(step) => writeln!(stdout, "{}/{step} | {}", self.workflow, line.text),
-            None => writeln!(stdout, "{} ==> {}", self.workflow, line.text),
+            Some(step) => writeln!(
+                stdout,
+                "{}/{} | {}",
+                printable::name(&self.workflow),
+                printable::name(step),
+                printable::line(&line.text)
+            ),
+            None => writeln!(stdout, "{} ==> {}", printable::name(&self.workflow), printable::name(&line.text)),
         };
     }
 }
@@ -64,7 +71,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (checkout, info) = Checkout::resolve(&args.path, args.rev.as_deref()).await?;
     let (mut workflows, errors) = checkout.workflows().await?;
     for error in &errors {
-        eprintln!("error: {error}");
+        eprintln!("error: {}", printable::name(&error.to_string()));
     }
     if !args.workflows.is_empty() {
         for name in &args.workflows {
@@ -170,12 +177,12 @@ fn run_id(workflow: &str) -> String {
 fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::workflow::WorkflowError]) {
     let mut rows = vec![["workflow".to_string(), "status".into(), "step".into(), "exit".into(), "time".into()]];
     for error in errors {
-        rows.push([error.file.clone(), "error".into(), "-".into(), "-".into(), "-".into()]);
+        rows.push([printable::name(&error.file).into_owned(), "error".into(), "-".into(), "-".into(), "-".into()]);
     }
     for (report, _) in reports {
         if report.steps.is_empty() {
             rows.push([
-                report.workflow.clone(),
+                printable::name(&report.workflow).into_owned(),
                 report.status.as_str().into(),
                 "-".into(),
                 "-".into(),
@@ -193,7 +200,13 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
             };
             let exit = step.exit_code.map(|code| code.to_string()).unwrap_or_else(|| "-".into());
             let time = if step.status == StepStatus::Skipped { "-".into() } else { millis(step.duration_ms) };
-            rows.push([report.workflow.clone(), status.into(), step.name.clone(), exit, time]);
+            rows.push([
+                printable::name(&report.workflow).into_owned(),
+                status.into(),
+                printable::name(&step.name).into_owned(),
+                exit,
+                time,
+            ]);
         }
     }
     let widths: Vec<usize> =
@@ -205,12 +218,14 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
     }
     for (report, outputs) in reports {
         let status = report.status.as_str();
+        let workflow = printable::name(&report.workflow);
         match &report.cause {
-            Some(cause) => println!("{}: {status}: {cause}", report.workflow),
-            None => println!("{}: {status} in {}", report.workflow, millis(report.duration_ms)),
+            Some(cause) => println!("{workflow}: {status}: {}", printable::name(cause)),
+            None => println!("{workflow}: {status} in {}", millis(report.duration_ms)),
         }
         if let (false, Some(dir)) = (report.outputs.is_empty(), outputs) {
-            println!("{}: {} output file(s) in {}", report.workflow, report.outputs.len(), dir.display());
+            let dir = dir.display().to_string();
+            println!("{workflow}: {} output file(s) in {}", report.outputs.len(), printable::name(&dir));
         }
     }
 }

@@ -31,3 +31,31 @@ fn a_workflow_named_dot_dot_is_refused_and_deletes_nothing() {
         assert!(!repo.path().join("ran-a-step").exists(), "{file}: a step ran\n{}", run.both());
     }
 }
+
+#[test]
+fn names_and_output_with_newlines_and_escapes_are_printed_escaped() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ci",
+        "steps:\n  - name: \"evil\\nfake ==> success\\e[31m\"\n    run: printf 'out\\033[2Jput\\tx\\n'; exit 2\n",
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let run = ran(knotless_run(&[
+        "run",
+        &repo.path().display().to_string(),
+        "--executor",
+        "shell",
+        "--executor-option",
+        &format!("work-dir={}", work.path().display()),
+    ]));
+    let both = run.both();
+    assert_eq!(run.code, Some(1), "{both}");
+    assert!(!run.stdout.contains('\u{1b}'), "a raw escape reached the terminal:\n{both}");
+    assert!(!run.stdout.lines().any(|line| line.starts_with("fake ==>")), "a forged runner line:\n{both}");
+    assert!(run.stdout.contains("ci/evil\\nfake ==> success\\x1b[31m | out\\x1b[2Jput\tx"), "{both}");
+    let row = run.stdout.lines().skip_while(|line| !line.starts_with("workflow  status")).nth(1).unwrap_or_default();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells.first(), Some(&"ci"), "{both}");
+    assert_eq!(cells.get(1), Some(&"failure"), "{both}");
+    assert!(row.contains("evil\\nfake ==> success\\x1b[31m") && row.ends_with('s'), "the summary row broke:\n{both}");
+}

@@ -1,0 +1,69 @@
+//! Text made safe for a terminal: names, causes and step output shown to people never carry a
+//! raw control character (a newline that forges a runner line, an escape that recolours the
+//! terminal); stored logs and records keep the bytes, and only what is printed is escaped.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+/// `text` with every control character written as an escape (`\n`, `\r`, `\t`, `\x1b`,
+/// `\u{9b}`), for a name or a one-line message.
+pub fn name(text: &str) -> Cow<'_, str> {
+    escape(text, false)
+}
+
+/// A line of step output: like [`name`], but a tab stays a tab.
+pub fn line(text: &str) -> Cow<'_, str> {
+    escape(text, true)
+}
+
+fn escape(text: &str, keep_tabs: bool) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && !(keep_tabs && c == '\t');
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if !unsafe_char(c) => escaped.push(c),
+            '\n' => escaped.push_str("\\n"),
+            '\r' => escaped.push_str("\\r"),
+            '\t' => escaped.push_str("\\t"),
+            c if (c as u32) < 0x80 => {
+                let _ = write!(escaped, "\\x{:02x}", c as u32);
+            }
+            c => {
+                let _ = write!(escaped, "\\u{{{:x}}}", c as u32);
+            }
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+/// Bytes of a stored log, for a terminal: lines kept, every other control byte escaped, and
+/// invalid UTF-8 shown as U+FFFD. A line cut at the end of `bytes` stays unterminated.
+pub fn log(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut shown = String::with_capacity(text.len());
+    for (index, part) in text.split('\n').enumerate() {
+        if index > 0 {
+            shown.push('\n');
+        }
+        shown.push_str(&line(part));
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_nothing_else_changes() {
+        assert_eq!(name("evil\nfake ==> success\u{1b}[31m"), "evil\\nfake ==> success\\x1b[31m");
+        assert_eq!(name("tab\there\r"), "tab\\there\\r");
+        assert_eq!(name("csi\u{9b}31m del\u{7f}"), "csi\\u{9b}31m del\\x7f");
+        assert_eq!(line("a\tb\u{7}"), "a\tb\\x07");
+        assert!(matches!(name("ünïcode -dash"), Cow::Borrowed("ünïcode -dash")));
+        assert_eq!(log(b"one\x1b[2J\ntwo\r\n\xff"), "one\\x1b[2J\ntwo\\r\n\u{fffd}");
+    }
+}
