@@ -203,6 +203,15 @@ pub async fn execute(
         Some(cause) => log.note(format!("{}: {cause}", status.as_str())),
         None => log.note(status.as_str()),
     }
+    // Every string the check stores is masked, as the log is: a cause may quote an executor,
+    // a step or an output file may be named with a secret.
+    let cause = cause.map(|cause| log.mask_text(&cause));
+    for step in &mut steps {
+        step.name = log.mask_text(&step.name);
+    }
+    for output in &mut outputs {
+        output.path = log.mask_text(&output.path);
+    }
     RunReport {
         run_id: plan.run_id.clone(),
         workflow: workflow.name.clone(),

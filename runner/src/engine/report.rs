@@ -187,6 +187,11 @@ impl<'a> RunLog<'a> {
         }
     }
 
+    /// `text` with every secret masked: for every string a check stores or prints.
+    pub(crate) fn mask_text(&self, text: &str) -> String {
+        String::from_utf8_lossy(&self.masker.mask(text.as_bytes())).into_owned()
+    }
+
     /// A note of the runner's, masked too (it may quote an executor's message).
     pub(crate) fn note(&mut self, text: impl AsRef<str>) {
         let masked = String::from_utf8_lossy(&self.masker.mask(text.as_ref().as_bytes())).into_owned();

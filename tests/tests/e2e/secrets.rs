@@ -56,3 +56,40 @@ fn a_sealed_secret_is_seen_and_masked_and_the_operator_value_wins() {
         assert!(!log.contains(value) && !record.contains(value), "{value} leaked");
     }
 }
+
+#[test]
+fn a_secret_in_an_output_file_name_or_a_step_name_is_masked_in_the_record_and_in_checks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let value = "canary-name-8d1f";
+    let workflow = format!(
+        "steps:\n  - name: use {value}\n    secrets: [TOKEN]\n    run: |\n      touch \"$KNOTLESS_RUN_OUTPUTS/report-$TOKEN.txt\"\n      exit 3\n"
+    );
+    let (repo, commit) = crate::repo_with(dir.path(), &[("leaky", workflow.as_str())]);
+    let operator = dir.path().join("operator");
+    std::fs::write(&operator, format!("TOKEN={value}\n")).expect("write");
+    std::fs::set_permissions(&operator, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let operator = operator.to_string_lossy().into_owned();
+    let url = repo.url();
+    let state = dir.path().join("state");
+    let runner = Runner::start(
+        &state,
+        &[flags("e2e-secret-names", &["--secrets-file", &operator]), vec![url.as_str()]].concat(),
+    );
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["status"], "failure", "{:#}", checks[0]);
+    assert_eq!(checks[0]["outputs"][0]["path"], "report-***.txt", "{:#}", checks[0]);
+    let printed = String::from_utf8_lossy(&runner.command(&["checks", &url]).stdout).into_owned();
+    assert!(printed.contains("output report-***.txt") && printed.contains("step use ***"), "{printed}");
+    let mut records = String::new();
+    for entry in std::fs::read_dir(state.join("checks")).expect("checks").flatten() {
+        for file in std::fs::read_dir(entry.path()).expect("a repository's checks").flatten() {
+            if file.path().extension().is_some_and(|extension| extension == "json") {
+                records.push_str(&std::fs::read_to_string(file.path()).expect("a record"));
+            }
+        }
+    }
+    assert!(records.contains("report-***.txt"), "{records}");
+    for (what, text) in [("checks", printed.as_str()), ("the record", records.as_str())] {
+        assert!(!text.contains(value), "{what} holds the secret:\n{text}");
+    }
+}
