@@ -74,8 +74,16 @@ pub enum Reply {
     Lost(Closed),
 }
 
+/// An event to deliver to a session's channel.
+type Delivery = Option<(mpsc::Sender<SessionEvent>, SessionEvent)>;
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
-type Sessions = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<SessionEvent>>>>;
+type Sessions = Arc<Mutex<HashMap<String, mpsc::Sender<SessionEvent>>>>;
+
+/// How many events of one session wait for the run to take them: past that the reader stops
+/// reading the executor's stdout until the run catches up, so a step that prints faster than
+/// its log is written slows down instead of filling the runner's memory; nothing is dropped.
+pub const SESSION_EVENTS: usize = 256;
 
 /// A live connection. Cheap to share; every method takes `&self`.
 pub struct Connection {
@@ -131,14 +139,23 @@ impl Connection {
                 Some(Ok(frame)) => frame,
                 Some(Err(error)) => return Closed::ReadFailed(error.to_string()),
             };
-            if let Err(detail) = self.handle_frame(&frame, &unrouted) {
-                return Closed::Garbage(detail);
+            match self.handle_frame(&frame, &unrouted) {
+                Err(detail) => return Closed::Garbage(detail),
+                // Back-pressure: the next frame is read only once the run took this one.
+                Ok(Some((sender, event))) => {
+                    tokio::select! {
+                        _ = sender.send(event) => {}
+                        () = self.closed.cancelled() => return Closed::ByRunner("closed by the runner".into()),
+                    }
+                }
+                Ok(None) => {}
             }
         }
     }
 
-    /// Routes one frame; an error describes a protocol violation.
-    fn handle_frame(&self, frame: &[u8], unrouted: &mpsc::UnboundedSender<LogParams>) -> Result<(), String> {
+    /// Routes one frame; an error describes a protocol violation. Step output is returned with
+    /// its session's channel, for the reader to deliver with back-pressure.
+    fn handle_frame(&self, frame: &[u8], unrouted: &mpsc::UnboundedSender<LogParams>) -> Result<Delivery, String> {
         let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
         let message: serde_json::Value =
             serde_json::from_slice(frame).map_err(|_| not_a_message("a line that is not JSON"))?;
@@ -170,7 +187,7 @@ impl Connection {
                     return Err(not_a_message(&format!("a second answer to request {id}")));
                 };
                 let _ = sender.send(answer);
-                Ok(())
+                Ok(None)
             }
             (None, Some(name)) => {
                 let params = object.get("params").cloned().unwrap_or(serde_json::Value::Null);
@@ -197,25 +214,30 @@ impl Connection {
                                 )));
                             }
                         }
-                        self.route(
-                            &output.session,
-                            SessionEvent::Output { step: output.step, stream: output.stream, bytes },
-                        );
-                        Ok(())
+                        let event = SessionEvent::Output { step: output.step, stream: output.stream, bytes };
+                        Ok(lock(&self.sessions).get(&output.session).map(|sender| (sender.clone(), event)))
                     }
                     Some(method::LOG) => {
                         let log: LogParams = serde_json::from_value(params)
                             .map_err(|error| not_a_message(&format!("a bad log notification ({error})")))?;
-                        let routed = log.session.as_deref().is_some_and(|session| {
-                            self.route(session, SessionEvent::Log { level: log.level, message: log.message.clone() })
-                        });
-                        if !routed {
-                            let _ = unrouted.send(log);
+                        // A session's log line waits its turn while the session runs a step (its
+                        // run takes it); otherwise, or when the run is not taking them, it goes to
+                        // the runner's own log rather than block the reader.
+                        let session = log.session.clone().unwrap_or_default();
+                        let sender = lock(&self.sessions).get(&session).cloned();
+                        let running = lock(&self.running).contains_key(&session);
+                        let event = SessionEvent::Log { level: log.level, message: log.message.clone() };
+                        match sender {
+                            Some(sender) if running => Ok(Some((sender, event))),
+                            Some(sender) if sender.try_send(event).is_ok() => Ok(None),
+                            _ => {
+                                let _ = unrouted.send(log);
+                                Ok(None)
+                            }
                         }
-                        Ok(())
                     }
                     // Unknown notifications are ignored, so executors may add their own.
-                    Some(_) => Ok(()),
+                    Some(_) => Ok(None),
                     None => Err(not_a_message("a method that is not a string")),
                 }
             }
@@ -224,16 +246,9 @@ impl Connection {
         }
     }
 
-    fn route(&self, session: &str, event: SessionEvent) -> bool {
-        match lock(&self.sessions).get(session) {
-            Some(sender) => sender.send(event).is_ok(),
-            None => false,
-        }
-    }
-
     /// Receives the events of `session` from now on.
-    pub fn subscribe(&self, session: &str) -> mpsc::UnboundedReceiver<SessionEvent> {
-        let (sender, receiver) = mpsc::unbounded_channel();
+    pub fn subscribe(&self, session: &str) -> mpsc::Receiver<SessionEvent> {
+        let (sender, receiver) = mpsc::channel(SESSION_EVENTS);
         lock(&self.sessions).insert(session.to_string(), sender);
         receiver
     }
@@ -418,5 +433,35 @@ mod tests {
         ])
         .await;
         assert!(unknown.contains("output for session nope while it runs no step"), "{unknown}");
+    }
+
+    #[tokio::test]
+    async fn a_run_that_does_not_take_its_output_slows_the_executor_and_loses_nothing() {
+        let (runner_side, mut executor_side) = tokio::io::duplex(4096);
+        let (read, write) = tokio::io::split(runner_side);
+        let (unrouted, _) = mpsc::unbounded_channel();
+        let connection = Connection::new(read, write, unrouted);
+        let mut events = connection.subscribe("s1");
+        connection.set_running("s1", Some(0));
+        let frames = SESSION_EVENTS * 8;
+        let writer = tokio::spawn(async move {
+            let line = r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":0,"stream":"stdout","data":"aGk="}}"#;
+            for _ in 0..frames {
+                executor_side.write_all(format!("{line}\n").as_bytes()).await.expect("write");
+            }
+            executor_side
+        });
+        // Nobody takes the events: the executor's writes block once the channel and the pipe
+        // are full, instead of the runner holding everything.
+        let mut writer = writer;
+        let blocked = tokio::time::timeout(std::time::Duration::from_millis(300), &mut writer).await.is_err();
+        assert!(blocked, "the executor wrote everything while nobody read it");
+        let mut received = 0;
+        while received < frames {
+            events.recv().await.expect("an event");
+            received += 1;
+        }
+        writer.await.expect("the writer finishes once the run takes its output");
+        assert_eq!(received, frames);
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// Variables an executor inherits from the runner; everything else is withheld.
@@ -89,11 +89,11 @@ impl ExecutorProcess {
         let forward_tail = tail.clone();
         let name = spec.name.clone();
         let stderr_done = tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            read_lines(stderr, MAX_STDERR_LINE, |line| {
                 tracing::info!(target: "knotless_run::executor", executor = %name, "[{name}] {line}");
                 forward_tail.push(line.chars().take(TAIL_LINE_CHARS).collect());
-            }
+            })
+            .await;
         });
         let process = ExecutorProcess {
             name: spec.name.clone(),
@@ -171,5 +171,68 @@ pub fn describe_status(status: Option<ExitStatus>) -> String {
             },
             (None, None) => "an unknown status".to_string(),
         },
+    }
+}
+
+/// The longest stderr line of an executor the runner keeps: the rest of a longer line is
+/// dropped, with a marker, so an executor cannot make the runner hold its whole stderr.
+pub const MAX_STDERR_LINE: usize = 8 << 10;
+
+/// Reads `reader` to its end, giving `each` line (invalid UTF-8 replaced), each cut at `max`
+/// bytes with a marker saying how much was dropped. Memory stays within `max` and the reader's
+/// buffer, however long a line is.
+pub async fn read_lines(reader: impl AsyncRead + Unpin, max: usize, mut each: impl FnMut(String)) {
+    let mut reader = BufReader::new(reader);
+    let mut line = Vec::new();
+    let mut dropped = 0usize;
+    loop {
+        let buffer = match reader.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(buffer) => buffer,
+        };
+        let (chunk, ended) = match buffer.iter().position(|&byte| byte == b'\n') {
+            Some(end) => (&buffer[..end], true),
+            None => (buffer, false),
+        };
+        let room = max.saturating_sub(line.len()).min(chunk.len());
+        line.extend_from_slice(&chunk[..room]);
+        dropped += chunk.len() - room;
+        let used = chunk.len() + usize::from(ended);
+        reader.consume(used);
+        if ended {
+            each(finish_line(&mut line, &mut dropped));
+        }
+    }
+    if !line.is_empty() || dropped > 0 {
+        each(finish_line(&mut line, &mut dropped));
+    }
+}
+
+fn finish_line(line: &mut Vec<u8>, dropped: &mut usize) -> String {
+    let mut text = String::from_utf8_lossy(line).into_owned();
+    if *dropped > 0 {
+        text.push_str(&format!(" [line cut: {} more bytes dropped]", *dropped));
+    }
+    line.clear();
+    *dropped = 0;
+    text
+}
+
+#[cfg(test)]
+mod line_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_cut_at_the_bound_and_invalid_utf8_does_not_stop_reading() {
+        let mut input = b"short\n\xffbad\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 100_000));
+        input.extend_from_slice(b"\nlast");
+        let mut lines = Vec::new();
+        read_lines(&input[..], 1000, |line| lines.push(line)).await;
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert_eq!(lines[0], "short");
+        assert_eq!(lines[1], "\u{fffd}bad");
+        assert_eq!(lines[2], format!("{} [line cut: 99000 more bytes dropped]", "x".repeat(1000)));
+        assert_eq!(lines[3], "last");
     }
 }

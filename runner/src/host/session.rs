@@ -22,7 +22,7 @@ pub struct Session {
     live: Arc<Live>,
     id: String,
     start: StartResult,
-    events: tokio::sync::Mutex<mpsc::UnboundedReceiver<SessionEvent>>,
+    events: tokio::sync::Mutex<mpsc::Receiver<SessionEvent>>,
 }
 
 impl Session {
@@ -31,7 +31,7 @@ impl Session {
         live: Arc<Live>,
         id: String,
         start: StartResult,
-        events: mpsc::UnboundedReceiver<SessionEvent>,
+        events: mpsc::Receiver<SessionEvent>,
     ) -> Session {
         Session { host, live, id, start, events: tokio::sync::Mutex::new(events) }
     }
