@@ -3,6 +3,25 @@
 //! The runner knows executors only through the protocol (`knotless-protocol`); it never calls
 //! `kubectl` or `docker` itself.
 
+/// `println!` that never panics: when stdout is closed (a pager quit, a pipe's reader died)
+/// the line is dropped and the runner goes on.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics: a closed stderr drops the line.
+#[macro_export]
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod cache;
 pub mod checkout;
 pub mod checks;

@@ -7,6 +7,12 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> anyhow::Result<()> {
     // Stdout carries protocol frames only: every log line goes to stderr.
     let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false).with_env_filter(filter).init();
+    // A closed stderr (the runner died) drops log lines instead of panicking the executor.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false)
+        .with_ansi(false)
+        .with_env_filter(filter)
+        .init();
     knotless_protocol::sdk::serve(KubernetesExecutor::default()).await
 }

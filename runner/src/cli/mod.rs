@@ -54,7 +54,7 @@ pub fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("knotless-run: cannot start the async runtime: {error}");
+            crate::say_err!("knotless-run: cannot start the async runtime: {error}");
             return ExitCode::from(2);
         }
     };
@@ -72,7 +72,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("knotless-run: {error:#}");
+            crate::say_err!("knotless-run: {error:#}");
             ExitCode::from(2)
         }
     }
@@ -84,7 +84,9 @@ fn init_tracing() {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // A closed stderr drops log lines: reporting that on stderr would panic the runner.
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).log_internal_errors(false);
     let json = match std::env::var("KNOTLESS_LOG_FORMAT").as_deref() {
         Ok("json") => true,
         Ok("human" | "text") => false,

@@ -34,13 +34,13 @@ pub async fn main(command: PluginCommand) -> anyhow::Result<ExitCode> {
     }
     args.executor.executor_plugin = Some(args.path.clone());
     let config = args.executor.host_config("", &format!("check-{}", std::process::id()))?;
-    println!("plugin check {}", args.path.display());
+    crate::say!("plugin check {}", args.path.display());
     let checks = conformance::run(config, |check| match &check.outcome {
-        Ok(detail) => println!("  ok    {}: {detail}", check.name),
-        Err(why) => println!("  FAIL  {}: {why}", check.name),
+        Ok(detail) => crate::say!("  ok    {}: {detail}", check.name),
+        Err(why) => crate::say!("  FAIL  {}: {why}", check.name),
     })
     .await;
     let failed = checks.iter().filter(|check| check.outcome.is_err()).count();
-    println!("{} passed, {failed} failed", checks.len() - failed);
+    crate::say!("{} passed, {failed} failed", checks.len() - failed);
     Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -71,7 +71,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (checkout, info) = Checkout::resolve(&args.path, args.rev.as_deref()).await?;
     let (mut workflows, errors) = checkout.workflows().await?;
     for error in &errors {
-        eprintln!("error: {}", printable::name(&error.to_string()));
+        crate::say_err!("error: {}", printable::name(&error.to_string()));
     }
     if !args.workflows.is_empty() {
         for name in &args.workflows {
@@ -88,10 +88,10 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (selected, skipped): (Vec<_>, Vec<_>) =
         workflows.into_iter().partition(|workflow| workflow.on.matches(args.event, branch));
     for workflow in &skipped {
-        println!("{} ==> skipped: not triggered by {}", workflow.name, args.event.as_str());
+        crate::say!("{} ==> skipped: not triggered by {}", workflow.name, args.event.as_str());
     }
     if selected.is_empty() && errors.is_empty() {
-        println!("no workflow to run in {}", args.path.display());
+        crate::say!("no workflow to run in {}", args.path.display());
         return Ok(ExitCode::SUCCESS);
     }
     let mut secrets = BTreeMap::new();
@@ -101,14 +101,14 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let config = args.executor.host_config("shell", &format!("local-{}", std::process::id()))?;
     if config.process.name == "shell" {
-        eprintln!("warning: the shell executor isolates nothing: steps run as this user on this host");
+        crate::say_err!("warning: the shell executor isolates nothing: steps run as this user on this host");
     }
     let host = ExecutorHost::start(config).await?;
     let cancel = CancellationToken::new();
     let interrupt = cancel.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("knotless-run: cancelling (Ctrl-C again to stop waiting)");
+            crate::say_err!("knotless-run: cancelling (Ctrl-C again to stop waiting)");
             interrupt.cancel();
             if tokio::signal::ctrl_c().await.is_ok() {
                 std::process::exit(130);
@@ -211,21 +211,21 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
     }
     let widths: Vec<usize> =
         (0..5).map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0)).collect();
-    println!();
+    crate::say!();
     for row in &rows {
         let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
-        println!("{}", cells.join("  ").trim_end());
+        crate::say!("{}", cells.join("  ").trim_end());
     }
     for (report, outputs) in reports {
         let status = report.status.as_str();
         let workflow = printable::name(&report.workflow);
         match &report.cause {
-            Some(cause) => println!("{workflow}: {status}: {}", printable::name(cause)),
-            None => println!("{workflow}: {status} in {}", millis(report.duration_ms)),
+            Some(cause) => crate::say!("{workflow}: {status}: {}", printable::name(cause)),
+            None => crate::say!("{workflow}: {status} in {}", millis(report.duration_ms)),
         }
         if let (false, Some(dir)) = (report.outputs.is_empty(), outputs) {
             let dir = dir.display().to_string();
-            println!("{workflow}: {} output file(s) in {}", report.outputs.len(), printable::name(&dir));
+            crate::say!("{workflow}: {} output file(s) in {}", report.outputs.len(), printable::name(&dir));
         }
     }
 }

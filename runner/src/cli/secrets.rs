@@ -35,7 +35,7 @@ pub async fn main(command: SecretsCommand) -> anyhow::Result<ExitCode> {
     match command {
         SecretsCommand::PublicKey { state } => {
             let key = RunnerKey::load_or_create(&state.state)?;
-            println!("{}", key.recipient());
+            crate::say!("{}", key.recipient());
         }
         SecretsCommand::Seal { name, state } => {
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -46,10 +46,10 @@ pub async fn main(command: SecretsCommand) -> anyhow::Result<ExitCode> {
             std::io::stdin().read_to_string(&mut value).context("cannot read the value on stdin")?;
             let value = value.strip_suffix('\n').unwrap_or(&value);
             let sealed = key.seal(value.as_bytes())?;
-            eprintln!("# add to {SEALED_FILE} on the default branch:");
-            println!("{name}: |");
+            crate::say_err!("# add to {SEALED_FILE} on the default branch:");
+            crate::say!("{name}: |");
             for line in sealed.lines() {
-                println!("  {line}");
+                crate::say!("  {line}");
             }
         }
     }

@@ -3,6 +3,7 @@
 //! deadline.
 
 mod caches;
+mod closed_pipes;
 mod deadlines;
 mod deploy;
 mod executor_faults;
