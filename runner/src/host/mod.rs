@@ -114,8 +114,9 @@ pub struct ExecutorHost {
 impl ExecutorHost {
     /// Starts the executor and handshakes, so a bad configuration fails now, before any run.
     pub async fn start(config: HostConfig) -> Result<Arc<ExecutorHost>, HostError> {
+        sweep_channel_folders(&std::env::temp_dir());
         let channels = tempfile::Builder::new()
-            .prefix("knotless-run-")
+            .prefix(&format!("{CHANNELS_PREFIX}{}-", std::process::id()))
             .tempdir()
             .map_err(|error| HostError::Fault(format!("cannot create a folder for side channels: {error}")))?;
         let (unrouted, mut logs) = mpsc::unbounded_channel::<LogParams>();
@@ -425,6 +426,41 @@ impl ExecutorHost {
         let number = self.transfers.fetch_add(1, Ordering::SeqCst);
         self.channels.path().join(format!("transfer-{number}.sock"))
     }
+}
+
+/// The side-channel folders' prefix in the temporary folder: `knotless-run-<pid>-<random>`.
+const CHANNELS_PREFIX: &str = "knotless-run-";
+
+/// Removes the side-channel folders that runners which died without cleaning up (`kill -9`)
+/// left in `tmp`: those whose process is gone. Only folders of exactly that shape, owned by
+/// this user and not links, are touched; a folder of a live runner stays.
+pub fn sweep_channel_folders(tmp: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt as _;
+    // `/proc/self` belongs to this process's user.
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|metadata| metadata.uid()) else { return 0 };
+    let mut removed = 0;
+    for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((pid, random)) = name.strip_prefix(CHANNELS_PREFIX).and_then(|rest| rest.split_once('-')) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if random.is_empty() || !random.chars().all(|c| c.is_ascii_alphanumeric()) {
+            continue;
+        }
+        let Ok(metadata) = std::fs::symlink_metadata(entry.path()) else { continue };
+        if !metadata.is_dir() || metadata.uid() != uid || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if std::fs::remove_dir_all(entry.path()).is_ok() {
+            tracing::debug!(
+                "removed {}, the side channels of runner process {pid}, which is gone",
+                entry.path().display()
+            );
+            removed += 1;
+        }
+    }
+    removed
 }
 
 fn cause_of(connection: &Connection) -> Closed {

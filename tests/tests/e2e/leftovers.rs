@@ -1,0 +1,55 @@
+//! Nothing a `kill -9`ed runner leaves in the temporary folder outlives the next start: its
+//! side-channel folder is removed then, and a live runner's is kept.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use knotless_tests::{Repo, knotless_run};
+
+fn channel_folders(tmp: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(tmp)
+        .expect("tmp")
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("knotless-run-"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_next_start_removes_the_side_channel_folder_of_a_killed_runner() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new();
+    repo.workflow("long", "steps:\n  - name: wait\n    run: echo started; sleep 30\n");
+    let args = [
+        "run".to_string(),
+        repo.path().display().to_string(),
+        "--executor".into(),
+        "shell".into(),
+        "--executor-option".into(),
+        format!("work-dir={}", work.path().display()),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut killed = knotless_run(&args)
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let lines = BufReader::new(killed.stdout.take().expect("stdout")).lines();
+    let started = lines.map_while(Result::ok).any(|line| line.contains("long/wait | started"));
+    assert!(started, "the step never started");
+    killed.kill().expect("kill -9");
+    killed.wait().expect("wait");
+    let left = channel_folders(tmp.path());
+    assert_eq!(left.len(), 1, "the killed runner left its channel folder: {left:?}");
+    // A folder of a live process stays: this test's own pid.
+    let live = tmp.path().join(format!("knotless-run-{}-live0", std::process::id()));
+    std::fs::create_dir(&live).expect("mkdir");
+    repo.workflow("long", "steps:\n  - name: quick\n    run: 'true'\n");
+    let next = knotless_run(&args).env("TMPDIR", tmp.path()).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    assert_eq!(next.expect("run").code(), Some(0));
+    assert_eq!(channel_folders(tmp.path()), [format!("knotless-run-{}-live0", std::process::id())]);
+}
