@@ -37,9 +37,53 @@ pub enum UnpackError {
 /// Packs the contents of `root` (not `root` itself) into a tar stream, preserving modes,
 /// symlinks (as links, never followed) and empty folders. Returns the writer.
 pub fn pack_dir<W: Write>(root: &Path, out: W) -> io::Result<W> {
+    pack_dir_skipping(root, out).map(|(out, _)| out)
+}
+
+/// Why an entry of a folder was left out of its archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// Its path, relative to the folder.
+    pub path: PathBuf,
+    /// Why, in a few words.
+    pub reason: &'static str,
+}
+
+/// Packs `root` like [`pack_dir`], leaving out what no archive of outputs may hold, each named
+/// in the list returned: special files (FIFOs, sockets, device nodes) and symlinks whose target
+/// leaves the folder. What a step wrote is then downloaded, and only those are lost.
+pub fn pack_dir_skipping<W: Write>(root: &Path, out: W) -> io::Result<(W, Vec<Skipped>)> {
     let mut files = Vec::new();
     collect(root, Path::new(""), &mut files)?;
-    pack_paths(root, &files, out)
+    let mut kept = Vec::with_capacity(files.len());
+    let mut skipped = Vec::new();
+    for path in files {
+        match skip_reason(root, &path)? {
+            Some(reason) => skipped.push(Skipped { path, reason }),
+            None => kept.push(path),
+        }
+    }
+    Ok((pack_paths(root, &kept, out)?, skipped))
+}
+
+/// Why `path` under `root` cannot go into an archive of outputs, if it cannot.
+fn skip_reason(root: &Path, path: &Path) -> io::Result<Option<&'static str>> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let metadata = fs::symlink_metadata(root.join(path))?;
+    let kind = metadata.file_type();
+    Ok(if kind.is_fifo() {
+        Some("a FIFO")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else if kind.is_block_device() || kind.is_char_device() {
+        Some("a device node")
+    } else if kind.is_symlink() {
+        let target = fs::read_link(root.join(path))?;
+        let depth = path.components().count();
+        (!link_stays_inside(depth, &target)).then_some("a symlink whose target leaves the folder")
+    } else {
+        None
+    })
 }
 
 /// Packs the given paths, relative to `root`, in the order given. Folders named are added as

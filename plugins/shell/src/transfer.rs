@@ -44,7 +44,7 @@ pub async fn download(
     executor: &ShellExecutor,
     params: &TransferParams,
     data: DownloadStream,
-    _context: Context,
+    context: Context,
 ) -> Result<(), ExecutorError> {
     let session = executor.session(&params.session)?;
     let source = session.resolve(&params.path)?;
@@ -65,15 +65,19 @@ pub async fn download(
         }
     }
     let bridge = SyncIoBridge::new(data);
-    let packed = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let mut bridge = tarball::pack_dir(&source, bridge)?;
+    let packed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<tarball::Skipped>> {
+        let (mut bridge, skipped) = tarball::pack_dir_skipping(&source, bridge)?;
         bridge.flush()?;
         bridge.shutdown()?;
-        Ok(())
+        Ok(skipped)
     })
     .await
     .map_err(|error| ExecutorError::infrastructure(format!("the download of {shown} failed: {error}")))?;
-    packed.map_err(|error| ExecutorError::infrastructure(format!("cannot download {shown}: {error}")))?;
+    let skipped = packed.map_err(|error| ExecutorError::infrastructure(format!("cannot download {shown}: {error}")))?;
+    for entry in skipped {
+        let message = format!("left {} out of the download of {}: {}", entry.path.display(), params.path, entry.reason);
+        context.log(&session.id, LogLevel::Warn, message).await;
+    }
     tracing::debug!(session = %session.id, path = %shown, "downloaded");
     Ok(())
 }

@@ -423,6 +423,8 @@ async fn fetch_outputs(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) 
         .download(&paths.outputs, dir, plan.limits.outputs_max_bytes, plan.limits.transfer_timeout, &never)
         .await
         .map_err(|error| Ended::from_host("cannot download the outputs", &error))?;
+    // What the executor said of the download (entries it left out) came before its answer.
+    notes(log, session.drain_events().await);
     let files = list_outputs(dir);
     if !files.is_empty() {
         log.note(format!("{} output file(s) in {}", files.len(), dir.display()));

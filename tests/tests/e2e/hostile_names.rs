@@ -59,3 +59,33 @@ fn names_and_output_with_newlines_and_escapes_are_printed_escaped() {
     assert_eq!(cells.get(1), Some(&"failure"), "{both}");
     assert!(row.contains("evil\\nfake ==> success\\x1b[31m") && row.ends_with('s'), "the summary row broke:\n{both}");
 }
+
+#[test]
+fn special_files_and_escaping_links_in_outputs_are_left_out_with_a_note() {
+    let repo = Repo::new();
+    repo.workflow(
+        "outs",
+        "steps:\n  - name: write\n    run: |\n      cd \"$KNOTLESS_RUN_OUTPUTS\"\n      echo kept > report.txt\n      mkfifo pipe\n      ln -s /etc/passwd escape\n      ln -s report.txt inside\n",
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let place = tempfile::tempdir().expect("tempdir");
+    let outputs = place.path().join("outs");
+    let run = ran(knotless_run(&[
+        "run",
+        &repo.path().display().to_string(),
+        "--executor",
+        "shell",
+        "--executor-option",
+        &format!("work-dir={}", work.path().display()),
+        "--outputs",
+        &outputs.display().to_string(),
+    ]));
+    let both = run.both();
+    assert_eq!(run.code, Some(0), "{both}");
+    assert!(both.contains("==> left pipe out of the download of ") && both.contains("/outputs: a FIFO"), "{both}");
+    assert!(both.contains("left escape out of the download") && both.contains("leaves the folder"), "{both}");
+    let folder = outputs.join("outs");
+    assert_eq!(std::fs::read_to_string(folder.join("report.txt")).ok().as_deref(), Some("kept\n"), "{both}");
+    assert!(folder.join("inside").symlink_metadata().is_ok(), "a link inside the folder is kept\n{both}");
+    assert!(folder.join("pipe").symlink_metadata().is_err() && folder.join("escape").symlink_metadata().is_err());
+}
