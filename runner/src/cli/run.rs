@@ -124,7 +124,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         if cancel.is_cancelled() {
             break;
         }
-        let run_id = run_id(&workflow.name);
+        let run_id = crate::daemon::new_run_id(&workflow.name);
         let name = workflow.name.clone();
         let plan = RunPlan {
             outputs_dir: Some(outputs_root.join(&name)),
@@ -165,13 +165,6 @@ fn default_outputs_root() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     cache.join("knotless").join("outputs")
-}
-
-fn run_id(workflow: &str) -> String {
-    let safe: String =
-        workflow.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).take(40).collect();
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{safe}-{:x}", nanos & 0xffff_ffff_ffff)
 }
 
 fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::workflow::WorkflowError]) {

@@ -38,7 +38,8 @@ pub fn runs_here(workflow: &Workflow, runner_id: &str, named: &[String]) -> bool
     }
 }
 
-/// A run id: the workflow's safe characters and a unique suffix (a session id too).
+/// A run id: the workflow's safe characters and a unique suffix (a session id too), starting
+/// with a letter or a digit whatever the workflow's name.
 pub fn new_run_id(workflow: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -46,7 +47,12 @@ pub fn new_run_id(workflow: &str) -> String {
         workflow.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).take(40).collect();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{}-{:x}{:02x}", safe.trim_start_matches('-'), nanos & 0xffff_ffff_ffff, count & 0xff)
+    // A session id starts with a letter or a digit, as container and Job names must.
+    let safe = match safe.trim_start_matches('-') {
+        "" => "run",
+        safe => safe,
+    };
+    format!("{safe}-{:x}{:02x}", nanos & 0xffff_ffff_ffff, count & 0xff)
 }
 
 /// The jobs of one event, and the checks that ended before running (workflows that do not
@@ -153,6 +159,16 @@ pub async fn plan<F: Forge>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_id_starts_with_a_letter_or_a_digit_whatever_the_workflow_is_named() {
+        for name in ["-dash", "ünïcode", "ü", "..x", "build"] {
+            let id = new_run_id(name);
+            assert!(id.starts_with(|c: char| c.is_ascii_alphanumeric()), "{name}: {id}");
+            assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'), "{name}: {id}");
+        }
+        assert!(new_run_id("ü").starts_with("run-"));
+    }
 
     #[test]
     fn run_ids_are_safe_and_unique() {

@@ -89,3 +89,24 @@ fn special_files_and_escaping_links_in_outputs_are_left_out_with_a_note() {
     assert!(folder.join("inside").symlink_metadata().is_ok(), "a link inside the folder is kept\n{both}");
     assert!(folder.join("pipe").symlink_metadata().is_err() && folder.join("escape").symlink_metadata().is_err());
 }
+
+#[test]
+fn every_name_the_runner_accepts_runs_under_docker_too() {
+    let repo = Repo::new();
+    for name in ["-dash", "ünïcode", "ü"] {
+        repo.workflow(name, "steps:\n  - name: hello\n    run: echo hi\n");
+    }
+    let run = ran(knotless_run(&[
+        "run",
+        &repo.path().display().to_string(),
+        "--executor",
+        "docker",
+        "--image",
+        "knotless-test/busybox:1",
+    ]));
+    let both = run.both();
+    assert_eq!(run.code, Some(0), "{both}");
+    for name in ["-dash", "ünïcode", "ü"] {
+        assert!(run.stdout.contains(&format!("{name}: success")), "{name}\n{both}");
+    }
+}
