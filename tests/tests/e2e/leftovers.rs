@@ -1,10 +1,13 @@
-//! Nothing a `kill -9`ed runner leaves in the temporary folder outlives the next start: its
-//! side-channel folder is removed then, and a live runner's is kept.
+//! Nothing a `kill -9`ed runner leaves outlives it for long: its executor sees stdin end and
+//! stops the sessions (their steps and folders), and the next start removes its side-channel
+//! folder from the temporary folder, keeping a live runner's.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
-use knotless_tests::{Repo, knotless_run};
+use std::time::Duration;
+
+use knotless_tests::{Repo, knotless_run, process_running, wait_until};
 
 fn channel_folders(tmp: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(tmp)
@@ -22,7 +25,7 @@ fn the_next_start_removes_the_side_channel_folder_of_a_killed_runner() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let work = tempfile::tempdir().expect("tempdir");
     let repo = Repo::new();
-    repo.workflow("long", "steps:\n  - name: wait\n    run: echo started; sleep 30\n");
+    repo.workflow("long", "steps:\n  - name: wait\n    run: echo started; sleep 927361\n");
     let args = [
         "run".to_string(),
         repo.path().display().to_string(),
@@ -43,6 +46,20 @@ fn the_next_start_removes_the_side_channel_folder_of_a_killed_runner() {
     assert!(started, "the step never started");
     killed.kill().expect("kill -9");
     killed.wait().expect("wait");
+    // The shell executor, left behind, sees its stdin end: it kills the step and removes the
+    // session's folder, without its runner.
+    let sessions = || {
+        std::fs::read_dir(work.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|runner| std::fs::read_dir(runner.path()).into_iter().flatten().flatten())
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || !process_running("sleep 927361") && sessions() == 0),
+        "the step or its session folder outlived the killed runner"
+    );
     let left = channel_folders(tmp.path());
     assert_eq!(left.len(), 1, "the killed runner left its channel folder: {left:?}");
     // A folder of a live process stays: this test's own pid.
