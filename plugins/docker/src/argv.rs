@@ -96,14 +96,17 @@ pub fn make_folders(container: &str, paths: &[&str]) -> Vec<String> {
     argv
 }
 
-/// `docker exec -i <container> sh -s`: a step, whose payload comes on stdin.
-pub fn exec_step(container: &str) -> Vec<String> {
-    strings(&["exec", "-i", container, "sh", "-s"])
+/// `docker exec -i <container> <command>...`: a step's `sh -s`, whose payload comes on
+/// stdin, or the sweep of its processes.
+pub fn exec(container: &str, command: &[String]) -> Vec<String> {
+    let mut argv = strings(&["exec", "-i", container]);
+    argv.extend(command.iter().cloned());
+    argv
 }
 
-/// `docker exec <container> sh -c <sweep> sh <marker>`: kills every process of one step.
-pub fn sweep(container: &str, marker: &str) -> Vec<String> {
-    strings(&["exec", container, "sh", "-c", crate::sweep::SWEEP, "sh", marker])
+/// `docker kill <container>`: ends a container whose step's processes cannot be swept.
+pub fn kill(container: &str) -> Vec<String> {
+    strings(&["kill", container])
 }
 
 /// `docker cp - <container>:<path>`: unpacks a tar stream from stdin into an existing folder.
@@ -185,9 +188,8 @@ mod tests {
 
     #[test]
     fn steps_sweeps_and_copies() {
-        assert_eq!(exec_step("c"), ["exec", "-i", "c", "sh", "-s"]);
-        assert_eq!(sweep("c", "m")[..4], ["exec", "c", "sh", "-c"]);
-        assert_eq!(sweep("c", "m")[5..], ["sh", "m"]);
+        assert_eq!(exec("c", &strings(&["sh", "-s"])), ["exec", "-i", "c", "sh", "-s"]);
+        assert_eq!(kill("c"), ["kill", "c"]);
         assert_eq!(copy_in("c", "/work/x"), ["cp", "-", "c:/work/x"]);
         assert_eq!(copy_out("c", "/work/x/"), ["cp", "c:/work/x/.", "-"]);
         assert_eq!(copy_out("c", "/"), ["cp", "c:/.", "-"]);

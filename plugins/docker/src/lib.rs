@@ -4,8 +4,10 @@
 //! A session is a container made from the workflow's image (never pulled), labelled with the
 //! runner's id and the session, with no capabilities, no privilege escalation, no host mount,
 //! no network unless asked, and an init process that reaps zombies. A step is
-//! `docker exec -i <container> sh -s` with its variables and secrets on stdin (see
-//! [`knotless_protocol::sdk::payload`] and [`sweep`]); files come and go as tar streams through `docker cp`.
+//! `docker exec -i <container> sh -s` with its variables and secrets on stdin, run by the
+//! SDK's remote-shell step loop ([`knotless_protocol::sdk::remote`]), which finds a step's
+//! processes as those the container did not hold before it; files come and go as tar streams
+//! through `docker cp`.
 //!
 //! Invariants:
 //! - stdout is the protocol's: nothing in this crate prints.
@@ -20,7 +22,6 @@ pub mod config;
 pub mod docker;
 pub mod resources;
 mod session;
-pub mod sweep;
 mod transfer;
 
 use std::collections::HashMap;

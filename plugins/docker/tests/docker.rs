@@ -324,3 +324,37 @@ async fn a_container_stops_by_itself_past_its_run_timeout_and_its_margin() {
     assert!(containers_of(&runner_id).is_empty(), "stop removes the stopped container");
     harness.finish().await;
 }
+
+/// Leftovers that hide in every way an attacker would (see the script).
+const HIDE: &str = include_str!("../../../tests/scripts/hide.sh");
+
+/// Which of them live, and which processes hold `./needle`.
+const HOLDERS: &str = include_str!("../../../tests/scripts/holders.sh");
+
+#[tokio::test]
+async fn no_process_of_a_secret_step_outlives_it_however_it_hides() {
+    let harness = Harness::new().await;
+    harness.start("hide").await;
+    let result =
+        harness.command("hide", 0, HIDE, json!({"TOKEN": "hidden-s3cret-docker"}), 60_000).await.expect("hiding step");
+    assert_eq!(result["exit_code"], 0, "{result}");
+    assert_eq!(result["killed_processes"], 5, "{result}");
+    let check = format!("printf '%s%s' 'hidden-' 's3cret-docker' > needle\n{HOLDERS}");
+    let checked = harness.command("hide", 1, &check, json!({}), 60_000).await.expect("check step");
+    assert_eq!(checked["exit_code"], 0);
+    assert_eq!(harness.output("hide", 1, "stdout"), "checked\n", "a hidden process or the secret outlived its step");
+    harness.finish().await;
+}
+
+#[tokio::test]
+async fn a_timed_out_step_loses_every_process_however_it_hides() {
+    let harness = Harness::new().await;
+    harness.start("hide").await;
+    let script = format!("{HIDE}\nsleep 600");
+    let error = harness.command("hide", 0, &script, json!({}), 3_000).await.expect_err("timed out");
+    assert_eq!(error.0, knotless_protocol::error::code::TIMEOUT as i64, "{error:?}");
+    let check = format!("printf no-such-value-91f3 > needle\n{HOLDERS}");
+    harness.command("hide", 1, &check, json!({}), 60_000).await.expect("check step");
+    assert_eq!(harness.output("hide", 1, "stdout"), "checked\n", "a hidden process outlived its step");
+    harness.finish().await;
+}

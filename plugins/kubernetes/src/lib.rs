@@ -22,7 +22,6 @@ pub mod kubectl;
 pub mod manifest;
 pub mod names;
 pub mod pod;
-mod procs;
 mod session;
 mod transfer;
 

@@ -303,3 +303,38 @@ async fn the_scoped_kubeconfig_runs_jobs_and_a_refresh_takes_effect_without_a_re
     host.shutdown().await;
     assert_eq!(cluster.leftovers(), Vec::<String>::new());
 }
+
+/// Leftovers that hide in every way an attacker would (see the script).
+const HIDE: &str = include_str!("../../../tests/scripts/hide.sh");
+
+/// Which of them live, and which processes hold `./needle`.
+const HOLDERS: &str = include_str!("../../../tests/scripts/holders.sh");
+
+#[tokio::test]
+async fn no_process_of_a_secret_step_outlives_it_however_it_hides() {
+    let cluster = Cluster::new();
+    let (host, session) = open(&cluster).await;
+    let ran = step(&session, HIDE, 60_000, &[("TOKEN", "hidden-s3cret-k8s")]).await;
+    let result = ran.result.expect("a result");
+    assert_eq!((result.exit_code, result.killed_processes), (0, 5), "{}", ran.stderr);
+    let check = format!("printf '%s%s' 'hidden-' 's3cret-k8s' > needle\n{HOLDERS}");
+    let checked = step(&session, &check, 60_000, &[]).await;
+    assert_eq!(checked.stdout, "checked\n", "a hidden process or the secret outlived its step: {}", checked.stderr);
+    stop(session).await.expect("stop");
+    host.shutdown().await;
+    assert_eq!(cluster.leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_timed_out_step_loses_every_process_however_it_hides() {
+    let cluster = Cluster::new();
+    let (host, session) = open(&cluster).await;
+    let ran = step(&session, &format!("{HIDE}\nsleep 600"), 3_000, &[]).await;
+    let error = ran.result.expect_err("timed out");
+    assert_eq!(error.kind(), Some(ErrorKind::Timeout), "{error}");
+    let check = format!("printf no-such-value-91f3 > needle\n{HOLDERS}");
+    let checked = step(&session, &check, 60_000, &[]).await;
+    assert_eq!(checked.stdout, "checked\n", "a hidden process outlived its step: {}", checked.stderr);
+    stop(session).await.expect("stop");
+    host.shutdown().await;
+}

@@ -1,6 +1,7 @@
-//! `cleanup`: the orphan sweep. Every session folder and every marked process of this runner
-//! id that belongs to no session in `keep` is killed and removed; other runner ids are never
-//! touched.
+//! `cleanup`: the orphan sweep. Every session folder of this runner id that belongs to no
+//! session in `keep` is removed, with the processes its steps left running if this process
+//! started it; other runner ids are never touched. The processes of a session an earlier
+//! executor started need no sweep: their reaper killed them when that executor ended.
 
 use std::collections::BTreeSet;
 
@@ -9,8 +10,7 @@ use knotless_protocol::*;
 
 use crate::ShellExecutor;
 use crate::config::is_safe_component;
-use crate::processes;
-use crate::session::remove_session;
+use crate::session::{remove_folder, remove_session};
 
 /// `cleanup`.
 pub async fn cleanup(
@@ -21,12 +21,11 @@ pub async fn cleanup(
     let config = executor.config()?;
     let keep: BTreeSet<&str> = params.keep.iter().map(String::as_str).collect();
     let runner_dir = config.runner_dir();
-    let prefix = format!("{}/", config.runner_id);
     let mut result = CleanupResult::default();
 
-    // The sessions to sweep: folders under this runner's folder, and sessions named by the
-    // markers of live processes (a folder may be gone while its processes live on).
-    let mut sessions = BTreeSet::new();
+    // The sessions to sweep: folders under this runner's folder, and the sessions this
+    // process started (a step may have removed its own folder).
+    let mut sessions: BTreeSet<String> = executor.sessions().keys().cloned().collect();
     match std::fs::read_dir(&runner_dir) {
         Ok(entries) => {
             for entry in entries {
@@ -49,21 +48,17 @@ pub async fn cleanup(
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
         Err(error) => result.failures.push(format!("cannot list {}: {error}", runner_dir.display())),
     }
-    for process in processes::scan() {
-        if let Some(session) = process.marker.as_deref().and_then(|marker| marker.strip_prefix(&prefix)) {
-            if is_safe_component(session) {
-                sessions.insert(session.to_string());
-            }
-        }
-    }
 
     for session in sessions {
         if keep.contains(session.as_str()) {
             continue;
         }
-        executor.sessions().remove(&session);
-        let root = runner_dir.join(&session);
-        match remove_session(&session, &root, &config.marker(&session)).await {
+        let started = executor.sessions().remove(&session);
+        let removal = match started {
+            Some(started) => remove_session(&started).await,
+            None => remove_folder(&session, &runner_dir.join(&session)).await,
+        };
+        match removal {
             Ok(removed) => result.removed.extend(removed),
             Err(error) => result.failures.push(error.message),
         }

@@ -1,36 +1,37 @@
-//! `command`: one step as `/bin/sh -ec <script>` in its own process group, its output
-//! streamed as it comes, killed at its timeout or on cancellation, and the processes a
-//! secret-bearing step left behind killed after it.
+//! `command`: one step as `/bin/sh -ec <script>` under its own reaper ([`crate::reaper`]),
+//! its output streamed as it comes, killed at its timeout or on cancellation, and the
+//! processes a secret-bearing step left behind killed after it.
 //!
-//! When the step's main process exits, output is read on until both pipes close or
-//! [`SETTLE`] passes with them still open: a process the step left running (`sleep 100 &`)
-//! holds the pipes, and the step must not wait for it. A non-secret step's leftovers may go
-//! on running (a step may start a service for later steps) but their later output is not
-//! attributed to any step; a secret-bearing step's leftovers are killed before the pipes
-//! are drained.
+//! When the step's shell exits, output is read on until both pipes close or [`SETTLE`]
+//! passes with them still open: a process the step left running (`sleep 100 &`) holds the
+//! pipes, and the step must not wait for it. A non-secret step's leftovers may go on running
+//! (a step may start a service for later steps) under their reaper, which the session keeps
+//! until `stop`; their later output is not attributed to any step. A secret-bearing step's
+//! leftovers are killed, and its reaper has exited, before the result is sent: no process
+//! holding the step's secrets outlives it.
 
-use std::collections::BTreeSet;
-use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use knotless_protocol::sdk::Context;
 use knotless_protocol::sdk::output::OutputPipes;
 use knotless_protocol::*;
-use tokio::process::{ChildStderr, ChildStdout, Command};
+use tokio::process::{ChildStderr, ChildStdout};
 
 use crate::ShellExecutor;
-use crate::processes::{self, MARKER, ProcessInfo, Table};
+use crate::processes::GRACE;
+use crate::reaper::{self, Event, Reaper, StepSpec};
 use crate::session::Session;
 
 /// How long output is read after the step's main process exited while the pipes stay open.
 const SETTLE: Duration = Duration::from_millis(200);
 
-/// How the step's main process ended.
+/// How the step's shell ended.
 enum Ending {
-    Exited(ExitStatus),
+    Exited(i32),
     TimedOut,
     Cancelled,
+    /// Its reaper ended before the shell did: the step killed or stopped it.
+    Lost,
 }
 
 /// `command`.
@@ -54,26 +55,18 @@ pub async fn run(
         )));
     }
     let deadline = tokio::time::Instant::from_std(context.deadline(params.timeout_ms));
-    // What the session already runs (a service an earlier step started) is not this step's.
-    let before = processes::marked(&session.marker);
-
-    let mut command = step_command(&params, &session, &config.path);
-    command.current_dir(&workdir);
-    let started = Instant::now();
-    let mut child = command.spawn().map_err(|error| {
-        ExecutorError::infrastructure(format!(
-            "cannot start /bin/sh for step {step_name} in session {}: {error}",
-            session.id
-        ))
-    })?;
-    let group = child.id().map(|pid| pid as i32);
-    tracing::debug!(session = %session.id, step = params.step, name = %params.name, pid = ?group, "step started");
-    let mut pipes = Pipes::new(child.stdout.take(), child.stderr.take());
-    // The step's processes: the session's, but what ran before the step and what that forks
-    // since (a service's workers) are spared.
-    let belongs = |process: &ProcessInfo, table: &Table| {
-        process.marker.as_deref() == Some(session.marker.as_str()) && !processes::descends_from(process, table, &before)
+    let spec = StepSpec {
+        program: &executor.reaper_program,
+        script: &params.script,
+        env: step_env(&params, &session, &config.path),
+        workdir: &workdir,
     };
+    let started = Instant::now();
+    let (mut reaper, stdout, stderr) = Reaper::spawn(spec).map_err(|error| {
+        ExecutorError::infrastructure(format!("cannot start the step {step_name} in session {}: {error}", session.id))
+    })?;
+    tracing::debug!(session = %session.id, step = params.step, name = %params.name, reaper = reaper.pid(), "step started");
+    let mut pipes = Pipes::new(Some(stdout), Some(stderr));
 
     let ending = loop {
         tokio::select! {
@@ -82,27 +75,23 @@ pub async fn run(
                     context.output(&session.id, params.step, stream, &bytes).await;
                 }
             }
-            status = child.wait() => {
-                let status = status.map_err(|error| {
-                    ExecutorError::infrastructure(format!("cannot wait for step {step_name} in session {}: {error}", session.id))
-                })?;
-                break Ending::Exited(status);
-            }
+            event = reaper.next() => match event {
+                Event::Exit(code) => break Ending::Exited(code),
+                Event::Killed { .. } | Event::Gone | Event::Lost => break Ending::Lost,
+            },
             () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
             () = context.cancelled() => break Ending::Cancelled,
+            () = session.stopped.cancelled() => break Ending::Cancelled,
         }
     };
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
 
-    let status = match ending {
-        Ending::Exited(status) => status,
+    let exit_code = match ending {
+        Ending::Exited(code) => code,
         Ending::TimedOut | Ending::Cancelled => {
-            let killed = processes::terminate(belongs, group, processes::GRACE).await;
-            // The main process is dead (or a zombie): reap it.
-            let _ = child.start_kill();
-            let _ = child.wait().await;
+            let killed = kill(reaper, &context, &session, &step_name).await;
             drain(&mut pipes, &context, &session.id, params.step).await;
-            tracing::info!(session = %session.id, step = params.step, killed = killed.len(), "step killed");
+            tracing::info!(session = %session.id, step = params.step, killed, "step killed");
             return Err(match ending {
                 Ending::TimedOut => {
                     let message = format!("step {step_name} passed its timeout of {} ms", params.timeout_ms);
@@ -112,47 +101,132 @@ pub async fn run(
                 _ => ExecutorError::cancelled(),
             });
         }
+        Ending::Lost => {
+            // Once the reaper is collected, its orphans are this process's children.
+            reaper.abandon().await;
+            let killed = kill_strays().await;
+            drain(&mut pipes, &context, &session.id, params.step).await;
+            return Err(ExecutorError::infrastructure(format!(
+                "step {step_name} in session {} killed or stopped the process that watches it; killed the {killed} processes it left",
+                session.id
+            )));
+        }
     };
 
     let mut killed_processes = 0;
     if !params.secrets.is_empty() {
-        let killed: BTreeSet<i32> = processes::terminate(belongs, group, processes::GRACE).await;
-        killed_processes = u32::try_from(killed.len()).unwrap_or(u32::MAX);
+        killed_processes = kill(reaper, &context, &session, &step_name).await;
         if killed_processes > 0 {
             let message = format!(
                 "step {step_name} was given secrets and left {killed_processes} processes running: killed them"
             );
-            tracing::info!(session = %session.id, step = params.step, processes = ?killed, "{message}");
+            tracing::info!(session = %session.id, step = params.step, "{message}");
             context.log(&session.id, LogLevel::Warn, message).await;
         }
+        drain(&mut pipes, &context, &session.id, params.step).await;
+    } else {
+        match settle(&mut reaper, &mut pipes, &context, &session.id, params.step).await {
+            Settled::Gone => {
+                reaper.finish().await;
+            }
+            // Leftovers live on (a service for later steps): their reaper stays with the session.
+            Settled::Running => session.linger(reaper),
+            Settled::Lost => {
+                reaper.abandon().await;
+                kill_strays().await;
+            }
+        }
     }
-    drain(&mut pipes, &context, &session.id, params.step).await;
-    let exit_code = status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1);
     tracing::debug!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
     Ok(CommandResult { exit_code, duration_ms, killed_processes })
 }
 
-/// The step's `sh -ec <script>`: a cleared environment with only what the step is given,
-/// stdin from `/dev/null`, its own process group. Nothing but the script reaches argv.
-fn step_command(params: &CommandParams, session: &Session, path: &str) -> Command {
-    let mut command = Command::new("/bin/sh");
-    command
-        .arg("-ec")
-        .arg(&params.script)
-        .env_clear()
-        .env("PATH", path)
-        .env("HOME", session.folder("home"))
-        .env("TMPDIR", session.folder("tmp"))
-        .env("LANG", "C.UTF-8")
-        .envs(&params.env)
-        .envs(&params.secrets)
-        .env(MARKER, &session.marker)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    command
+/// The step's whole environment: only what the step is given, nothing of the executor's own
+/// but `PATH`.
+fn step_env(params: &CommandParams, session: &Session, path: &str) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("PATH".to_string(), path.to_string()),
+        ("HOME".to_string(), session.folder("home").to_string_lossy().into_owned()),
+        ("TMPDIR".to_string(), session.folder("tmp").to_string_lossy().into_owned()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+    ];
+    env.extend(params.env.iter().map(|(name, value)| (name.clone(), value.clone())));
+    env.extend(params.secrets.iter().map(|(name, value)| (name.clone(), value.clone())));
+    env
+}
+
+/// Has the reaper kill every process of the step and waits for it to exit; kills the
+/// step's orphans itself when the reaper does not answer. Returns how many it killed.
+async fn kill(mut reaper: Reaper, context: &Context, session: &Session, step_name: &str) -> u32 {
+    match reaper.kill(GRACE, |_| {}).await {
+        Some((killed, stuck)) => {
+            if !stuck.is_empty() {
+                let message = format!(
+                    "step {step_name} left processes that outlived SIGKILL: {}",
+                    stuck.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
+                );
+                tracing::warn!(session = %session.id, "{message}");
+                context.log(&session.id, LogLevel::Warn, message).await;
+            }
+            if !reaper.finish().await {
+                kill_strays().await;
+            }
+            u32::try_from(killed.len()).unwrap_or(u32::MAX)
+        }
+        None => {
+            reaper.abandon().await;
+            kill_strays().await
+        }
+    }
+}
+
+/// Kills the orphans of reapers that died (see [`reaper::kill_strays`]); returns how many.
+pub async fn kill_strays() -> u32 {
+    let killed = tokio::task::spawn_blocking(|| reaper::kill_strays(GRACE)).await.unwrap_or_default();
+    if !killed.stuck.is_empty() {
+        tracing::warn!(stuck = ?killed.stuck, "processes outlived SIGKILL");
+    }
+    if !killed.killed.is_empty() {
+        tracing::info!(processes = ?killed.killed, "killed the processes of a step whose reaper died");
+    }
+    u32::try_from(killed.killed.len()).unwrap_or(u32::MAX)
+}
+
+/// What a step left when its shell ended.
+enum Settled {
+    /// Nothing: its reaper is gone.
+    Gone,
+    /// Processes that go on running.
+    Running,
+    /// Its reaper died: what it left is this process's.
+    Lost,
+}
+
+/// Reads the step's last output until both pipes close and the reaper says it is gone, or
+/// [`SETTLE`] passes; then closes the pipes.
+async fn settle(reaper: &mut Reaper, pipes: &mut Pipes, context: &Context, session: &str, step: u32) -> Settled {
+    let settle = tokio::time::sleep(SETTLE);
+    tokio::pin!(settle);
+    let mut gone = false;
+    while pipes.is_open() || !gone {
+        tokio::select! {
+            chunk = pipes.read(), if pipes.is_open() => {
+                if let Some((stream, bytes)) = chunk {
+                    context.output(session, step, stream, &bytes).await;
+                }
+            }
+            event = reaper.next(), if !gone => match event {
+                Event::Gone => gone = true,
+                Event::Exit(_) | Event::Killed { .. } | Event::Lost => {
+                    pipes.close();
+                    return Settled::Lost;
+                }
+            },
+            () = &mut settle => break,
+        }
+    }
+    pipes.close();
+    if gone { Settled::Gone } else { Settled::Running }
 }
 
 /// The step's output pipes.

@@ -61,11 +61,6 @@ impl Config {
     pub fn runner_dir(&self) -> PathBuf {
         self.work_dir.join(&self.runner_id)
     }
-
-    /// The marker value of a session's processes: `<runner-id>/<session>`.
-    pub fn marker(&self, session: &str) -> String {
-        format!("{}/{session}", self.runner_id)
-    }
 }
 
 /// What the shell executor can do.
@@ -153,6 +148,5 @@ mod tests {
         assert!(Config::from_params(&params(&[("work-dir", "relative")], "r")).is_err());
         let config = Config::from_params(&params(&[("work-dir", &work)], "r")).expect("accepted");
         assert!(config.runner_dir().is_dir());
-        assert_eq!(config.marker("s"), "r/s");
     }
 }

@@ -2,23 +2,29 @@
 //!
 //! It isolates nothing. A session is a folder `<work-dir>/<runner-id>/<session>/` holding
 //! `work/`, `steps/`, `outputs/`, `home/` and `tmp/`; a step is `/bin/sh -ec <script>` in its
-//! own process group, with a cleared environment holding only the step's variables, its own
-//! secrets and the marker variable [`processes::MARKER`], by which every process a session
-//! started is found in `/proc` again, even one that left the process group.
+//! own process group, with a cleared environment holding only the step's variables and its
+//! own secrets, under a step reaper ([`reaper`]): a child subreaper whose descendants are
+//! exactly the step's processes, however they hide (`setsid`, a double fork, a cleared
+//! environment).
 //!
 //! Invariants:
-//! - stdout is the protocol's: nothing in this crate prints.
+//! - stdout is the protocol's: nothing in this crate prints (the reaper's stderr is its step's).
 //! - variables and secrets reach a step through its environment only, never an argv or a file.
+//! - a step's processes are found through its reaper's process tree, never by a scan of the
+//!   host's `/proc`; when a reaper dies, its orphans come back to the executor, also a
+//!   subreaper, which kills them.
 //! - `cleanup` and `shutdown` touch only folders and processes of this runner id.
 
 mod cleanup;
 mod command;
 mod config;
 pub mod processes;
+pub mod reaper;
 mod session;
 mod transfer;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -28,15 +34,35 @@ use knotless_protocol::*;
 pub use config::Config;
 pub use session::Session;
 
-/// The shell executor. Build it with `default()` and hand it to `sdk::serve`.
-#[derive(Default)]
+/// The shell executor. Build it with `default()` (in the executor's own binary) or
+/// [`ShellExecutor::with_reaper`], and hand it to `sdk::serve`.
 pub struct ShellExecutor {
     config: Mutex<Option<Arc<Config>>>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     image_warned: AtomicBool,
+    /// The binary started as each step's reaper (with [`reaper::FLAG`]).
+    reaper_program: PathBuf,
+}
+
+impl Default for ShellExecutor {
+    /// Steps' reapers are this process's own binary, as it is even if replaced on disk.
+    fn default() -> Self {
+        ShellExecutor::with_reaper(PathBuf::from("/proc/self/exe"))
+    }
 }
 
 impl ShellExecutor {
+    /// An executor whose steps' reapers are `program`, the `knotless-executor-shell` binary
+    /// (for serving the executor inside another program, as tests do).
+    pub fn with_reaper(program: PathBuf) -> Self {
+        ShellExecutor {
+            config: Mutex::default(),
+            sessions: Mutex::default(),
+            image_warned: AtomicBool::default(),
+            reaper_program: program,
+        }
+    }
+
     /// The configuration `initialize` accepted.
     fn config(&self) -> Result<Arc<Config>, ExecutorError> {
         lock(&self.config).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
@@ -65,6 +91,9 @@ impl Executor for ShellExecutor {
 
     async fn initialize(&self, params: &InitializeParams) -> Result<Capabilities, ExecutorError> {
         let config = Config::from_params(params)?;
+        reaper::adopt_orphans().map_err(|error| {
+            ExecutorError::infrastructure(format!("cannot make the shell executor a child subreaper: {error}"))
+        })?;
         tracing::warn!(
             work_dir = %config.work_dir.display(),
             "the shell executor isolates nothing: steps run as host processes with this user's rights"

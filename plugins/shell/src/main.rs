@@ -1,10 +1,17 @@
-//! The `knotless-executor-shell` binary: logs to stderr and serves the protocol on stdin and stdout.
+//! The `knotless-executor-shell` binary: logs to stderr and serves the protocol on stdin and
+//! stdout; started with `--step-reaper`, it is one step's reaper instead.
 
-use knotless_executor_shell::ShellExecutor;
+use std::process::ExitCode;
+
+use knotless_executor_shell::{ShellExecutor, reaper};
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().is_some_and(|flag| flag == reaper::FLAG) {
+        // Before any thread exists: the reaper blocks SIGCHLD for its only thread.
+        return Ok(reaper::serve(&args[1..]));
+    }
     // Stdout carries protocol frames only: every log line goes to stderr.
     let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // A closed stderr (the runner died) drops log lines instead of panicking the executor.
@@ -16,5 +23,7 @@ async fn main() -> anyhow::Result<()> {
         .with_target(false)
         .with_env_filter(filter)
         .init();
-    knotless_protocol::sdk::serve(ShellExecutor::default()).await
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(knotless_protocol::sdk::serve(ShellExecutor::default()))?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,153 +1,140 @@
-//! Finding a session's processes in `/proc` by their marker variable, and killing them
-//! (SIGTERM, a grace period, SIGKILL).
+//! A process's descendants, found through `/proc/<pid>/task/<tid>/children`, and killed
+//! (SIGTERM, a grace period, SIGKILL) until none is left.
 //!
-//! Every step runs with [`MARKER`]`=<runner-id>/<session>` in its environment; children
-//! inherit it, so a process that left the step's process group (with `setsid`) is still
-//! found. `/proc/<pid>/environ` is readable for this user's own processes only, which are
-//! the only ones a step can start.
+//! A step's processes are the descendants of its reaper ([`crate::reaper`]), a child
+//! subreaper: a process that leaves the step's process group (`setsid`), double-forks, or
+//! clears its environment is still a descendant, because its orphans come back to the reaper
+//! instead of to init. Only the reaper's own subtree is read, never the whole host's `/proc`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fs;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-/// The variable that marks a session's processes.
-pub const MARKER: &str = "KNOTLESS_SHELL_SESSION";
 
 /// How long processes get between SIGTERM and SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(2);
 
 /// How long to go on looking for processes after SIGKILL before giving up.
-const AFTER_KILL: Duration = Duration::from_secs(2);
+pub const AFTER_KILL: Duration = Duration::from_secs(2);
 
-/// How often `/proc` is read again while waiting for processes to end.
+/// How often the tree is read again while waiting for processes to end.
 const POLL: Duration = Duration::from_millis(20);
 
-/// One live (not zombie) process, as `/proc` shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessInfo {
+/// A bound on how many processes one walk reads: a fork bomb is killed in rounds.
+const MAX_WALK: usize = 65_536;
+
+/// One process, named by its pid and its start time (clock ticks after boot), which tell it
+/// apart from a later process given the same pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Process {
     /// Its id.
     pub pid: i32,
-    /// Its parent.
-    pub ppid: i32,
-    /// Its process group.
-    pub pgid: i32,
-    /// The value of [`MARKER`] in its environment, if any.
-    pub marker: Option<String>,
+    /// Its start time, `/proc/<pid>/stat` field 22.
+    pub start: u64,
 }
 
-/// Every live process but this one. Processes that end while being read are skipped.
-pub fn scan() -> Vec<ProcessInfo> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let own = std::process::id() as i32;
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != own)
-        .filter_map(read_process)
-        .collect()
+/// What `/proc/<pid>/stat` says of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// Whether it has exited and waits to be reaped (states `Z` and `X`).
+    pub zombie: bool,
+    /// Its start time.
+    pub start: u64,
 }
 
-fn read_process(pid: i32) -> Option<ProcessInfo> {
+/// Reads `/proc/<pid>/stat`; `None` once the process is gone.
+pub fn stat(pid: i32) -> Option<Stat> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat)
+}
+
+fn parse_stat(stat: &str) -> Option<Stat> {
     // The command name may hold spaces and parentheses: the fields start after the last `)`.
     let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
     let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
+    // Fields 4 to 21 come between the state (3) and the start time (22).
+    let start = fields.nth(18)?.parse().ok()?;
+    Some(Stat { zombie: state == "Z" || state == "X", start })
+}
+
+/// The children of `pid`, over all its threads, zombies included.
+pub fn children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut children = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(list) = fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        children.extend(list.split_whitespace().filter_map(|pid| pid.parse::<i32>().ok()));
     }
-    let ppid = fields.next()?.parse().ok()?;
-    let pgid = fields.next()?.parse().ok()?;
-    let marker = fs::read(format!("/proc/{pid}/environ")).ok().and_then(|environ| marker_of(&environ));
-    Some(ProcessInfo { pid, ppid, pgid, marker })
+    children
 }
 
-/// The value of [`MARKER`] in the bytes of a `/proc/<pid>/environ`.
-fn marker_of(environ: &[u8]) -> Option<String> {
-    let prefix = format!("{MARKER}=");
-    environ
-        .split(|&byte| byte == 0)
-        .find_map(|entry| entry.strip_prefix(prefix.as_bytes()))
-        .map(|value| String::from_utf8_lossy(value).into_owned())
-}
-
-/// The live processes carrying exactly this marker value.
-pub fn marked(marker: &str) -> BTreeSet<i32> {
-    scan().into_iter().filter(|process| process.marker.as_deref() == Some(marker)).map(|process| process.pid).collect()
-}
-
-/// Live processes by pid, as one [`scan`] saw them.
-pub type Table = HashMap<i32, ProcessInfo>;
-
-/// Whether a process is one of `ancestors` or a descendant of one, in `table`.
-pub fn descends_from(process: &ProcessInfo, table: &Table, ancestors: &BTreeSet<i32>) -> bool {
-    let mut current = process;
-    // Bounded: a pid table read while processes come and go could hold a cycle.
-    for _ in 0..256 {
-        if ancestors.contains(&current.pid) {
-            return true;
+/// Every live (not zombie) process among `roots` and their descendants, parents first.
+pub fn tree(roots: impl IntoIterator<Item = i32>) -> Vec<Process> {
+    let mut found = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut queue: std::collections::VecDeque<i32> = roots.into_iter().collect();
+    while let Some(pid) = queue.pop_front() {
+        if found.len() >= MAX_WALK || !seen.insert(pid) {
+            continue;
         }
-        match table.get(&current.ppid) {
-            Some(parent) if parent.pid != current.pid => current = parent,
-            _ => return false,
+        let Some(stat) = stat(pid) else {
+            continue;
+        };
+        if !stat.zombie {
+            found.push(Process { pid, start: stat.start });
         }
+        queue.extend(children(pid));
     }
-    false
+    found
 }
 
-/// Kills every process `select` picks (given the whole table), and the process group
-/// `group` if given: SIGTERM, then SIGKILL to what is left after `grace`. Processes picked
-/// while it waits (children forked in the meantime) are killed too. Returns every process it
-/// signalled.
-pub async fn terminate(
-    select: impl Fn(&ProcessInfo, &Table) -> bool,
-    group: Option<i32>,
-    grace: Duration,
-) -> BTreeSet<i32> {
-    let mut signalled = BTreeSet::new();
+/// What [`kill_all`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Killed {
+    /// Every process it signalled.
+    pub killed: BTreeSet<Process>,
+    /// Those still there when it gave up (a process in uninterruptible sleep).
+    pub stuck: BTreeSet<Process>,
+}
+
+/// Kills every process `find` returns, reading it again every [`POLL`] until it returns
+/// none: SIGTERM once to each process when first seen, SIGKILL to every one still there
+/// after `grace`. `reap` runs before each read, to collect children that exited. Processes
+/// forked while it works are found by the next read. Gives up [`AFTER_KILL`] after the
+/// grace period.
+pub fn kill_all(mut find: impl FnMut() -> Vec<Process>, mut reap: impl FnMut(), grace: Duration) -> Killed {
     let started = Instant::now();
-    let mut escalated = false;
-    let mut group_signalled = false;
+    let mut killed = BTreeSet::new();
     loop {
-        let table: Table = scan().into_iter().map(|process| (process.pid, process)).collect();
-        let picked: Vec<i32> = table
-            .values()
-            .filter(|process| select(process, &table) || Some(process.pgid) == group)
-            .map(|process| process.pid)
-            .collect();
-        if picked.is_empty() {
-            break;
+        reap();
+        let found = find();
+        if found.is_empty() {
+            return Killed { killed, stuck: BTreeSet::new() };
         }
         let elapsed = started.elapsed();
-        // Scanned before signalling, so that every process killed is counted.
-        if let Some(group) = group.filter(|_| !group_signalled) {
-            group_signalled = true;
-            let _ = killpg(Pid::from_raw(group), Signal::SIGTERM);
-        }
-        if elapsed >= grace && !escalated {
-            escalated = true;
-            if let Some(group) = group {
-                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
-            }
-        }
-        for pid in picked {
-            let fresh = signalled.insert(pid);
-            if escalated {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            } else if fresh {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-            }
-        }
         if elapsed >= grace + AFTER_KILL {
-            tracing::warn!(processes = ?signalled, "processes survived SIGKILL; giving up on them");
-            break;
+            return Killed { killed, stuck: found.into_iter().collect() };
         }
-        tokio::time::sleep(POLL).await;
+        for process in found {
+            // The pid may have been reaped and given to another process since it was read.
+            if stat(process.pid).map(|stat| stat.start) != Some(process.start) {
+                continue;
+            }
+            let fresh = killed.insert(process);
+            if elapsed >= grace {
+                let _ = kill(Pid::from_raw(process.pid), Signal::SIGKILL);
+            } else if fresh {
+                let _ = kill(Pid::from_raw(process.pid), Signal::SIGTERM);
+            }
+        }
+        std::thread::sleep(POLL);
     }
-    signalled
 }
 
 #[cfg(test)]
@@ -155,29 +142,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_marker_is_read_from_environ_bytes() {
-        let environ = b"PATH=/bin\0KNOTLESS_SHELL_SESSION=r/s\0HOME=/h\0";
-        assert_eq!(marker_of(environ), Some("r/s".to_string()));
-        assert_eq!(marker_of(b"KNOTLESS_SHELL_SESSIONX=1\0"), None);
-        assert_eq!(marker_of(b""), None);
+    fn the_start_time_follows_a_name_with_spaces_and_parentheses() {
+        let line = "42 (a b) (c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_stat(line), Some(Stat { zombie: false, start: 987654 }));
+        let zombie = "7 (sh) Z 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0";
+        assert_eq!(parse_stat(zombie), Some(Stat { zombie: true, start: 55 }));
+        assert_eq!(parse_stat("7 (sh) S 1"), None);
     }
 
     #[test]
-    fn descendants_are_found_through_parents() {
-        let process = |pid, ppid| ProcessInfo { pid, ppid, pgid: pid, marker: None };
-        let table: Table = [process(10, 1), process(11, 10), process(12, 11), process(20, 1)]
-            .into_iter()
-            .map(|process| (process.pid, process))
-            .collect();
-        let ancestors = BTreeSet::from([10]);
-        assert!(descends_from(&table[&12], &table, &ancestors));
-        assert!(descends_from(&table[&10], &table, &ancestors));
-        assert!(!descends_from(&table[&20], &table, &ancestors));
+    fn a_tree_holds_its_root_and_its_descendants() {
+        let mut child =
+            std::process::Command::new("/bin/sh").args(["-c", "sleep 30 & sleep 30 & wait"]).spawn().expect("spawn sh");
+        let root = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tree([root]).len() < 3 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let found = tree([root]);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert_eq!(found[0].pid, root);
+        let result = kill_all(|| tree([root]), || {}, GRACE);
+        let _ = child.wait();
+        assert_eq!(result.killed.len(), 3, "{result:?}");
+        assert!(result.stuck.is_empty());
     }
 
     #[test]
-    fn this_process_is_never_listed() {
+    fn this_process_has_no_stat_of_a_zombie() {
         let own = std::process::id() as i32;
-        assert!(scan().iter().all(|process| process.pid != own));
+        assert!(!stat(own).expect("own stat").zombie);
     }
 }

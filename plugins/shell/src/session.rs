@@ -2,33 +2,66 @@
 //! `shutdown` stops every session this process started, and session paths are resolved here.
 
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use knotless_protocol::sdk::Context;
 use knotless_protocol::*;
 
 use crate::ShellExecutor;
 use crate::config::{check_component, create_private_dir_all};
-use crate::processes;
+use crate::processes::GRACE;
+use crate::reaper::Reaper;
 
 /// The folders of a session, under its root.
 pub const FOLDERS: &[&str] = &["work", "steps", "outputs", "home", "tmp"];
 
 /// A session this process started.
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session {
     /// The session id.
     pub id: String,
     /// `<work-dir>/<runner-id>/<session>`, canonical.
     pub root: PathBuf,
-    /// The marker value of its processes: `<runner-id>/<session>`.
-    pub marker: String,
     /// Started with `keep`: `stop` and `shutdown` leave it in place.
     pub keep: bool,
+    /// The reapers of steps that left processes running.
+    lingering: Mutex<Vec<Reaper>>,
+    /// Cancelled when the session stops: a step still running is killed as if cancelled.
+    pub stopped: tokio_util::sync::CancellationToken,
 }
 
 impl Session {
+    /// Keeps the reaper of a step whose processes go on running, until the session stops.
+    pub fn linger(&self, reaper: Reaper) {
+        crate::lock(&self.lingering).push(reaper);
+    }
+
+    /// Kills every process the session's steps left running. Returns their pids.
+    pub async fn kill_lingering(&self) -> Vec<i32> {
+        let reapers = std::mem::take(&mut *crate::lock(&self.lingering));
+        let mut killed = Vec::new();
+        let mut lost = false;
+        for mut reaper in reapers {
+            match reaper.kill(GRACE, |_| {}).await {
+                Some((pids, stuck)) => {
+                    if !stuck.is_empty() {
+                        tracing::warn!(session = %self.id, ?stuck, "processes outlived SIGKILL");
+                    }
+                    killed.extend(pids);
+                    lost |= !reaper.finish().await;
+                }
+                None => {
+                    reaper.abandon().await;
+                    lost = true;
+                }
+            }
+        }
+        if lost {
+            crate::command::kill_strays().await;
+        }
+        killed
+    }
+
     /// One of the session's folders ([`FOLDERS`]).
     pub fn folder(&self, name: &str) -> PathBuf {
         self.root.join(name)
@@ -107,8 +140,13 @@ pub async fn start(
             _ => ExecutorError::infrastructure(format!("cannot create the session folder {}: {error}", root.display())),
         })?;
     }
-    let session =
-        Session { id: params.session.clone(), root, marker: config.marker(&params.session), keep: params.keep };
+    let session = Session {
+        id: params.session.clone(),
+        root,
+        keep: params.keep,
+        lingering: Mutex::default(),
+        stopped: tokio_util::sync::CancellationToken::new(),
+    };
     for name in FOLDERS {
         let folder = session.folder(name);
         if let Err(error) = create_private_dir_all(&folder) {
@@ -137,7 +175,7 @@ pub async fn stop(executor: &ShellExecutor, params: StopParams, context: Context
         context.log(&session.id, LogLevel::Info, format!("kept the session folder {}", session.root.display())).await;
         return Ok(StopResult { removed: Vec::new() });
     }
-    let removed = remove_session(&session.id, &session.root, &session.marker).await?;
+    let removed = remove_session(&session).await?;
     Ok(StopResult { removed })
 }
 
@@ -149,7 +187,7 @@ pub async fn shutdown(executor: &ShellExecutor) {
             tracing::info!(session = %session.id, root = %session.root.display(), "keeping the session at shutdown");
             continue;
         }
-        match remove_session(&session.id, &session.root, &session.marker).await {
+        match remove_session(&session).await {
             Ok(removed) => {
                 tracing::info!(session = %session.id, removed = removed.len(), "stopped the session at shutdown")
             }
@@ -160,17 +198,26 @@ pub async fn shutdown(executor: &ShellExecutor) {
     }
 }
 
-/// Kills every process carrying `marker`, then removes `root`. Returns what it removed.
-pub async fn remove_session(session: &str, root: &Path, marker: &str) -> Result<Vec<Resource>, ExecutorError> {
-    let killed =
-        processes::terminate(|process, _| process.marker.as_deref() == Some(marker), None, processes::GRACE).await;
+/// Kills every process the session's steps left running, then removes its folder. Returns
+/// what it removed.
+pub async fn remove_session(session: &Session) -> Result<Vec<Resource>, ExecutorError> {
+    session.stopped.cancel();
+    let killed = session.kill_lingering().await;
     let mut removed: Vec<Resource> = killed
         .iter()
-        .map(|pid| Resource { kind: "process".to_string(), name: pid.to_string(), session: Some(session.to_string()) })
+        .map(|pid| Resource { kind: "process".to_string(), name: pid.to_string(), session: Some(session.id.clone()) })
         .collect();
     if !killed.is_empty() {
-        tracing::info!(%session, processes = ?killed, "killed the session's processes");
+        tracing::info!(session = %session.id, processes = ?killed, "killed the session's processes");
     }
+    let mut folder = remove_folder(&session.id, &session.root).await?;
+    removed.append(&mut folder);
+    Ok(removed)
+}
+
+/// Removes a session's folder. Returns it, unless it was not there.
+pub async fn remove_folder(session: &str, root: &Path) -> Result<Vec<Resource>, ExecutorError> {
+    let mut removed = Vec::new();
     let tree = root.to_path_buf();
     let removal = tokio::task::spawn_blocking(move || remove_tree(&tree))
         .await

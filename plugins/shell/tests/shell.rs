@@ -84,7 +84,6 @@ async fn a_timed_out_step_and_its_background_processes_are_killed() {
     assert_eq!(error, (code::TIMEOUT as i64, "step step-0 passed its timeout of 500 ms".to_string()));
     let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
     assert!(!alive(background), "the background sleep {background} is gone");
-    assert!(processes_with(&format!("KNOTLESS_SHELL_SESSION={}", harness.marker("s"))).is_empty());
 }
 
 #[tokio::test]
@@ -159,14 +158,13 @@ async fn a_step_sees_only_its_own_secrets_and_a_clean_environment() {
     for expected in [
         format!("HOME={}", root.join("home").display()),
         format!("TMPDIR={}", root.join("tmp").display()),
-        format!("KNOTLESS_SHELL_SESSION={}", harness.marker("s")),
         "LANG=C.UTF-8".to_string(),
         "GREETING=hello".to_string(),
     ] {
         assert!(second.lines().any(|line| line == expected), "{expected} in {second}");
     }
     // Nothing of the executor's own environment but PATH (cargo sets CARGO_* for tests).
-    assert!(!second.contains("CARGO_"), "{second}");
+    assert!(!second.contains("CARGO_") && !second.contains("KNOTLESS_"), "{second}");
 }
 
 #[tokio::test]
@@ -346,4 +344,18 @@ async fn a_secret_step_spares_a_service_an_earlier_step_started_and_its_workers(
     assert!(alive(service));
     harness.request("stop", json!({"session": "s", "timeout_ms": 10_000})).await.expect("stop");
     assert!(!alive(service));
+}
+
+#[tokio::test]
+async fn stop_kills_a_step_still_running_in_the_session() {
+    let harness = Harness::new().await;
+    harness.start("s").await;
+    let params = json!({"session": "s", "step": 0, "script": "setsid sleep 100 & echo $! > bg.pid; sleep 100", "timeout_ms": 60_000});
+    let (_, receiver) = harness.send("command", params).await;
+    let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
+    harness.request("stop", json!({"session": "s", "timeout_ms": 30_000})).await.expect("stop");
+    let error = answer(receiver).await.expect_err("the step ends with its session");
+    assert_eq!(error.0, code::CANCELLED as i64);
+    assert!(!alive(background), "the step's background process {background} is gone");
+    assert!(!harness.session_dir("s").exists());
 }

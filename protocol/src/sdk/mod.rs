@@ -21,6 +21,7 @@
 
 pub mod output;
 pub mod payload;
+pub mod remote;
 mod serve;
 mod transfer;
 

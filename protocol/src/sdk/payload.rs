@@ -3,11 +3,16 @@
 //! the step's end and carries its exit code.
 //!
 //! The payload ([`build`]) is one `{ ...; }` block, so `sh` reads it whole before running any
-//! of it (a stream cut short runs nothing, never the exports without the script):
-//! `export NAME='value'` for every variable and then every secret (single-quoted, `'` written
-//! `'\''`, so a secret wins over a variable of the same name), `export <marker variable>=...`
-//! so the step's processes can be found again in `/proc`, `cd -- <workdir>`, the script as
-//! `sh -ec '<script>'` with stdin from `/dev/null`, then `printf '\n%s:%d\n' <nonce> "$?" >&2`.
+//! of it (a stream cut short runs nothing, never the exports without the script): first the
+//! snapshot of the environment's processes ([`SNAPSHOT`], shell builtins only, so it starts
+//! nothing), printed on stderr as `\n<nonce>:procs:<shell pid> <pid>:<start time> ...\n`;
+//! then `export NAME='value'` for every variable and then every secret (single-quoted, `'`
+//! written `'\''`, so a secret wins over a variable of the same name), `cd -- <workdir>`, the
+//! script as `sh -ec '<script>'` with stdin from `/dev/null`, then
+//! `printf '\n%s:%d\n' <nonce> "$?" >&2`. The step's processes are then every process of the
+//! environment that is not in the snapshot, not init, and not a descendant of a process in
+//! the snapshot (a service an earlier step started forks its workers): [`SWEEP`] kills them,
+//! whatever they did to their environment, session or process group.
 //! The script runs as a child of the payload's shell, never through `exec`, so the shell
 //! itself prints the sentinel when it ends: a remote exec may stay open while anything holds
 //! its output (a service the step left running), so the step's completion is proven by the
@@ -36,15 +41,11 @@ pub fn is_variable_name(name: &str) -> bool {
         && chars.all(|char| char.is_ascii_alphanumeric() || char == '_')
 }
 
-/// Refuses variables and secrets whose names cannot be exported, or that would replace the
-/// marker variable `reserved`, with a configuration error naming them (never a value).
-pub fn check_names(
-    env: &BTreeMap<String, String>,
-    secrets: &BTreeMap<String, String>,
-    reserved: &str,
-) -> Result<(), ExecutorError> {
+/// Refuses variables and secrets whose names cannot be exported, with a configuration error
+/// naming them (never a value).
+pub fn check_names(env: &BTreeMap<String, String>, secrets: &BTreeMap<String, String>) -> Result<(), ExecutorError> {
     for (kind, names) in [("variable", env), ("secret", secrets)] {
-        if let Some(name) = names.keys().find(|name| !is_variable_name(name) || name.as_str() == reserved) {
+        if let Some(name) = names.keys().find(|name| !is_variable_name(name)) {
             return Err(ExecutorError::configuration(format!(
                 "{kind} name {name:?} cannot be exported to a step: use letters, digits and '_'"
             )));
@@ -60,10 +61,6 @@ pub struct Step<'a> {
     pub env: &'a BTreeMap<String, String>,
     /// The step's secrets, exported after the variables.
     pub secrets: &'a BTreeMap<String, String>,
-    /// The name of the variable that marks every process of the step.
-    pub marker_variable: &'a str,
-    /// Its value for this step.
-    pub marker: &'a str,
     /// The folder to run in.
     pub workdir: &'a str,
     /// The script.
@@ -72,24 +69,115 @@ pub struct Step<'a> {
     pub nonce: &'a str,
 }
 
+/// Lists the environment's live processes but the shell itself as ` <pid>:<start time> ...`
+/// in `$knotless_procs`, with shell builtins only. The start time (`/proc/<pid>/stat` field
+/// 22) tells a process from a later one given the same pid; a process whose `stat` cannot be
+/// read whole (a name holding a newline) is left out, so it is never spared.
+pub const SNAPSHOT: &str = r#"knotless_procs=
+for knotless_d in /proc/[0-9]*; do
+  [ "${knotless_d#/proc/}" = "$$" ] && continue
+  knotless_l=; read -r knotless_l 2>/dev/null <"$knotless_d/stat" || continue
+  set -- ${knotless_l##*') '}
+  [ "$#" -ge 20 ] && [ "$1" != Z ] || continue
+  shift 19; knotless_procs="$knotless_procs ${knotless_d#/proc/}:$1"
+done
+"#;
+
+/// Kills every process of the environment that is new since a snapshot: `$1` is the
+/// payload's shell (killed but not counted); the snapshot (`<pid>:<start> ...`) is the line
+/// on its stdin (it may be longer than an argument may be).
+/// Spares init (pid 1), itself and what it starts, and every descendant of a process in the
+/// snapshot. SIGKILL, round after round until no new process is left (a process forking
+/// while it works is found in the next round); prints how many it killed. Shell builtins
+/// only, but `sleep` between rounds.
+pub const SWEEP: &str = r#"own=$$ payload=$1 n=0 hit=" " round=0 snap=
+read -r snap || :
+snap=" $snap "
+while [ "$round" -lt 100 ]; do
+  round=$((round + 1)); old=" "; table=" "; new=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = 1 ] || [ "$p" = "$own" ] && continue
+    l=; read -r l 2>/dev/null <"$d/stat" || continue
+    set -- ${l##*') '}
+    if [ "$#" -ge 20 ]; then
+      [ "$1" = Z ] && continue
+      pp=$2; shift 19; st=$1
+    else
+      pp=0; st=-
+    fi
+    table="$table$p:$pp "
+    case "$snap" in *" $p:$st "*) old="$old$p "; continue ;; esac
+    new="$new $p:$pp"
+  done
+  victims=
+  for e in $new; do
+    p=${e%%:*}; a=${e#*:}; hops=0; spared=
+    while [ "$hops" -lt 256 ]; do
+      [ "$a" = "$own" ] && { spared=1; break; }
+      case "$a" in 0|1) break ;; esac
+      case "$old" in *" $a "*) spared=1; break ;; esac
+      case "$table" in *" $a:"*) r=${table#*" $a:"}; a=${r%% *} ;; *) break ;; esac
+      hops=$((hops + 1))
+    done
+    [ -z "$spared" ] && victims="$victims $p"
+  done
+  [ -z "$victims" ] && break
+  for p in $victims; do
+    kill -9 "$p" 2>/dev/null
+    case "$hit" in *" $p "*) ;; *) hit="$hit$p "; [ "$p" = "$payload" ] || n=$((n + 1)) ;; esac
+  done
+  sleep 0.02 2>/dev/null || :
+done
+echo "$n""#;
+
+/// The argv that runs [`SWEEP`] for a step: `sh -c <sweep> sh <payload pid>`; its stdin is
+/// [`Snapshot::line`].
+pub fn sweep_argv(snapshot: &Snapshot) -> Vec<String> {
+    ["sh", "-c", SWEEP, "sh", &snapshot.shell.to_string()].into_iter().map(str::to_string).collect()
+}
+
+/// What the payload's snapshot said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The payload's shell, the step's parent.
+    pub shell: u32,
+    /// ` <pid>:<start> ...`: the processes there before the step.
+    pub processes: String,
+}
+
+impl Snapshot {
+    /// The stdin of [`SWEEP`].
+    pub fn line(&self) -> String {
+        format!("{}\n", self.processes)
+    }
+
+    fn parse(text: &[u8]) -> Option<Snapshot> {
+        let text = std::str::from_utf8(text).ok()?;
+        let (shell, processes) = text.split_once(' ').unwrap_or((text, ""));
+        let wellformed = processes.split_whitespace().all(|entry| {
+            entry.split_once(':').is_some_and(|(pid, start)| pid.parse::<u32>().is_ok() && start.parse::<u64>().is_ok())
+        });
+        if !wellformed {
+            return None;
+        }
+        Some(Snapshot { shell: shell.parse().ok()?, processes: processes.trim().to_string() })
+    }
+}
+
 /// The payload for `sh -s` (see the module's documentation). A bad name (see
 /// [`check_names`]) or a value `sh` cannot hold (a NUL byte) is a configuration error.
 pub fn build(step: &Step<'_>) -> Result<String, ExecutorError> {
-    check_names(step.env, step.secrets, step.marker_variable)?;
-    if !is_variable_name(step.marker_variable) {
-        return Err(ExecutorError::configuration(format!(
-            "marker variable {:?} is not a shell variable name",
-            step.marker_variable
-        )));
-    }
+    check_names(step.env, step.secrets)?;
     let mut payload = String::from("{\n");
+    payload.push_str(SNAPSHOT);
+    payload.push_str(&format!("printf '\\n%s:procs:%s%s\\n' {} \"$$\" \"$knotless_procs\" >&2\n", quote(step.nonce)));
     for (name, value) in step.env.iter().chain(step.secrets.iter()) {
         if value.contains('\0') {
             return Err(ExecutorError::configuration(format!("variable {name} holds a NUL byte, which sh cannot")));
         }
         payload.push_str(&format!("export {name}={}\n", quote(value)));
     }
-    payload.push_str(&format!("export {}={}\n", step.marker_variable, quote(step.marker)));
     payload.push_str(&format!(
         "cd -- {} && sh -ec {} </dev/null\nprintf '\\n%s:%d\\n' {} \"$?\" >&2\n}}\n",
         quote(step.workdir),
@@ -113,20 +201,33 @@ pub fn nonce() -> Result<String, ExecutorError> {
     random_hex(16)
 }
 
-/// Strips the sentinel `\n<nonce>:<code>\n` from a stderr stream, passing every other byte on
-/// in order and holding back only the bytes that could be its start, and keeps the exit code
-/// it carries.
+/// The longest message the payload prints (its snapshot): 1 MiB.
+const MAX_MESSAGE: usize = 1 << 20;
+
+/// Strips the payload's messages from a stderr stream: the snapshot `\n<nonce>:procs:...\n`
+/// and the sentinel `\n<nonce>:<code>\n`, passing every other byte on in order and holding
+/// back only the bytes that could start a message, and keeps what they carry. Only the first
+/// snapshot counts, and only before the sentinel.
 pub struct SentinelFilter {
     needle: Vec<u8>,
     held: Vec<u8>,
+    in_message: bool,
     code: Option<i32>,
-    found_needle: bool,
+    snapshot: Option<Snapshot>,
+    snapshot_seen: bool,
 }
 
 impl SentinelFilter {
     /// A filter for `nonce`.
     pub fn new(nonce: &str) -> SentinelFilter {
-        SentinelFilter { needle: format!("\n{nonce}:").into_bytes(), held: Vec::new(), code: None, found_needle: false }
+        SentinelFilter {
+            needle: format!("\n{nonce}:").into_bytes(),
+            held: Vec::new(),
+            in_message: false,
+            code: None,
+            snapshot: None,
+            snapshot_seen: false,
+        }
     }
 
     /// The exit code, once the whole sentinel was seen.
@@ -134,44 +235,62 @@ impl SentinelFilter {
         self.code
     }
 
+    /// The snapshot of the processes there before the step, once seen whole.
+    pub fn snapshot(&self) -> Option<&Snapshot> {
+        self.snapshot.as_ref()
+    }
+
     /// Takes a chunk; returns the bytes to pass on.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
         self.held.extend_from_slice(chunk);
-        if self.code.is_some() {
-            return std::mem::take(&mut self.held);
-        }
-        if !self.found_needle {
-            match find(&self.held, &self.needle) {
-                Some(at) => {
-                    let out = self.held[..at].to_vec();
-                    self.held.drain(..at + self.needle.len());
-                    self.found_needle = true;
-                    return [out, self.parse_code()].concat();
-                }
-                None => {
-                    let keep = partial_suffix(&self.held, &self.needle);
-                    let cut = self.held.len() - keep;
-                    return self.held.drain(..cut).collect();
+        let mut out = Vec::new();
+        loop {
+            if self.code.is_some() {
+                out.append(&mut self.held);
+                return out;
+            }
+            if !self.in_message {
+                match find(&self.held, &self.needle) {
+                    Some(at) => {
+                        out.extend(self.held.drain(..at));
+                        self.held.drain(..self.needle.len());
+                        self.in_message = true;
+                    }
+                    None => {
+                        let keep = partial_suffix(&self.held, &self.needle);
+                        let cut = self.held.len() - keep;
+                        out.extend(self.held.drain(..cut));
+                        return out;
+                    }
                 }
             }
+            let Some(end) = self.held.iter().position(|byte| *byte == b'\n') else {
+                if self.held.len() > MAX_MESSAGE {
+                    // Nothing the payload prints is this long: drop it, and no snapshot counts.
+                    self.held.clear();
+                    self.in_message = false;
+                    self.snapshot_seen = true;
+                }
+                return out;
+            };
+            let message: Vec<u8> = self.held.drain(..=end).collect();
+            let message = &message[..end];
+            self.in_message = false;
+            match message.strip_prefix(b"procs:") {
+                Some(snapshot) => {
+                    if !self.snapshot_seen {
+                        self.snapshot_seen = true;
+                        self.snapshot = Snapshot::parse(snapshot);
+                    }
+                }
+                None => self.code = Some(String::from_utf8_lossy(message).trim().parse().unwrap_or(-1)),
+            }
         }
-        self.parse_code()
     }
 
-    /// After the needle: the digits up to `\n` give the code; what follows is passed on.
-    fn parse_code(&mut self) -> Vec<u8> {
-        let Some(end) = self.held.iter().position(|byte| *byte == b'\n') else {
-            return Vec::new();
-        };
-        let digits = String::from_utf8_lossy(&self.held[..end]).into_owned();
-        self.code = Some(digits.trim().parse().unwrap_or(-1));
-        self.held.drain(..=end);
-        std::mem::take(&mut self.held)
-    }
-
-    /// The end of the stream: what is still held, unless it is a sentinel cut short.
+    /// The end of the stream: what is still held, unless it is a message cut short.
     pub fn finish(&mut self) -> Vec<u8> {
-        if self.found_needle && self.code.is_none() {
+        if self.in_message {
             self.held.clear();
             Vec::new()
         } else {
@@ -243,48 +362,42 @@ mod tests {
         assert!(is_variable_name("A_1") && is_variable_name("_x"));
         assert!(!is_variable_name("1A") && !is_variable_name("A-B") && !is_variable_name(""));
         let env = BTreeMap::from([("GOOD_1".to_string(), "x".to_string())]);
-        assert!(check_names(&env, &BTreeMap::new(), "MARK").is_ok());
-        for bad in ["1X", "A-B", "", "A B", "MARK"] {
+        assert!(check_names(&env, &BTreeMap::new()).is_ok());
+        for bad in ["1X", "A-B", "", "A B"] {
             let secrets = BTreeMap::from([(bad.to_string(), "value".to_string())]);
-            let error = check_names(&env, &secrets, "MARK").expect_err(bad);
+            let error = check_names(&env, &secrets).expect_err(bad);
             assert!(error.message.contains(&format!("{bad:?}")), "{}", error.message);
             assert!(!error.message.contains("value"), "{}", error.message);
         }
     }
 
     fn step<'a>(env: &'a BTreeMap<String, String>, secrets: &'a BTreeMap<String, String>) -> Step<'a> {
-        Step { env, secrets, marker_variable: "MARK", marker: "m1", workdir: "/work", script: "echo 'hi'", nonce: "n0" }
+        Step { env, secrets, workdir: "/work", script: "echo 'hi'", nonce: "n0" }
     }
 
     #[test]
-    fn the_payload_exports_then_runs_then_reports() {
+    fn the_payload_snapshots_then_exports_then_runs_then_reports() {
         let env = BTreeMap::from([("V".to_string(), "it's".to_string())]);
         let secrets = BTreeMap::from([("S".to_string(), "s3cr3t".to_string())]);
-        assert_eq!(
-            build(&step(&env, &secrets)).expect("payload"),
-            "{\nexport V='it'\\''s'\nexport S='s3cr3t'\nexport MARK='m1'\n\
-             cd -- '/work' && sh -ec 'echo '\\''hi'\\''' </dev/null\nprintf '\\n%s:%d\\n' 'n0' \"$?\" >&2\n}\n"
-        );
+        let payload = build(&step(&env, &secrets)).expect("payload");
+        let tail = r#"printf '\n%s:procs:%s%s\n' 'n0' "$$" "$knotless_procs" >&2
+export V='it'\''s'
+export S='s3cr3t'
+cd -- '/work' && sh -ec 'echo '\''hi'\''' </dev/null
+printf '\n%s:%d\n' 'n0' "$?" >&2
+}
+"#;
+        assert_eq!(payload, format!("{{\n{SNAPSHOT}{tail}"));
         let bad = BTreeMap::from([("A-B".to_string(), String::new())]);
         assert!(build(&step(&bad, &secrets)).is_err());
         let nul = BTreeMap::from([("A".to_string(), "a\0b".to_string())]);
         assert!(build(&step(&nul, &secrets)).is_err());
     }
 
-    #[test]
-    fn the_payload_runs_in_sh_and_reports_through_the_filter() {
+    /// Runs `sh -s` with `input`; returns its stdout, its stderr through the filter, and the
+    /// filter.
+    fn run_payload(input: &str, nonce: &str) -> (String, Vec<u8>, SentinelFilter) {
         use std::io::Write;
-        let env = BTreeMap::from([("V".to_string(), "it's $x".to_string())]);
-        let secrets = BTreeMap::from([("V".to_string(), "secret wins".to_string())]);
-        let dir = std::env::temp_dir();
-        let workdir = dir.to_string_lossy();
-        let payload = build(&Step {
-            workdir: &workdir,
-            script: "printf '%s|%s' \"$V\" \"$MARK\"; printf err >&2; exit 3",
-            nonce: "abc123",
-            ..step(&env, &secrets)
-        })
-        .expect("payload");
         let mut child = std::process::Command::new("sh")
             .arg("-s")
             .stdin(std::process::Stdio::piped())
@@ -292,14 +405,101 @@ mod tests {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("run sh");
-        child.stdin.take().expect("stdin").write_all(payload.as_bytes()).expect("write");
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
         let output = child.wait_with_output().expect("wait");
-        assert_eq!(String::from_utf8_lossy(&output.stdout), "secret wins|m1");
-        let mut filter = SentinelFilter::new("abc123");
+        let mut filter = SentinelFilter::new(nonce);
         let mut stderr = filter.push(&output.stderr);
         stderr.extend(filter.finish());
+        (String::from_utf8_lossy(&output.stdout).into_owned(), stderr, filter)
+    }
+
+    #[test]
+    fn the_payload_runs_in_sh_and_reports_through_the_filter() {
+        let env = BTreeMap::from([("V".to_string(), "it's $x".to_string())]);
+        let secrets = BTreeMap::from([("V".to_string(), "secret wins".to_string())]);
+        let dir = std::env::temp_dir();
+        let workdir = dir.to_string_lossy();
+        let payload = build(&Step {
+            workdir: &workdir,
+            script: r#"printf '%s|%s' "$V" "${knotless_procs-unset}"; printf err >&2; exit 3"#,
+            nonce: "abc123",
+            ..step(&env, &secrets)
+        })
+        .expect("payload");
+        let (stdout, stderr, filter) = run_payload(&payload, "abc123");
+        // The snapshot's variables stay in the payload's shell.
+        assert_eq!(stdout, "secret wins|unset");
         assert_eq!(String::from_utf8_lossy(&stderr), "err");
         assert_eq!(filter.code(), Some(3));
+        let snapshot = filter.snapshot().expect("a snapshot");
+        let listed = format!(" {} ", snapshot.processes);
+        assert!(listed.contains(&format!(" {}:", std::process::id())), "this test is in {snapshot:?}");
+        assert!(!listed.contains(&format!(" {}:", snapshot.shell)), "the payload's shell is not: {snapshot:?}");
+    }
+
+    /// A script, run in a pid namespace of its own as a container is, that leaves processes
+    /// hiding in every way and runs the sweep (`$1`), then says which live.
+    const HIDE_THEN_SWEEP: &str = r#"sweep=$1
+sh -c 'echo $$ > old; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &
+while [ ! -s old ]; do sleep 0.01; done
+SNAPSHOT
+sh -c 'sleep 300 & echo $! > worker; wait' </dev/null >/dev/null 2>&1 &
+(setsid sh -c 'echo $$ > hidden1; exec sleep 300' </dev/null >/dev/null 2>&1 &)
+sh -c 'sh -c "trap \"\" TERM; echo \$\$ > hidden2; exec sleep 300" </dev/null >/dev/null 2>&1 & exit 0'
+env -i sh -c 'echo $$ > hidden3; kill -STOP $$; exec sleep 300' </dev/null >/dev/null 2>&1 &
+while [ ! -s hidden1 ] || [ ! -s hidden2 ] || [ ! -s hidden3 ] || [ ! -s worker ]; do sleep 0.01; done
+printf '%s\n' "$knotless_procs" > snapshot
+sh -c "$sweep" sh $$ < snapshot > killed
+for f in old worker hidden1 hidden2 hidden3; do
+  if kill -0 "$(cat $f)" 2>/dev/null && ! grep -q '^State:.*Z' "/proc/$(cat $f)/status"; then echo "$f lives"; else echo "$f dead"; fi
+done
+"#;
+
+    #[test]
+    fn the_sweep_kills_what_hides_and_spares_what_was_there() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = HIDE_THEN_SWEEP.replace("SNAPSHOT\n", SNAPSHOT);
+        // `--fork`: the script's shell is pid 1, as a container's init; `--mount-proc`: the
+        // sweep sees the namespace's processes only.
+        let output = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &script, "sh", SWEEP])
+            .current_dir(dir.path())
+            .output()
+            .expect("unshare");
+        assert!(output.status.success(), "{output:?}");
+        // The worker's shell was made after the snapshot, but by nothing of the step's: it is
+        // new, and killed with its sleep; the process there before lives on.
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "old lives\nworker dead\nhidden1 dead\nhidden2 dead\nhidden3 dead\n",
+            "{output:?}"
+        );
+        let killed = std::fs::read_to_string(dir.path().join("killed")).expect("killed");
+        // worker's shell and sleep, and the three hidden ones.
+        assert_eq!(killed.trim(), "5", "{output:?}");
+    }
+
+    #[test]
+    fn the_sweep_spares_the_workers_an_old_process_forks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // An old process that forks a worker after the snapshot, when told to.
+        let script = format!(
+            r#"sweep=$1
+sh -c 'echo $$ > old; while [ ! -e go ]; do sleep 0.01; done; sleep 300 & echo $! > worker; wait' </dev/null >/dev/null 2>&1 &
+while [ ! -s old ]; do sleep 0.01; done
+{SNAPSHOT}touch go; while [ ! -s worker ]; do sleep 0.01; done
+printf '%s\n' "$knotless_procs" > snapshot
+sh -c "$sweep" sh $$ < snapshot > killed
+kill -0 "$(cat worker)" && echo worker lives"#
+        );
+        let output = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "sh", "-c", &script, "sh", SWEEP])
+            .current_dir(dir.path())
+            .output()
+            .expect("unshare");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "worker lives\n", "{output:?}");
+        let killed = std::fs::read_to_string(dir.path().join("killed")).expect("killed");
+        assert_eq!(killed.trim(), "0", "{output:?}");
     }
 
     #[test]
@@ -316,6 +516,24 @@ mod tests {
                 assert_eq!(filter.code(), Some(42));
             }
         }
+    }
+
+    #[test]
+    fn the_snapshot_is_taken_out_across_every_chunk_boundary_and_only_the_first_counts() {
+        let stream = b"a\n\nabc:procs:9 1:5 2:6\nb\n\nabc:procs:8\n\nabc:0\nlater";
+        for split in 0..=stream.len() {
+            let mut filter = SentinelFilter::new("abc");
+            let mut out = filter.push(&stream[..split]);
+            out.extend(filter.push(&stream[split..]));
+            out.extend(filter.finish());
+            assert_eq!(out, b"a\nb\nlater", "split at {split}");
+            assert_eq!(filter.code(), Some(0));
+            let expected = Snapshot { shell: 9, processes: "1:5 2:6".to_string() };
+            assert_eq!(filter.snapshot(), Some(&expected));
+        }
+        let mut filter = SentinelFilter::new("abc");
+        filter.push(b"\nabc:procs:9 1:x\n");
+        assert_eq!(filter.snapshot(), None, "a malformed snapshot is no snapshot");
     }
 
     #[test]

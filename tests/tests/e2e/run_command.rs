@@ -206,3 +206,53 @@ fn rev_runs_the_commit_not_the_working_tree_and_outputs_come_back() {
     let tree = run_shell(&repo, &["--outputs", &outputs_arg]);
     assert!(tree.stdout.contains("show/cat | edited, not committed"), "{}", tree.both());
 }
+
+/// Every live process on the host whose environment or command line holds `value`.
+fn holding(value: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        for file in ["environ", "cmdline"] {
+            if let Ok(bytes) = std::fs::read(entry.path().join(file)) {
+                if bytes.windows(value.len()).any(|window| window == value.as_bytes()) {
+                    found.push(format!("{}/{file}", entry.path().display()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn no_process_of_a_secret_step_outlives_it_on_the_host_however_it_hides() {
+    let indent = |script: &str| script.lines().map(|line| format!("      {line}\n")).collect::<String>();
+    let hide = include_str!("../../scripts/hide.sh");
+    let check = format!("printf '%s%s' 'e2e-hidden-' 's3cret' > needle\n{}", include_str!("../../scripts/holders.sh"));
+    let repo = Repo::new();
+    repo.workflow(
+        "hide",
+        &format!(
+            "steps:\n  - name: hide\n    secrets: [TOKEN]\n    run: |\n{}  - name: check\n    run: |\n{}",
+            indent(hide),
+            indent(&check)
+        ),
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut args = shell_args(&repo, work.path());
+    args.extend(["--secret".to_string(), "TOKEN".to_string()]);
+    let child = knotless_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .env("TOKEN", "e2e-hidden-s3cret")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The runner was given the secret in its environment by its user: that copy is the user's.
+    let runner = format!("/proc/{}/environ", child.id());
+    let output = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("killed 5 process(es) step hide left running"), "{stdout}");
+    let checked: Vec<&str> =
+        stdout.lines().filter(|line| line.starts_with("hide/check | ") && !line.ends_with(&runner)).collect();
+    assert_eq!(checked, ["hide/check | checked"], "{stdout}");
+    assert_eq!(holding("e2e-hidden-s3cret"), Vec::<String>::new());
+}

@@ -46,8 +46,7 @@ impl Harness {
     pub async fn uninitialized() -> Harness {
         let (input, executor_input) = tokio::io::duplex(1 << 20);
         let (executor_output, output) = tokio::io::duplex(1 << 20);
-        let served =
-            tokio::spawn(knotless_protocol::sdk::serve_io(ShellExecutor::default(), executor_input, executor_output));
+        let served = tokio::spawn(knotless_protocol::sdk::serve_io(executor(), executor_input, executor_output));
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Value>>>> = Arc::default();
         let notifications: Arc<Mutex<Vec<Value>>> = Arc::default();
         let (reader_pending, reader_notifications) = (pending.clone(), notifications.clone());
@@ -139,10 +138,6 @@ impl Harness {
         self.work_dir.path().canonicalize().expect("canonical").join(&self.runner_id).join(session)
     }
 
-    pub fn marker(&self, session: &str) -> String {
-        format!("{}/{session}", self.runner_id)
-    }
-
     /// Closes the executor's stdin and waits for `serve_io` to return.
     pub async fn close_input(&mut self) {
         *self.input.lock().await = None;
@@ -225,4 +220,9 @@ pub fn cmdlines_containing(needle: &str) -> Vec<String> {
         }
     }
     found
+}
+
+/// The executor served in this test process, its steps' reapers the executor's binary.
+pub fn executor() -> ShellExecutor {
+    ShellExecutor::with_reaper(std::path::PathBuf::from(env!("CARGO_BIN_EXE_knotless-executor-shell")))
 }

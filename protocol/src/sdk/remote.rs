@@ -1,0 +1,286 @@
+//! The step loop of executors that run steps through a remote shell (`docker exec`, an exec
+//! into a pod, ssh, ...): one [`run_step`] for all of them, so a step's payload, its
+//! sentinel, the sweep of its processes, and the errors of a timeout, a cancellation or a
+//! lost stream are the same whatever the transport.
+//!
+//! An executor implements [`Shell`] (start a command in the environment; say why a stream
+//! was lost; end the environment when a step's processes cannot be killed) and calls
+//! [`run_step`] from its `command`. The loop:
+//!
+//! 1. runs `sh -s` with the payload ([`payload::build`]) on its stdin: a snapshot of the
+//!    environment's processes, then the step;
+//! 2. streams stdout and stderr, the payload's messages taken out of stderr
+//!    ([`SentinelFilter`]); the step has ended when the sentinel says so, never because the
+//!    stream ended: a stream that ends without it is a lost stream (an infrastructure error
+//!    naming what [`Shell::lost`] says), never a result;
+//! 3. at the step's timeout, on cancellation, after a lost stream, and after a
+//!    secret-bearing step, runs [`payload::SWEEP`]: every process of the environment that was
+//!    not there before the step (and is not init, nor a worker of what was there) is killed,
+//!    however it hid. When that cannot be done, the environment is ended
+//!    ([`Shell::end_environment`]): no process of the step outlives it unknown.
+//!
+//! Killing the local end of an exec kills nothing in the environment: only the sweep does.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::error::ExecutorError;
+use crate::messages::{CommandParams, CommandResult, LogLevel, Stream};
+use crate::sdk::Context;
+use crate::sdk::output::OutputPipes;
+use crate::sdk::payload::{self, SentinelFilter, Snapshot};
+
+/// How long output is read after the sentinel while the stream stays open (a process the
+/// step left running holds it).
+pub const SETTLE: Duration = Duration::from_millis(200);
+
+/// How long the sweep of a step's processes may take.
+pub const SWEEP_WITHIN: Duration = Duration::from_secs(30);
+
+/// How much of a step's last stderr is kept for the error of a lost stream.
+const TAIL: usize = 4096;
+
+/// A stream from the environment.
+pub type Reader = Box<dyn AsyncRead + Unpin + Send>;
+
+/// A stream into the environment.
+pub type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+
+/// One command running in the environment. Dropping it ends its local end (a client
+/// process, a websocket) and nothing in the environment.
+pub struct Exec {
+    /// Its stdin.
+    pub stdin: Writer,
+    /// Its stdout.
+    pub stdout: Reader,
+    /// Its stderr.
+    pub stderr: Reader,
+    /// Ends when the exec has ended, with its exit code when known.
+    pub ended: Pin<Box<dyn Future<Output = Option<i32>> + Send>>,
+}
+
+/// How an executor reaches its environment.
+pub trait Shell: Send + Sync {
+    /// Starts `argv` in the environment, its stdin, stdout and stderr piped.
+    fn exec(&self, argv: Vec<String>) -> impl Future<Output = Result<Exec, ExecutorError>> + Send;
+
+    /// The error of a step whose exec ended (with `exited`, if known) before the sentinel:
+    /// what the environment says (gone, failed, its node lost), or a lost stream. `said` is
+    /// the last of what came on the exec's stderr.
+    fn lost(&self, step: &str, exited: Option<i32>, said: &[u8]) -> impl Future<Output = ExecutorError> + Send;
+
+    /// Ends the whole environment: a step's processes could not be killed one by one.
+    fn end_environment(&self, why: &str) -> impl Future<Output = ()> + Send;
+
+    /// The environment, for messages: `container X`, `pod Y`.
+    fn describe(&self) -> String;
+}
+
+/// How the step's first phase ended.
+enum Ending {
+    Reported(i32),
+    Lost(Option<i32>),
+    TimedOut,
+    Cancelled,
+}
+
+/// Runs one step (see the module's documentation) in `workdir` of the environment.
+pub async fn run_step<S: Shell>(
+    shell: &S,
+    params: &CommandParams,
+    workdir: &str,
+    context: &Context,
+) -> Result<CommandResult, ExecutorError> {
+    let name = if params.name.is_empty() { params.step.to_string() } else { params.name.clone() };
+    let nonce = payload::nonce()?;
+    let script = payload::build(&payload::Step {
+        env: &params.env,
+        secrets: &params.secrets,
+        workdir,
+        script: &params.script,
+        nonce: &nonce,
+    })?;
+    let deadline = tokio::time::Instant::from_std(context.deadline(params.timeout_ms));
+    let started = Instant::now();
+    let Exec { mut stdin, stdout, stderr, ended } = shell.exec(vec!["sh".to_string(), "-s".to_string()]).await?;
+    let mut step = StepStreams {
+        pipes: OutputPipes::new(Some(stdout), Some(stderr)),
+        filter: SentinelFilter::new(&nonce),
+        tail: Vec::new(),
+        stderr_done: false,
+    };
+    // The payload holds the secrets: it goes into the exec's stdin and nowhere else.
+    let write = async move {
+        let _ = stdin.write_all(script.as_bytes()).await;
+        let _ = stdin.shutdown().await;
+    };
+    tokio::pin!(write);
+    let mut written = false;
+    let mut ended = ended;
+    let mut exited: Option<Option<i32>> = None;
+    let ending = loop {
+        if let Some(code) = step.filter.code() {
+            break Ending::Reported(code);
+        }
+        if let Some(code) = exited.filter(|_| !step.pipes.is_open()) {
+            break Ending::Lost(code);
+        }
+        tokio::select! {
+            chunk = step.pipes.read(), if step.pipes.is_open() => step.send(chunk, context, &params.session, params.step).await,
+            code = &mut ended, if exited.is_none() => exited = Some(code),
+            () = &mut write, if !written => written = true,
+            () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
+            () = context.cancelled() => break Ending::Cancelled,
+        }
+    };
+    let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+
+    match ending {
+        Ending::Reported(exit_code) => {
+            let mut killed_processes = 0;
+            if !params.secrets.is_empty() {
+                killed_processes = sweep_or_end(shell, step.filter.snapshot(), &name).await?;
+                if killed_processes > 0 {
+                    let message = format!(
+                        "step {name} was given secrets and left {killed_processes} processes running: killed them"
+                    );
+                    tracing::info!(session = %params.session, step = params.step, "{message}");
+                    context.log(&params.session, LogLevel::Warn, message).await;
+                }
+            }
+            step.settle(SETTLE, context, &params.session, params.step).await;
+            tracing::info!(session = %params.session, step = params.step, exit_code, duration_ms, killed_processes, "step ended");
+            Ok(CommandResult { exit_code, duration_ms, killed_processes })
+        }
+        Ending::TimedOut | Ending::Cancelled => {
+            // The snapshot may still be on its way.
+            if step.filter.snapshot().is_none() {
+                step.settle(SETTLE, context, &params.session, params.step).await;
+            }
+            let killed = sweep_or_end(shell, step.filter.snapshot(), &name).await;
+            step.settle(SETTLE, context, &params.session, params.step).await;
+            tracing::info!(session = %params.session, step = params.step, killed = ?killed, "step killed");
+            killed?;
+            Err(match ending {
+                Ending::TimedOut => {
+                    let message = format!("step {name} passed its timeout of {} ms", params.timeout_ms);
+                    context.log(&params.session, LogLevel::Error, message.clone()).await;
+                    ExecutorError::timeout(message)
+                }
+                _ => ExecutorError::cancelled(),
+            })
+        }
+        Ending::Lost(code) => {
+            let error = shell.lost(&name, code, &step.tail).await;
+            // The step may still run in the environment: end it.
+            if let Err(failure) = sweep_or_end(shell, step.filter.snapshot(), &name).await {
+                tracing::warn!(session = %params.session, step = params.step, "{}", failure.message);
+            }
+            tracing::error!(session = %params.session, step = params.step, "{}", error.message);
+            context.log(&params.session, LogLevel::Error, error.message.clone()).await;
+            Err(error)
+        }
+    }
+}
+
+/// Kills the step's processes; when that cannot be done, ends the environment and says so.
+async fn sweep_or_end<S: Shell>(shell: &S, snapshot: Option<&Snapshot>, name: &str) -> Result<u32, ExecutorError> {
+    let swept = match snapshot {
+        Some(snapshot) => sweep(shell, snapshot).await,
+        None => Err(ExecutorError::infrastructure(format!(
+            "step {name} in {} never said which processes were there before it",
+            shell.describe()
+        ))),
+    };
+    match swept {
+        Ok(killed) => Ok(killed),
+        Err(error) => {
+            let why = format!("cannot kill the processes of step {name}: {}", error.message);
+            shell.end_environment(&why).await;
+            Err(ExecutorError::infrastructure(format!("{why}; ended {}", shell.describe())))
+        }
+    }
+}
+
+/// Runs [`payload::SWEEP`] in the environment; returns how many processes it killed.
+pub async fn sweep<S: Shell>(shell: &S, snapshot: &Snapshot) -> Result<u32, ExecutorError> {
+    let run = async {
+        let Exec { mut stdin, mut stdout, mut stderr, ended } = shell.exec(payload::sweep_argv(snapshot)).await?;
+        let line = snapshot.line();
+        let feed = async move {
+            let _ = stdin.write_all(line.as_bytes()).await;
+            let _ = stdin.shutdown().await;
+        };
+        let mut said = Vec::new();
+        let mut errors = Vec::new();
+        let (mut out, mut err) = ((&mut stdout).take(4096), (&mut stderr).take(4096));
+        let read_out = out.read_to_end(&mut said);
+        let read_err = err.read_to_end(&mut errors);
+        let ((), _, _, code) = tokio::join!(feed, read_out, read_err, ended);
+        let text = String::from_utf8_lossy(&said);
+        text.trim().parse::<u32>().map_err(|_| {
+            ExecutorError::infrastructure(format!(
+                "the process sweep in {} ended with {} and answered {:?}: {}",
+                shell.describe(),
+                code.map_or("no exit code".to_string(), |code| format!("exit code {code}")),
+                text.trim(),
+                String::from_utf8_lossy(&errors).trim()
+            ))
+        })
+    };
+    match tokio::time::timeout(SWEEP_WITHIN, run).await {
+        Ok(result) => result,
+        Err(_) => Err(ExecutorError::infrastructure(format!(
+            "the process sweep in {} did not end within {} s",
+            shell.describe(),
+            SWEEP_WITHIN.as_secs()
+        ))),
+    }
+}
+
+/// A step's output streams, the filter taking the payload's messages out of stderr, and the
+/// tail of what came on stderr.
+struct StepStreams {
+    pipes: OutputPipes<Reader, Reader>,
+    filter: SentinelFilter,
+    tail: Vec<u8>,
+    stderr_done: bool,
+}
+
+impl StepStreams {
+    /// Sends a chunk on, stderr through the filter; at the end of stderr, what it held.
+    async fn send(&mut self, chunk: Option<(Stream, Vec<u8>)>, context: &Context, session: &str, step: u32) {
+        let (stream, bytes) = match chunk {
+            Some((Stream::Stderr, bytes)) => (Stream::Stderr, self.filter.push(&bytes)),
+            Some(other) => other,
+            None if !self.pipes.stderr_open() && !self.stderr_done => {
+                self.stderr_done = true;
+                (Stream::Stderr, self.filter.finish())
+            }
+            None => return,
+        };
+        if stream == Stream::Stderr {
+            self.tail.extend_from_slice(&bytes);
+            let excess = self.tail.len().saturating_sub(TAIL);
+            self.tail.drain(..excess);
+        }
+        if !bytes.is_empty() {
+            context.output(session, step, stream, &bytes).await;
+        }
+    }
+
+    /// Sends what comes until both streams close or `within` passes, then stops reading.
+    async fn settle(&mut self, within: Duration, context: &Context, session: &str, step: u32) {
+        let settle = tokio::time::sleep(within);
+        tokio::pin!(settle);
+        while self.pipes.is_open() {
+            tokio::select! {
+                chunk = self.pipes.read() => self.send(chunk, context, session, step).await,
+                () = &mut settle => break,
+            }
+        }
+    }
+}
