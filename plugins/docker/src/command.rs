@@ -46,23 +46,13 @@ struct Container<'a> {
 impl Shell for Container<'_> {
     async fn exec(&self, argv: Vec<String>) -> Result<Exec, ExecutorError> {
         let args = argv::exec(&self.session.container, &argv);
-        let mut child = self.config.docker.command(&args).stdin(Stdio::piped()).spawn().map_err(|error| {
+        let child = self.config.docker.command(&args).stdin(Stdio::piped()).spawn().map_err(|error| {
             ExecutorError::infrastructure(format!(
                 "cannot run the docker CLI in container {}: {error}",
                 self.session.container
             ))
         })?;
-        let missing = || ExecutorError::infrastructure("docker exec has no pipes");
-        let stdin = child.stdin.take().ok_or_else(missing)?;
-        let stdout = child.stdout.take().ok_or_else(missing)?;
-        let stderr = child.stderr.take().ok_or_else(missing)?;
-        Ok(Exec {
-            stdin: Box::new(stdin),
-            stdout: Box::new(stdout),
-            stderr: Box::new(stderr),
-            // Owns the child, killed on drop: dropping the exec ends the local docker CLI.
-            ended: Box::pin(async move { child.wait().await.ok().and_then(|status| status.code()) }),
-        })
+        Exec::from_child(child, "docker exec")
     }
 
     async fn lost(&self, step: &str, exited: Option<i32>, said: &[u8]) -> ExecutorError {

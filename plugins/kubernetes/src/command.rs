@@ -49,20 +49,10 @@ impl Shell for Pod<'_> {
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut command = self.kubectl.command(&kubectl::exec_args(&self.session.pod, &argv));
         command.stdin(Stdio::piped());
-        let mut child = command.spawn().map_err(|error| {
+        let child = command.spawn().map_err(|error| {
             ExecutorError::infrastructure(format!("cannot run kubectl exec in pod {}: {error}", self.session.pod))
         })?;
-        let missing = || ExecutorError::infrastructure("kubectl exec has no pipes");
-        let stdin = child.stdin.take().ok_or_else(missing)?;
-        let stdout = child.stdout.take().ok_or_else(missing)?;
-        let stderr = child.stderr.take().ok_or_else(missing)?;
-        Ok(Exec {
-            stdin: Box::new(stdin),
-            stdout: Box::new(stdout),
-            stderr: Box::new(stderr),
-            // Owns the child, killed on drop: dropping the exec ends the local kubectl.
-            ended: Box::pin(async move { child.wait().await.ok().and_then(|status| status.code()) }),
-        })
+        Exec::from_child(child, "kubectl exec")
     }
 
     async fn lost(&self, step: &str, exited: Option<i32>, said: &[u8]) -> ExecutorError {

@@ -62,6 +62,24 @@ pub struct Exec {
     pub ended: Pin<Box<dyn Future<Output = Option<i32>> + Send>>,
 }
 
+impl Exec {
+    /// The exec of a local client process (`docker exec -i`, `kubectl exec -i`) spawned with
+    /// its three streams piped and `kill_on_drop`: dropping the exec ends the client. `what`
+    /// names the client in the error when a pipe is missing.
+    pub fn from_child(mut child: tokio::process::Child, what: &str) -> Result<Exec, ExecutorError> {
+        let missing = || ExecutorError::infrastructure(format!("{what} was started without its pipes"));
+        let stdin = child.stdin.take().ok_or_else(missing)?;
+        let stdout = child.stdout.take().ok_or_else(missing)?;
+        let stderr = child.stderr.take().ok_or_else(missing)?;
+        Ok(Exec {
+            stdin: Box::new(stdin),
+            stdout: Box::new(stdout),
+            stderr: Box::new(stderr),
+            ended: Box::pin(async move { child.wait().await.ok().and_then(|status| status.code()) }),
+        })
+    }
+}
+
 /// How an executor reaches its environment.
 pub trait Shell: Send + Sync {
     /// Starts `argv` in the environment, its stdin, stdout and stderr piped.
