@@ -24,14 +24,20 @@ pub enum UnpackError {
         reason: &'static str,
     },
     /// The archive is larger than its bound.
-    #[error("tar stream is over its bound of {max_bytes} bytes")]
+    #[error("tar stream is over its bound of {max_bytes} bytes{}", at_entry(entry))]
     TooLarge {
         /// The bound.
         max_bytes: u64,
+        /// The entry being read when the stream crossed it, as the archive names it.
+        entry: Option<String>,
     },
     /// Reading the stream or writing the tree failed.
     #[error("tar stream: {0}")]
     Io(#[from] io::Error),
+}
+
+fn at_entry(entry: &Option<String>) -> String {
+    entry.as_ref().map(|entry| format!(" at entry {entry:?}")).unwrap_or_default()
 }
 
 /// Packs the contents of `root` (not `root` itself) into a tar stream, preserving modes,
@@ -131,10 +137,99 @@ pub struct Unpacked {
 
 /// Unpacks a tar stream into `dest` (created if missing), vetting every entry first: absolute
 /// paths, `..`, symlinks and hard links that leave the tree, and device nodes are refused, and
-/// the stream may not pass `max_bytes`. Modes are kept, without setuid, setgid or sticky bits.
-/// On error `dest` may hold part of the tree: unpack into a fresh folder and remove it then.
+/// the stream may not pass `max_bytes`. Modes are kept, without setuid, setgid or sticky bits;
+/// runs of zeros in files become holes, so a sparse file stays sparse.
+///
+/// All or nothing: the stream is unpacked into a fresh folder beside `dest` and only moved
+/// into `dest` once whole and vetted (merged with what `dest` holds, an entry replacing a
+/// file or link of the same path, never written through a link already there); a refused
+/// or broken stream leaves `dest` as it was.
 pub fn unpack_vetted<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<Unpacked, UnpackError> {
-    fs::create_dir_all(dest)?;
+    let Some(name) = dest.file_name() else {
+        fs::create_dir_all(dest)?;
+        return unpack_into(input, dest, max_bytes);
+    };
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(parent)?;
+    let staging = staging_folder(parent, name)?;
+    let unpacked = unpack_into(input, &staging, max_bytes).and_then(|unpacked| {
+        check_merge(&staging, dest)?;
+        merge(&staging, dest)?;
+        Ok(unpacked)
+    });
+    match fs::remove_dir_all(&staging) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound && unpacked.is_ok() => Err(error.into()),
+        _ => unpacked,
+    }
+}
+
+/// A fresh private folder `.<name>.unpacking-<pid>-<n>` in `parent`.
+fn staging_folder(parent: &Path, name: &std::ffi::OsStr) -> io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let number = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut staging = std::ffi::OsString::from(".");
+        staging.push(name);
+        staging.push(format!(".unpacking-{}-{number}", std::process::id()));
+        let path = parent.join(staging);
+        match fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => return Ok(path),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Refuses, before anything moves, a merge that would replace a folder with a file.
+fn check_merge(from: &Path, to: &Path) -> io::Result<()> {
+    let Ok(target) = fs::symlink_metadata(to) else {
+        return Ok(());
+    };
+    let source = fs::symlink_metadata(from)?;
+    if !target.is_dir() {
+        return Ok(());
+    }
+    if !source.is_dir() {
+        return Err(io::Error::other(format!("cannot replace the folder {} with a file", to.display())));
+    }
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        check_merge(&entry.path(), &to.join(entry.file_name()))?;
+    }
+    Ok(())
+}
+
+/// Moves the tree `from` into `to`: renamed whole where `to` is missing, merged entry by
+/// entry into a folder, replacing files and links (never following them).
+fn merge(from: &Path, to: &Path) -> io::Result<()> {
+    let target = match fs::symlink_metadata(to) {
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return fs::rename(from, to),
+        Err(error) => return Err(error),
+        Ok(metadata) => metadata,
+    };
+    let source = fs::symlink_metadata(from)?;
+    match (source.is_dir(), target.is_dir()) {
+        (true, true) => {
+            for entry in fs::read_dir(from)? {
+                let entry = entry?;
+                merge(&entry.path(), &to.join(entry.file_name()))?;
+            }
+            fs::set_permissions(to, source.permissions())
+        }
+        (false, true) => Err(io::Error::other(format!("cannot replace the folder {} with a file", to.display()))),
+        // A file or link there is replaced; a link is never followed.
+        (true, false) => {
+            fs::remove_file(to)?;
+            fs::rename(from, to)
+        }
+        (false, false) => fs::rename(from, to),
+    }
+}
+
+/// Unpacks into an existing folder (see [`unpack_vetted`]).
+fn unpack_into<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<Unpacked, UnpackError> {
     let counter = CountingReader { inner: input, count: 0, max: max_bytes };
     let mut archive = Archive::new(counter);
     archive.set_preserve_permissions(true);
@@ -143,22 +238,77 @@ pub fn unpack_vetted<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<U
     archive.set_mask(0o7000);
     let mut entries = 0;
     let mut vetter = Vetter::default();
+    let mut current: Option<String> = None;
     for entry in archive.entries()? {
-        let mut entry = entry.map_err(|error| over_or_io(error, max_bytes))?;
+        let mut entry = entry.map_err(|error| over_or_io(error, max_bytes, &current))?;
+        current = Some(String::from_utf8_lossy(&entry.path_bytes()).into_owned());
         if vetter.vet(&mut entry)? == Vetted::Skip {
             continue;
         }
         let size = entry.header().size()?;
         if entry.raw_header_position().saturating_add(size) > max_bytes {
-            return Err(UnpackError::TooLarge { max_bytes });
+            return Err(UnpackError::TooLarge { max_bytes, entry: current });
         }
-        entry.unpack_in(dest).map_err(|error| over_or_io(error, max_bytes))?;
+        let written = match entry.header().entry_type() {
+            EntryType::Regular | EntryType::Continuous => write_sparse(&mut entry, dest),
+            _ => entry.unpack_in(dest).map(|_| ()),
+        };
+        written.map_err(|error| over_or_io(error, max_bytes, &current))?;
         entries += 1;
     }
     // Read the end-of-archive blocks and any record padding, so the whole stream is consumed.
     let mut rest = archive.into_inner();
-    io::copy(&mut rest, &mut io::sink()).map_err(|error| over_or_io(error, max_bytes))?;
+    io::copy(&mut rest, &mut io::sink()).map_err(|error| over_or_io(error, max_bytes, &current))?;
     Ok(Unpacked { bytes: rest.count, entries })
+}
+
+/// Writes a vetted regular file entry under `dest`, seeking over every 64 KiB block of zeros
+/// (a hole), then sets its length, mode (`0o777` bits) and modification time.
+fn write_sparse<R: Read>(entry: &mut Entry<'_, R>, dest: &Path) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let relative: PathBuf =
+        entry.path()?.components().filter(|component| matches!(component, Component::Normal(_))).collect();
+    let path = dest.join(relative);
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    match fs::symlink_metadata(&path) {
+        Ok(metadata) if metadata.is_dir() => {
+            return Err(io::Error::other(format!("cannot replace the folder {} with a file", path.display())));
+        }
+        Ok(_) => fs::remove_file(&path)?,
+        Err(_) => {}
+    }
+    let mode = entry.header().mode()? & 0o777;
+    let mtime = entry.header().mtime()?;
+    let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    let mut block = vec![0u8; 64 << 10];
+    let mut length = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < block.len() {
+            match entry.read(&mut block[filled..]) {
+                Ok(0) => break,
+                Ok(read) => filled += read,
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error),
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        if block[..filled].iter().all(|&byte| byte == 0) {
+            file.seek(SeekFrom::Current(filled as i64))?;
+        } else {
+            file.write_all(&block[..filled])?;
+        }
+        length += filled as u64;
+    }
+    file.set_len(length)?;
+    file.set_permissions(fs::Permissions::from_mode(mode))?;
+    file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime))?;
+    Ok(())
 }
 
 /// Copies a tar stream from `input` to `output`, vetting every entry as [`unpack_vetted`]
@@ -322,9 +472,9 @@ fn link_stays_inside(depth: usize, target: &Path) -> bool {
     true
 }
 
-fn over_or_io(error: io::Error, max_bytes: u64) -> UnpackError {
+fn over_or_io(error: io::Error, max_bytes: u64, entry: &Option<String>) -> UnpackError {
     if error.kind() == io::ErrorKind::FileTooLarge {
-        UnpackError::TooLarge { max_bytes }
+        UnpackError::TooLarge { max_bytes, entry: entry.clone() }
     } else {
         UnpackError::Io(error)
     }
@@ -444,13 +594,110 @@ mod tests {
     }
 
     #[test]
-    fn an_archive_over_its_bound_is_refused() {
+    fn an_archive_over_its_bound_is_refused_naming_the_bound_and_the_entry() {
         let source = tempfile::tempdir().expect("tempdir");
         fs::write(source.path().join("big"), vec![7u8; 64 * 1024]).expect("write");
         let archive = pack_dir(source.path(), Vec::new()).expect("pack");
         let dest = tempfile::tempdir().expect("tempdir");
         let result = unpack_vetted(archive.as_slice(), dest.path(), 16 * 1024);
-        assert!(matches!(result, Err(UnpackError::TooLarge { max_bytes: 16384 })), "{result:?}");
+        let error = result.expect_err("over its bound");
+        assert_eq!(error.to_string(), "tar stream is over its bound of 16384 bytes at entry \"big\"");
+    }
+
+    /// A folder's entries, sorted, each with its kind and contents.
+    fn listing(root: &Path) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut paths = Vec::new();
+        collect(root, Path::new(""), &mut paths).expect("walk");
+        for path in paths {
+            let full = root.join(&path);
+            let metadata = fs::symlink_metadata(&full).expect("stat");
+            let what = if metadata.is_symlink() {
+                format!("-> {}", fs::read_link(&full).expect("link").display())
+            } else if metadata.is_dir() {
+                "/".to_string()
+            } else {
+                String::from_utf8_lossy(&fs::read(&full).expect("read")).into_owned()
+            };
+            found.push(format!("{} {what}", path.display()));
+        }
+        found
+    }
+
+    #[test]
+    fn a_refused_or_broken_stream_leaves_the_folder_as_it_was() {
+        let dest = tempfile::tempdir().expect("tempdir");
+        fs::write(dest.path().join("kept"), "before").expect("write");
+        let before = listing(dest.path());
+        // Good entries, then a refused one.
+        let mut builder = Builder::new(Vec::new());
+        for (name, body) in [("new", "x"), ("kept", "overwritten")] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(body.len() as u64);
+            header.set_mode(0o644);
+            builder.append_data(&mut header, name, body.as_bytes()).expect("append");
+        }
+        let mut bad = tar::Header::new_gnu();
+        bad.set_entry_type(EntryType::Fifo);
+        bad.set_size(0);
+        builder.append_data(&mut bad, "fifo", io::empty()).expect("append");
+        let archive = builder.into_inner().expect("archive");
+        assert!(matches!(unpack_vetted(archive.as_slice(), dest.path(), 1 << 20), Err(UnpackError::Refused { .. })));
+        assert_eq!(listing(dest.path()), before);
+        // Cut short in the middle of an entry.
+        let cut = &archive[..archive.len() / 2];
+        assert!(unpack_vetted(cut, dest.path(), 1 << 20).is_err());
+        assert_eq!(listing(dest.path()), before);
+        let parent = dest.path().parent().expect("parent");
+        let stray: Vec<_> = fs::read_dir(parent)
+            .expect("list")
+            .flatten()
+            .filter(|entry| entry.file_name().to_string_lossy().contains(".unpacking-"))
+            .filter(|entry| {
+                entry.file_name().to_string_lossy().contains(&*dest.path().file_name().expect("name").to_string_lossy())
+            })
+            .collect();
+        assert!(stray.is_empty(), "a staging folder was left: {stray:?}");
+    }
+
+    #[test]
+    fn an_unpack_merges_into_a_folder_and_never_writes_through_a_link_there() {
+        let outside = tempfile::tempdir().expect("tempdir");
+        let dest = tempfile::tempdir().expect("tempdir");
+        fs::create_dir(dest.path().join("sub")).expect("mkdir");
+        fs::write(dest.path().join("sub/old"), "old").expect("write");
+        symlink(outside.path(), dest.path().join("escape")).expect("symlink");
+        let source = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(source.path().join("sub")).expect("mkdir");
+        fs::create_dir_all(source.path().join("escape")).expect("mkdir");
+        fs::write(source.path().join("sub/new"), "new").expect("write");
+        fs::write(source.path().join("escape/planted"), "planted").expect("write");
+        let archive = pack_dir(source.path(), Vec::new()).expect("pack");
+        unpack_vetted(archive.as_slice(), dest.path(), 1 << 20).expect("unpack");
+        assert_eq!(listing(dest.path()), ["escape /", "escape/planted planted", "sub /", "sub/new new", "sub/old old"]);
+        assert_eq!(fs::read_dir(outside.path()).expect("list").count(), 0, "written through the link");
+    }
+
+    #[test]
+    fn a_sparse_file_stays_sparse() {
+        use std::os::unix::fs::MetadataExt as _;
+        let source = tempfile::tempdir().expect("tempdir");
+        let file = fs::File::create(source.path().join("sparse")).expect("create");
+        file.set_len(64 << 20).expect("grow");
+        drop(file);
+        fs::OpenOptions::new()
+            .append(true)
+            .open(source.path().join("sparse"))
+            .and_then(|mut file| file.write_all(b"end"))
+            .expect("write");
+        let archive = pack_dir(source.path(), Vec::new()).expect("pack");
+        let dest = tempfile::tempdir().expect("tempdir");
+        unpack_vetted(archive.as_slice(), dest.path(), 1 << 30).expect("unpack");
+        let metadata = fs::metadata(dest.path().join("sparse")).expect("stat");
+        assert_eq!(metadata.len(), (64 << 20) + 3);
+        assert!(metadata.blocks() * 512 < 1 << 20, "{} blocks for a file of 64 MiB of zeros", metadata.blocks());
+        let bytes = fs::read(dest.path().join("sparse")).expect("read");
+        assert!(bytes.ends_with(b"end") && bytes[..64 << 20].iter().all(|&byte| byte == 0));
     }
 
     #[test]

@@ -158,6 +158,18 @@ impl Session {
                 .map_err(io::Error::other)
         };
         let (answer, received) = race(call, receive).await;
+        // The runner's own reading of the stream names best what was wrong with it (the bound
+        // and the entry that crossed it, a refused entry), whatever the executor answered.
+        if let Some(refusal) = received.as_ref().err().and_then(|error| error.get_ref()).and_then(|error| {
+            error.downcast_ref::<tarball::UnpackError>().filter(|refusal| {
+                matches!(refusal, tarball::UnpackError::TooLarge { .. } | tarball::UnpackError::Refused { .. })
+            })
+        }) {
+            return Err(HostError::Fault(format!(
+                "refused the download of {path} from executor {}: {refusal}",
+                self.host.name()
+            )));
+        }
         let result = answer?;
         let unpacked = received.map_err(|error| self.lost_stream(format!("the download of {path} failed: {error}")))?;
         if unpacked.bytes != result.bytes {

@@ -60,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
     session.stop(false, Duration::from_secs(60)).await?;
     host.shutdown().await;
     rows.push(masking()?);
+    rows.extend(memory(work.path())?);
     rows.extend(kubernetes(work.path()).await?);
     println!("| figure | knotless-run | reference | ratio |");
     println!("|---|---|---|---|");
@@ -341,5 +342,118 @@ async fn kubernetes(scratch: &Path) -> anyhow::Result<Vec<Row>> {
     }
     kube.shutdown().await;
     shell.shutdown().await;
+    Ok(rows)
+}
+
+/// The most memory `knotless-run run` may hold, whatever a step or an executor sends.
+const MEMORY_BOUND_MIB: f64 = 64.0;
+
+/// How long one 100 MB line of step output may take through the runner.
+const LONG_LINE_BOUND: Duration = Duration::from_secs(2);
+
+/// What one `knotless-run run` took: its wall time and its peak resident memory.
+struct Measured {
+    elapsed: Duration,
+    peak_mib: f64,
+}
+
+/// Runs `knotless-run run` on `repo`'s workflow `workflow` with the executor `executor`
+/// (`--executor-plugin`), its stdout discarded as a terminal would show it, and samples its
+/// peak resident memory (`VmHWM`, which only grows) every 10 ms until it ends.
+fn measure_run(repo: &Path, workflow: &str, executor: &Path, work: &Path) -> anyhow::Result<Measured> {
+    let started = Instant::now();
+    let mut child = std::process::Command::new(release_bin("knotless-run")?)
+        .arg("run")
+        .arg(repo)
+        .args(["--workflow", workflow, "--executor-plugin"])
+        .arg(executor)
+        .arg("--executor-option")
+        .arg(format!("work-dir={}", work.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak_kib = 0u64;
+    let code = loop {
+        if let Ok(text) = std::fs::read_to_string(&status) {
+            let hwm = text
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+            peak_kib = peak_kib.max(hwm.unwrap_or(0));
+        }
+        if let Some(status) = child.try_wait()? {
+            break status.code();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if code != Some(0) {
+        bail!("knotless-run run of {workflow} exited with {code:?}");
+    }
+    Ok(Measured { elapsed: started.elapsed(), peak_mib: peak_kib as f64 / 1024.0 })
+}
+
+/// The runner's peak memory for a flood of short lines, one huge line, and a huge line of
+/// executor stderr, each against the bound; and the huge line's time against its script's
+/// own time to `/dev/null`.
+fn memory(scratch: &Path) -> anyhow::Result<Vec<Row>> {
+    const LINES: &str = "yes \"$(printf '%059d' 0)\" | head -c 1000000000";
+    const LONG_LINE: &str = "head -c 100000000 /dev/zero | tr '\\0' a";
+    let repo = scratch.join("memory-repo");
+    let workflows = repo.join(".knotless/workflows");
+    std::fs::create_dir_all(&workflows)?;
+    let git = std::process::Command::new("git").args(["init", "-q"]).arg(&repo).status()?;
+    if !git.success() {
+        bail!("git init failed");
+    }
+    for (name, script) in [("lines", LINES), ("long-line", LONG_LINE), ("quiet", "true")] {
+        std::fs::write(
+            workflows.join(format!("{name}.yml")),
+            format!("steps:\n  - name: {name}\n    run: {script}\n"),
+        )?;
+    }
+    let shell = release_bin("knotless-executor-shell")?;
+    // An executor that writes 300 MB on stderr in one line before it serves.
+    let noisy = scratch.join("noisy-executor");
+    std::fs::write(
+        &noisy,
+        format!("#!/bin/sh\nhead -c 300000000 /dev/zero | tr '\\0' e >&2\nexec '{}' \"$@\"\n", shell.display()),
+    )?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&noisy, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let work = scratch.join("memory-work");
+    let lines = measure_run(&repo, "lines", &shell, &work)?;
+    let long_line = measure_run(&repo, "long-line", &shell, &work)?;
+    let stderr = measure_run(&repo, "quiet", &noisy, &work)?;
+    let started = Instant::now();
+    let status = std::process::Command::new("sh").args(["-c", LONG_LINE]).stdout(Stdio::null()).status()?;
+    if !status.success() {
+        bail!("the long line's script failed");
+    }
+    let script_alone = started.elapsed();
+    let bound = format!("bound {MEMORY_BOUND_MIB:.0} MiB");
+    let row = |what: &str, measured: &Measured| Row {
+        what: format!("peak memory of `knotless-run run`, {what}"),
+        ours: format!("{:.1} MiB in {:.1} s", measured.peak_mib, measured.elapsed.as_secs_f64()),
+        reference: bound.clone(),
+        ratio: measured.peak_mib / MEMORY_BOUND_MIB,
+    };
+    let mut rows = vec![
+        row("1 GB of step output in 60-byte lines", &lines),
+        row("one 100 MB line of step output", &long_line),
+        row("an executor writing 300 MB on stderr in one line", &stderr),
+    ];
+    rows.push(Row {
+        what: format!(
+            "one 100 MB line of step output through `knotless-run run`, whole run (reference: the step's script to /dev/null; bound {} s)",
+            LONG_LINE_BOUND.as_secs()
+        ),
+        ours: millis(long_line.elapsed),
+        reference: millis(script_alone),
+        ratio: long_line.elapsed.as_secs_f64() / script_alone.as_secs_f64(),
+    });
     Ok(rows)
 }

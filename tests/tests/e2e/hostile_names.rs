@@ -110,3 +110,61 @@ fn every_name_the_runner_accepts_runs_under_docker_too() {
         assert!(run.stdout.contains(&format!("{name}: success")), "{name}\n{both}");
     }
 }
+
+/// Runs the workflow `outs` of `repo` with `executor` (`shell`, or `docker` on the test
+/// image), its outputs kept under `outputs`.
+fn run_outputs(repo: &Repo, executor: &str, outputs: &std::path::Path) -> knotless_tests::Ran {
+    let work = tempfile::tempdir().expect("tempdir");
+    let repo = repo.path().display().to_string();
+    let outputs = outputs.display().to_string();
+    let work_dir = format!("work-dir={}", work.path().display());
+    let mut args = vec!["run", &repo, "--executor", executor, "--outputs", &outputs];
+    if executor == "docker" {
+        args.extend(["--image", "knotless-test/busybox:1"]);
+    } else {
+        args.extend(["--executor-option", &work_dir]);
+    }
+    ran(knotless_run(&args))
+}
+
+/// Outputs past the runner's bound of 256 MiB fail the run naming the bound and the entry, and
+/// leave no half-unpacked folder; a sparse output under the bound arrives sparse.
+fn outputs_over_the_bound_and_sparse(executor: &str) {
+    use std::os::unix::fs::MetadataExt as _;
+    let repo = Repo::new();
+    let place = tempfile::tempdir().expect("tempdir");
+    let outputs = place.path().join("outs");
+    repo.workflow(
+        "outs",
+        "steps:\n  - name: write\n    run: |\n      cd \"$KNOTLESS_RUN_OUTPUTS\"\n      echo small > a.txt\n      truncate -s 300M huge\n",
+    );
+    let run = run_outputs(&repo, executor, &outputs);
+    let both = run.both();
+    assert_ne!(run.code, Some(0), "{both}");
+    assert!(both.contains("over its bound of 268435456 bytes at entry") && both.contains("huge"), "{both}");
+    assert!(!outputs.join("outs").exists(), "a half-unpacked outputs folder is left\n{both}");
+    let leftovers: Vec<_> =
+        std::fs::read_dir(&outputs).into_iter().flatten().flatten().map(|entry| entry.path()).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}\n{both}");
+
+    repo.workflow(
+        "outs",
+        "steps:\n  - name: write\n    run: |\n      cd \"$KNOTLESS_RUN_OUTPUTS\"\n      truncate -s 64M sparse\n      echo end >> sparse\n",
+    );
+    let run = run_outputs(&repo, executor, &outputs);
+    let both = run.both();
+    assert_eq!(run.code, Some(0), "{both}");
+    let metadata = std::fs::metadata(outputs.join("outs/sparse")).expect("the sparse output");
+    assert_eq!(metadata.len(), (64 << 20) + 4, "{both}");
+    assert!(metadata.blocks() * 512 < 1 << 20, "{} blocks for 64 MiB of zeros\n{both}", metadata.blocks());
+}
+
+#[test]
+fn shell_outputs_over_the_bound_name_it_and_sparse_ones_stay_sparse() {
+    outputs_over_the_bound_and_sparse("shell");
+}
+
+#[test]
+fn docker_outputs_over_the_bound_name_it_and_sparse_ones_stay_sparse() {
+    outputs_over_the_bound_and_sparse("docker");
+}
