@@ -358,3 +358,21 @@ async fn a_timed_out_step_loses_every_process_however_it_hides() {
     assert_eq!(harness.output("hide", 1, "stdout"), "checked\n", "a hidden process outlived its step");
     harness.finish().await;
 }
+
+#[tokio::test]
+async fn the_end_of_stdin_ends_running_steps_and_removes_every_container_but_kept_ones() {
+    let mut harness = Harness::new().await;
+    harness.start("gone").await;
+    harness.request("start", json!({"session": "kept", "keep": true, "timeout_ms": 60_000})).await.expect("start");
+    let params = json!({"session": "gone", "step": 0, "script": "echo running; sleep 600", "timeout_ms": 600_000});
+    let (_, _running) = harness.send("command", params).await;
+    let started = std::time::Instant::now();
+    while harness.output("gone", 0, "stdout") != "running\n" {
+        assert!(started.elapsed() < Duration::from_secs(30), "the step never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    harness.close_input().await;
+    let left = containers_of(&harness.runner_id);
+    assert_eq!(left, [harness.container("kept")], "only the kept container stays");
+    docker(&["rm", "--force", &harness.container("kept")]);
+}

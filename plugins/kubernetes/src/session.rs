@@ -1,7 +1,6 @@
 //! `start`, `stop` and `shutdown`: the runner's NetworkPolicy, the session's Job, the wait for
 //! its pod to be Ready (ending fast, with the cause, when it never will), and the Job's delete.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use knotless_protocol::sdk::Context;
@@ -29,20 +28,10 @@ pub struct Session {
     pub namespace: String,
     /// The image.
     pub image: String,
-    /// The nonce of this session's step markers (each step's sentinel has a fresh one).
-    pub nonce: String,
     /// The label selector of this session's objects.
     pub selector: String,
-    /// Steps run so far, for unique markers.
-    pub steps: AtomicU64,
-}
-
-/// A fresh nonce: time, process and a counter, hashed.
-pub fn nonce() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let seed = format!("{nanos}/{}/{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
-    format!("kl{:016x}{:08x}", names::hash(&seed), names::hash(&format!("{seed}!")) & 0xffff_ffff)
+    /// Started with `keep`: `stop` and `shutdown` leave its Job in place.
+    pub keep: bool,
 }
 
 /// The selector of one session's objects.
@@ -111,9 +100,8 @@ pub async fn start(
                 pod,
                 namespace: config.namespace.clone(),
                 image,
-                nonce: nonce(),
                 selector,
-                steps: AtomicU64::new(0),
+                keep: params.keep,
             };
             executor.sessions().insert(params.session.clone(), std::sync::Arc::new(session));
             Ok(description)
@@ -243,7 +231,7 @@ pub async fn stop(
     let kubectl = executor.kubectl()?;
     let session =
         executor.sessions().remove(&params.session).ok_or_else(|| ExecutorError::unknown_session(&params.session))?;
-    if params.keep {
+    if params.keep || session.keep {
         tracing::info!(job = %session.job, namespace = %session.namespace, image = %session.image, "job kept");
         return Ok(StopResult::default());
     }
@@ -267,11 +255,16 @@ pub async fn stop(
     Ok(StopResult { removed })
 }
 
-/// `shutdown`: deletes the Job of every session still here (kept ones were forgotten at stop).
+/// `shutdown`: deletes the Job of every session still here but those started with `keep`
+/// (and those kept at `stop`, which were forgotten then).
 pub async fn shutdown(executor: &KubernetesExecutor) {
     let Ok(kubectl) = executor.kubectl() else { return };
     let sessions: Vec<_> = lock(&executor.sessions).drain().map(|(_, session)| session).collect();
     for session in &sessions {
+        if session.keep {
+            tracing::info!(job = %session.job, namespace = %session.namespace, "keeping the job at shutdown");
+            continue;
+        }
         let _ = delete_job(&kubectl, &session.job, &session.selector, &session.image).await;
     }
     let _ = retire_policy(executor, &kubectl).await;

@@ -338,3 +338,45 @@ async fn a_timed_out_step_loses_every_process_however_it_hides() {
     stop(session).await.expect("stop");
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_end_of_stdin_deletes_every_job_but_kept_ones() {
+    let cluster = Cluster::new();
+    let runner = Cluster::runner_id();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_knotless-executor-kubernetes"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("executor");
+    let mut input = child.stdin.take().expect("stdin");
+    let mut output = BufReader::new(child.stdout.take().expect("stdout"));
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocol_versions": [1], "runner": {"name": "knotless-run", "version": "0", "id": runner}, "config": cluster.options()}});
+    let kept = knotless_protocol::StartParams { keep: true, ..start_params("kept") };
+    let starts = [
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "start", "params": start_params("gone")}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "start", "params": kept}),
+    ];
+    for message in std::iter::once(initialize).chain(starts) {
+        writeln!(input, "{message}").expect("write");
+        let mut line = String::new();
+        while !line.contains("\"id\"") {
+            line.clear();
+            assert!(output.read_line(&mut line).expect("answer") > 0, "the executor closed its stdout");
+        }
+        assert!(line.contains("\"result\""), "{line}");
+    }
+    assert_eq!(cluster.leftovers().iter().filter(|object| object.starts_with("Job/")).count(), 2);
+    // Its runner died: stdin ends.
+    drop(input);
+    let status = child.wait().expect("the executor exits");
+    assert!(status.success(), "{status:?}");
+    let jobs: Vec<String> = cluster.leftovers().into_iter().filter(|object| object.starts_with("Job/")).collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert!(jobs[0].contains("kept"), "{jobs:?}");
+    let host = cluster.host(&runner).await;
+    host.cleanup(Duration::from_secs(60)).await.expect("cleanup");
+    host.shutdown().await;
+    assert_eq!(cluster.leftovers(), Vec::<String>::new());
+}

@@ -187,12 +187,17 @@ impl Harness {
         (answered, bytes)
     }
 
-    /// Closes the executor's stdin, waits for `serve_io` to return, and checks that no
-    /// container of this runner id is left.
-    pub async fn finish(mut self) {
+    /// Closes the executor's stdin (its runner died) and waits for `serve_io` to return.
+    pub async fn close_input(&mut self) {
         *self.input.lock().await = None;
         let served = self.served.take().expect("served once");
         tokio::time::timeout(ANSWER_WITHIN, served).await.expect("serve_io returns").expect("join").expect("serve_io");
+    }
+
+    /// Closes the executor's stdin, waits for `serve_io` to return, and checks that no
+    /// container of this runner id is left.
+    pub async fn finish(mut self) {
+        self.close_input().await;
         assert_eq!(containers_of(&self.runner_id), Vec::<String>::new(), "containers left by {}", self.runner_id);
     }
 }
