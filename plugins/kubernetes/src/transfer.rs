@@ -1,12 +1,16 @@
 //! `upload` and `download`: tar streams between the side channel and `kubectl exec -i` of
 //! `tar x` / `tar c` in the pod, which keeps modes, symlinks, executable bits and empty
-//! folders. The SDK bounds the bytes and the deadline; a missing folder is `NOT_FOUND`.
+//! folders; every uploaded entry is vetted on its way
+//! ([`knotless_protocol::tarball::copy_vetted`]). The SDK bounds the bytes and the deadline; a
+//! missing folder is `NOT_FOUND`.
 
 use std::process::Stdio;
 
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
+use knotless_protocol::tarball::{self, UnpackError};
 use knotless_protocol::*;
 use tokio::io::AsyncWriteExt;
+use tokio_util::io::SyncIoBridge;
 
 use crate::KubernetesExecutor;
 use crate::kubectl;
@@ -42,7 +46,7 @@ fn absolute(path: &str) -> Result<String, ExecutorError> {
 pub async fn upload(
     executor: &KubernetesExecutor,
     params: &TransferParams,
-    mut data: UploadStream,
+    data: UploadStream,
     _context: Context,
 ) -> Result<(), ExecutorError> {
     let kubectl = executor.kubectl()?;
@@ -53,17 +57,28 @@ pub async fn upload(
     let mut child = command
         .spawn()
         .map_err(|error| ExecutorError::infrastructure(format!("cannot run kubectl exec to upload {path}: {error}")))?;
-    let mut stdin = child.stdin.take().ok_or_else(|| ExecutorError::infrastructure("kubectl exec has no stdin"))?;
-    let copied = tokio::io::copy(&mut data, &mut stdin).await;
-    let _ = stdin.shutdown().await;
-    drop(stdin);
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|error| ExecutorError::infrastructure(format!("kubectl exec to upload {path}: {error}")))?;
+    let stdin = child.stdin.take().ok_or_else(|| ExecutorError::infrastructure("kubectl exec has no stdin"))?;
+    // Entries are vetted on their way: `tar x` in the pod would unpack device nodes and `..`.
+    let feed = tokio::task::spawn_blocking(move || {
+        let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
+        let mut output = SyncIoBridge::new(stdin);
+        let copied = tarball::copy_vetted(&mut input, &mut output);
+        let _ = output.shutdown();
+        copied
+    });
+    let (copied, output) = tokio::join!(feed, child.wait_with_output());
+    let output =
+        output.map_err(|error| ExecutorError::infrastructure(format!("kubectl exec to upload {path}: {error}")))?;
     let stderr = String::from_utf8_lossy(&output.stderr).trim().replace('\n', " | ");
-    if let Err(error) = copied {
-        return Err(ExecutorError::infrastructure(format!("the upload into {path} failed: {error}; {stderr}")));
+    match copied {
+        Ok(Ok(_)) => {}
+        Ok(Err(refusal @ UnpackError::Refused { .. })) => {
+            return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {path}: {refusal}")));
+        }
+        Ok(Err(error)) => {
+            return Err(ExecutorError::infrastructure(format!("the upload into {path} broke off: {error}; {stderr}")));
+        }
+        Err(error) => return Err(ExecutorError::infrastructure(format!("the upload into {path} failed: {error}"))),
     }
     if !output.status.success() {
         return Err(ExecutorError::infrastructure(format!(

@@ -380,3 +380,32 @@ async fn the_end_of_stdin_deletes_every_job_but_kept_ones() {
     host.shutdown().await;
     assert_eq!(cluster.leftovers(), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn an_upload_with_a_device_node_or_a_climbing_path_is_refused() {
+    let cluster = Cluster::new();
+    let (host, session) = open(&cluster).await;
+    for (entry_type, name) in [(tar::EntryType::Block, "disk"), (tar::EntryType::Regular, "../../etc/planted")] {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_old();
+        let field = &mut header.as_old_mut().name;
+        field[..name.len()].copy_from_slice(name.as_bytes());
+        header.set_entry_type(entry_type);
+        header.set_size(0);
+        header.set_mode(0o666);
+        header.set_cksum();
+        builder.append(&header, std::io::empty()).expect("append");
+        let archive = builder.into_inner().expect("finish");
+        let never = CancellationToken::new();
+        let error = session
+            .upload("/work/in", archive.as_slice(), 1 << 20, Duration::from_secs(60), &never)
+            .await
+            .expect_err("refused");
+        assert_eq!(error.kind(), Some(ErrorKind::TooLarge), "{error}");
+        assert!(error.to_string().contains(&format!("refused tar entry {name:?}")), "{error}");
+    }
+    let ran = step(&session, "test ! -e /work/in/disk && test ! -e /etc/planted && echo clean", 30_000, &[]).await;
+    assert_eq!(ran.stdout, "clean\n");
+    stop(session).await.expect("stop");
+    host.shutdown().await;
+}
