@@ -2,11 +2,14 @@
 //!
 //! `docker cp - <container>:<folder>` unpacks stdin into an existing folder (created first),
 //! owned by the container's root, keeping modes, symlinks and empty folders; every entry is
-//! vetted on its way ([`knotless_protocol::tarball::copy_vetted`]).
+//! vetted on its way ([`knotless_protocol::tarball::copy_vetted`]). An upload goes into a
+//! staging folder inside its destination first and is merged in only once whole
+//! ([`knotless_protocol::sdk::remote::MERGE`]), so a refused one leaves nothing behind.
 //! `docker cp <container>:<folder>/. -` packs the folder's contents with entries relative to
 //! it (`./a/b`), which is what the protocol's download carries. The SDK counts the bytes and
 //! enforces the bound; the deadline drops these futures, and every child is killed on drop.
 
+use knotless_protocol::sdk::remote;
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
 use knotless_protocol::tarball::{self, UnpackError};
 use knotless_protocol::*;
@@ -18,7 +21,9 @@ use crate::argv;
 use crate::docker::{Docker, Failure, SHORT_CALL, tail};
 use crate::session::Session;
 
-/// `upload`: unpacks the whole stream at `params.path`, created if missing.
+/// `upload`: unpacks the whole stream at `params.path`, created if missing: into a staging
+/// folder inside it first, merged in only once whole and vetted, so a refused or broken
+/// upload leaves the destination as it was.
 pub async fn upload(
     executor: &DockerExecutor,
     params: &TransferParams,
@@ -29,13 +34,37 @@ pub async fn upload(
     let session = executor.session(&params.session)?;
     let path = session.resolve(&params.path)?;
     let docker = &config.docker;
-    if let Err(failure) = docker.output(&argv::make_folders(&session.container, &[&path]), SHORT_CALL).await {
+    let staging = remote::staging_path(&path)?;
+    if let Err(failure) = docker.output(&argv::make_folders(&session.container, &[&staging]), SHORT_CALL).await {
         return Err(failed(docker, &session, &format!("cannot create {path} for an upload"), &failure).await);
     }
-    let mut child =
-        docker.command(&argv::copy_in(&session.container, &path)).stdin(std::process::Stdio::piped()).spawn().map_err(
-            |error| ExecutorError::infrastructure(format!("cannot run the docker CLI for an upload: {error}")),
-        )?;
+    let unpacked = copy_in(docker, &session, &staging, &path, data).await;
+    let (finish, what) = match &unpacked {
+        Ok(()) => (remote::merge_argv(&staging, &path), "cannot move the upload into place"),
+        Err(_) => (remote::discard_argv(&staging), "cannot remove a refused upload"),
+    };
+    if let Err(failure) = docker.output(&argv::exec(&session.container, &finish), SHORT_CALL).await {
+        let error = failed(docker, &session, &format!("{what} at {path}"), &failure).await;
+        return unpacked.and(Err(error));
+    }
+    unpacked?;
+    tracing::info!(session = %session.id, container = %session.container, %path, "uploaded");
+    Ok(())
+}
+
+/// `docker cp` of the vetted stream into the folder `staging`.
+async fn copy_in(
+    docker: &Docker,
+    session: &Session,
+    staging: &str,
+    path: &str,
+    data: UploadStream,
+) -> Result<(), ExecutorError> {
+    let mut child = docker
+        .command(&argv::copy_in(&session.container, staging))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot run the docker CLI for an upload: {error}")))?;
     let Some(stdin) = child.stdin.take() else {
         return Err(ExecutorError::infrastructure("docker cp has no stdin"));
     };
@@ -63,9 +92,8 @@ pub async fn upload(
     }
     if !output.status.success() {
         let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };
-        return Err(failed(docker, &session, &format!("cannot upload into {path}"), &failure).await);
+        return Err(failed(docker, session, &format!("cannot upload into {path}"), &failure).await);
     }
-    tracing::info!(session = %session.id, container = %session.container, %path, "uploaded");
     Ok(())
 }
 

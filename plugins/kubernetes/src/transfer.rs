@@ -6,6 +6,7 @@
 
 use std::process::Stdio;
 
+use knotless_protocol::sdk::remote;
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
 use knotless_protocol::tarball::{self, UnpackError};
 use knotless_protocol::*;
@@ -13,7 +14,8 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::io::SyncIoBridge;
 
 use crate::KubernetesExecutor;
-use crate::kubectl;
+use crate::kubectl::{self, Kubectl};
+use crate::session::{CALL_LIMIT, Session};
 
 /// The exit code of the download script when the folder is missing.
 const MISSING: i32 = 66;
@@ -52,7 +54,32 @@ pub async fn upload(
     let kubectl = executor.kubectl()?;
     let session = executor.session(&params.session)?;
     let path = absolute(&params.path)?;
-    let mut command = kubectl.command(&upload_args(&session.pod, &path));
+    // Unpacked into a staging folder inside the destination, merged in only once whole.
+    let staging = remote::staging_path(&path)?;
+    let unpacked = unpack(&kubectl, &session, &staging, &path, data).await;
+    let finish = match &unpacked {
+        Ok(()) => remote::merge_argv(&staging, &path),
+        Err(_) => remote::discard_argv(&staging),
+    };
+    let finish: Vec<&str> = finish.iter().map(String::as_str).collect();
+    if let Err(error) = kubectl.ok(&kubectl::exec_args(&session.pod, &finish), None, CALL_LIMIT).await {
+        let error = ExecutorError::infrastructure(format!("cannot finish the upload into {path}: {}", error.message));
+        return unpacked.and(Err(error));
+    }
+    unpacked?;
+    tracing::info!(job = %session.job, namespace = %session.namespace, path = %path, "uploaded");
+    Ok(())
+}
+
+/// `tar x` of the vetted stream into the folder `staging` in the pod.
+async fn unpack(
+    kubectl: &Kubectl,
+    session: &Session,
+    staging: &str,
+    path: &str,
+    data: UploadStream,
+) -> Result<(), ExecutorError> {
+    let mut command = kubectl.command(&upload_args(&session.pod, staging));
     command.stdin(Stdio::piped());
     let mut child = command
         .spawn()
@@ -86,7 +113,6 @@ pub async fn upload(
             session.pod
         )));
     }
-    tracing::info!(job = %session.job, namespace = %session.namespace, path = %path, "uploaded");
     Ok(())
 }
 

@@ -43,6 +43,56 @@ pub const SWEEP_WITHIN: Duration = Duration::from_secs(30);
 /// How much of a step's last stderr is kept for the error of a lost stream.
 const TAIL: usize = 4096;
 
+/// Moves an unpacked upload from its staging folder `$1` (made inside the destination `$2`)
+/// into `$2`: merged entry by entry into folders, an entry replacing a file or a link of the
+/// same path (a link is never followed), then removes the staging folder. So an upload is
+/// unpacked whole, and vetted, before anything of it reaches the destination; a refused one
+/// only needs its staging folder removed ([`discard_argv`]). A file that would replace a
+/// folder is refused before anything moves, the staging folder removed. POSIX `sh`, `mv`
+/// and `rm`.
+pub const MERGE: &str = r#"check() {
+  if [ -d "$2" ] && [ ! -L "$2" ]; then
+    if [ -d "$1" ] && [ ! -L "$1" ]; then
+      for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        [ -e "$e" ] || [ -L "$e" ] || continue
+        check "$e" "$2/${e##*/}" || return 1
+      done
+    else
+      echo "cannot replace the folder $2 with a file" >&2; return 1
+    fi
+  fi
+}
+merge() {
+  if [ -d "$1" ] && [ ! -L "$1" ] && [ -d "$2" ] && [ ! -L "$2" ]; then
+    for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+      [ -e "$e" ] || [ -L "$e" ] || continue
+      merge "$e" "$2/${e##*/}" || return 1
+    done
+    rmdir -- "$1"
+  elif [ -d "$2" ] && [ ! -L "$2" ]; then
+    echo "cannot replace the folder $2 with a file" >&2; return 1
+  else
+    rm -f -- "$2" && mv -- "$1" "$2"
+  fi
+}
+check "$1" "$2" && merge "$1" "$2" || { rm -rf -- "$1"; exit 1; }"#;
+
+/// Where an upload into `dest` is unpacked first: a fresh folder inside it, so that it is on
+/// the same filesystem and writable where the destination is.
+pub fn staging_path(dest: &str) -> Result<String, ExecutorError> {
+    Ok(format!("{}/.knotless-upload-{}", dest.trim_end_matches('/'), payload::random_hex(8)?))
+}
+
+/// The argv that merges a staged upload into its destination (see [`MERGE`]).
+pub fn merge_argv(staging: &str, dest: &str) -> Vec<String> {
+    ["sh", "-c", MERGE, "sh", staging, dest].into_iter().map(str::to_string).collect()
+}
+
+/// The argv that removes a refused upload's staging folder.
+pub fn discard_argv(staging: &str) -> Vec<String> {
+    ["rm", "-rf", "--", staging].into_iter().map(str::to_string).collect()
+}
+
 /// A stream from the environment.
 pub type Reader = Box<dyn AsyncRead + Unpin + Send>;
 
@@ -300,5 +350,51 @@ impl StepStreams {
                 () = &mut settle => break,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn a_staged_upload_merges_in_and_never_through_a_link() {
+        let outside = tempfile::tempdir().expect("tempdir");
+        let dest = tempfile::tempdir().expect("tempdir");
+        let root = dest.path();
+        fs::create_dir(root.join("sub")).expect("mkdir");
+        fs::write(root.join("sub/old"), "old").expect("write");
+        fs::write(root.join("file"), "before").expect("write");
+        symlink(outside.path(), root.join("escape")).expect("symlink");
+        let staging = staging_path(&root.to_string_lossy()).expect("staging");
+        let staged = std::path::Path::new(&staging);
+        fs::create_dir_all(staged.join("sub")).expect("mkdir");
+        fs::create_dir_all(staged.join("escape")).expect("mkdir");
+        fs::write(staged.join("sub/new"), "new").expect("write");
+        fs::write(staged.join("escape/planted"), "planted").expect("write");
+        fs::write(staged.join("file"), "after").expect("write");
+        fs::write(staged.join(".hidden"), "hidden").expect("write");
+        let argv = merge_argv(&staging, &root.to_string_lossy());
+        let output = std::process::Command::new(&argv[0]).args(&argv[1..]).output().expect("sh");
+        assert!(output.status.success(), "{output:?}");
+        assert!(!staged.exists(), "the staging folder is gone");
+        assert_eq!(fs::read_to_string(root.join("sub/old")).expect("old"), "old");
+        assert_eq!(fs::read_to_string(root.join("sub/new")).expect("new"), "new");
+        assert_eq!(fs::read_to_string(root.join("file")).expect("file"), "after");
+        assert_eq!(fs::read_to_string(root.join(".hidden")).expect("hidden"), "hidden");
+        assert!(!root.join("escape").is_symlink(), "the link was replaced, not followed");
+        assert_eq!(fs::read_dir(outside.path()).expect("list").count(), 0);
+        // A file over a folder is refused.
+        let staging = staging_path(&root.to_string_lossy()).expect("staging");
+        fs::create_dir_all(&staging).expect("mkdir");
+        fs::write(std::path::Path::new(&staging).join("sub"), "a file").expect("write");
+        let argv = merge_argv(&staging, &root.to_string_lossy());
+        let output = std::process::Command::new(&argv[0]).args(&argv[1..]).output().expect("sh");
+        assert!(!output.status.success());
+        assert!(String::from_utf8_lossy(&output.stderr).contains("cannot replace the folder"), "{output:?}");
+        assert!(!std::path::Path::new(&staging).exists(), "a refused merge removes its staging folder");
+        assert_eq!(fs::read_to_string(root.join("sub/old")).expect("old"), "old");
     }
 }
