@@ -64,16 +64,33 @@ async fn git_line(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
 }
 
 impl Checkout {
-    /// The checkout of `path` (a folder) at `rev`, or its working tree when `rev` is `None`.
-    pub async fn resolve(path: &Path, rev: Option<&str>) -> anyhow::Result<(Checkout, CheckoutInfo)> {
-        let root = std::fs::canonicalize(path).with_context(|| format!("no folder {}", path.display()))?;
-        if !root.is_dir() {
-            bail!("{} is not a folder", root.display());
+    /// The checkout, for messages: its folder, and the commit when it is one.
+    pub fn describe(&self) -> String {
+        match self {
+            Checkout::WorkingTree { root, .. } => root.display().to_string(),
+            Checkout::Revision { repo, commit } => format!("{} at {}", repo.display(), &commit[..commit.len().min(12)]),
         }
+    }
+
+    /// The checkout of `path` (a folder, or any folder of a git work tree: its root is
+    /// taken) at `rev`, or its working tree when `rev` is `None`.
+    pub async fn resolve(path: &Path, rev: Option<&str>) -> anyhow::Result<(Checkout, CheckoutInfo)> {
+        let given = std::fs::canonicalize(path).with_context(|| format!("no folder {}", path.display()))?;
+        if !given.is_dir() {
+            bail!("{} is not a folder", given.display());
+        }
+        let git_tree =
+            git_line(&given, &["rev-parse", "--is-inside-work-tree"]).await.is_ok_and(|answer| answer == "true");
+        // In a subfolder of a repository, the repository is its root, as git sees it.
+        let root = match git_tree {
+            true => match git_line(&given, &["rev-parse", "--show-toplevel"]).await {
+                Ok(top) if !top.is_empty() => std::fs::canonicalize(&top).unwrap_or(given),
+                _ => given,
+            },
+            false => given,
+        };
         let repository =
             root.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_else(|| "repository".into());
-        let git_tree =
-            git_line(&root, &["rev-parse", "--is-inside-work-tree"]).await.is_ok_and(|answer| answer == "true");
         match rev {
             Some(rev) => {
                 let spec = format!("{rev}^{{commit}}");

@@ -80,6 +80,22 @@ fn host_runner_id() -> String {
     if safe.is_empty() { "knotless".to_string() } else { safe }
 }
 
+/// The subcommands, named when a REPO looks like a mistyped one.
+const SUBCOMMANDS: &str = "run, plugin, checks, logs, notify, secrets";
+
+/// Refuses a REPO that is neither a URL (`scheme://`, or `host:path` as git takes it) nor a
+/// path that exists: most often a mistyped subcommand, which must not start the daemon.
+fn check_repository(repository: &str) -> anyhow::Result<()> {
+    let url = repository.contains("://") || repository.split_once(':').is_some_and(|(host, _)| !host.contains('/'));
+    if url || std::path::Path::new(repository).exists() {
+        return Ok(());
+    }
+    bail!(
+        "{repository:?} is not a repository (no such path, and not a URL) nor a subcommand: \
+         the subcommands are {SUBCOMMANDS} (knotless-run --help)"
+    )
+}
+
 /// Runs the daemon.
 pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     if args.repositories.is_empty() && args.discover.is_none() {
@@ -89,6 +105,10 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         if !dir.is_dir() {
             bail!("--discover {}: not a folder", dir.display());
         }
+    }
+    // Before anything is made: a mistyped subcommand is not a repository to watch.
+    for repository in &args.repositories {
+        check_repository(repository)?;
     }
     let state = &args.state.state;
     std::fs::create_dir_all(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;

@@ -70,6 +70,10 @@ impl LogSink for Terminal {
 pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (checkout, info) = Checkout::resolve(&args.path, args.rev.as_deref()).await?;
     let (mut workflows, errors) = checkout.workflows().await?;
+    if workflows.is_empty() && errors.is_empty() {
+        // Nothing ran is no pass: a script must not read it as one.
+        bail!("no workflows in {}: add .knotless/workflows/NAME.yml", checkout.describe());
+    }
     for error in &errors {
         crate::say_err!("error: {}", printable::name(&error.to_string()));
     }

@@ -256,3 +256,46 @@ fn no_process_of_a_secret_step_outlives_it_on_the_host_however_it_hides() {
     assert_eq!(checked, ["hide/check | checked"], "{stdout}");
     assert_eq!(holding("e2e-hidden-s3cret"), Vec::<String>::new());
 }
+
+#[test]
+fn a_mistyped_subcommand_is_refused_and_makes_nothing() {
+    let place = tempfile::tempdir().expect("tempdir");
+    let state = place.path().join("state");
+    let state_flag = state.display().to_string();
+    for args in [vec!["version"], vec!["completions", "bash"], vec!["rnu", "--executor", "shell"]] {
+        let mut args = args.clone();
+        args.extend(["--state", &state_flag]);
+        let run = ran(knotless_run(&args));
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.both());
+        assert!(
+            run.stderr.contains("is not a repository") && run.stderr.contains("run, plugin, checks"),
+            "{}",
+            run.both()
+        );
+        assert!(!state.exists(), "{args:?} made the state folder");
+    }
+}
+
+#[test]
+fn run_in_a_subfolder_runs_the_repository_and_no_workflow_is_no_pass() {
+    let repo = Repo::new();
+    repo.workflow("hello", "steps:\n  - name: hi\n    run: echo from the root\n");
+    let sub = repo.path().join("src/deep");
+    std::fs::create_dir_all(&sub).expect("mkdir");
+    let work = tempfile::tempdir().expect("tempdir");
+    let work_dir = format!("work-dir={}", work.path().display());
+    let sub_path = sub.display().to_string();
+    let run = ran(knotless_run(&["run", &sub_path, "--executor", "shell", "--executor-option", &work_dir]));
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    assert!(run.stdout.contains("hello/hi | from the root"), "{}", run.both());
+
+    let empty = tempfile::tempdir().expect("tempdir");
+    let empty_path = empty.path().display().to_string();
+    let run = ran(knotless_run(&["run", &empty_path, "--executor", "shell", "--executor-option", &work_dir]));
+    assert_eq!(run.code, Some(2), "{}", run.both());
+    assert!(
+        run.stderr.contains("no workflows in") && run.stderr.contains(".knotless/workflows/NAME.yml"),
+        "{}",
+        run.both()
+    );
+}
