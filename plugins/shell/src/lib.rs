@@ -53,7 +53,10 @@ impl Default for ShellExecutor {
 
 impl ShellExecutor {
     /// An executor whose steps' reapers are `program`, the `knotless-executor-shell` binary
-    /// (for serving the executor inside another program, as tests do).
+    /// (for serving the executor inside another program, as tests do). The program becomes a
+    /// child subreaper, and when a step kills its reaper, every child of the program that is
+    /// not a reaper is killed as that step's: a program that serves the executor must start
+    /// no children of its own.
     pub fn with_reaper(program: PathBuf) -> Self {
         ShellExecutor {
             config: Mutex::default(),

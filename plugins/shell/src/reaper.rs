@@ -61,14 +61,20 @@ pub fn serve(args: &[OsString]) -> ExitCode {
         eprintln!("usage: knotless-executor-shell {FLAG} SCRIPT (started by the shell executor, not by hand)");
         return ExitCode::from(2);
     };
-    match Supervisor::start(script).and_then(|mut supervisor| supervisor.run()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            // Stderr is the step's: the message lands in the step's log.
-            eprintln!("knotless step reaper: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    let failed = match Supervisor::start(script) {
+        Ok(mut supervisor) => match supervisor.run() {
+            Ok(()) => return ExitCode::SUCCESS,
+            Err(error) => {
+                // The socket broke (the executor died): nobody may be left with the secrets.
+                supervisor.kill(GRACE);
+                error
+            }
+        },
+        Err(error) => error,
+    };
+    // Stderr is the step's: the message lands in the step's log.
+    eprintln!("knotless step reaper: {failed}");
+    ExitCode::FAILURE
 }
 
 /// The reaper's state.

@@ -7,36 +7,16 @@
 #[allow(dead_code)]
 mod support;
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
 use support::*;
 
-/// Leftovers that hide in every way an attacker would, each writing its pid to `pids`.
-const HIDERS: &str = include_str!("../../../tests/scripts/hide.sh");
-const HIDDEN: usize = 5;
-
-fn pids(work: &Path) -> Vec<i32> {
-    let text = std::fs::read_to_string(work.join("pids")).expect("pids written");
-    text.lines().map(|line| line.trim().parse().expect("a pid")).collect()
-}
-
-fn holders(secret: &str) -> Vec<String> {
-    let mut found: Vec<String> = processes_with(&format!("TOKEN={secret}"))
-        .into_iter()
-        .chain(processes_with(&format!("COPY={secret}")))
-        .map(|pid| format!("environ of {pid}"))
-        .collect();
-    found.extend(cmdlines_containing(secret));
-    found
-}
-
 #[tokio::test]
 async fn no_process_of_a_secret_step_outlives_it_however_it_hides() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    let secret = "hidden-s3cret-6d1f0c";
+    let secret = &unique("hidden");
     let params =
         json!({"session": "s", "step": 0, "script": HIDERS, "secrets": {"TOKEN": secret}, "timeout_ms": 60_000});
     let result = harness.request("command", params).await.expect("command");
@@ -84,7 +64,7 @@ async fn what_a_plain_step_hides_lives_until_stop_and_then_dies() {
 async fn a_step_that_kills_its_watcher_loses_its_processes() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    let secret = "watcher-killer-s3cret";
+    let secret = &unique("watcher-killer");
     let script = format!("{HIDERS}\nkill -9 $PPID; sleep 600");
     let params =
         json!({"session": "s", "step": 0, "script": script, "secrets": {"TOKEN": secret}, "timeout_ms": 60_000});
@@ -104,7 +84,7 @@ async fn a_step_that_kills_its_watcher_loses_its_processes() {
 async fn a_step_that_stops_its_watcher_loses_its_processes() {
     let harness = Harness::new().await;
     harness.start("s").await;
-    let secret = "watcher-stopper-s3cret";
+    let secret = &unique("watcher-stopper");
     let script = format!("{HIDERS}\nkill -STOP $PPID; sleep 600");
     let params =
         json!({"session": "s", "step": 0, "script": script, "secrets": {"TOKEN": secret}, "timeout_ms": 3_000});

@@ -1,6 +1,7 @@
 //! The shell executor driven through the protocol in memory: steps, timeouts, secrets,
 //! transfers, stop, cleanup and shutdown, checked against `/proc` and the filesystem.
 
+#[allow(dead_code)]
 mod support;
 
 use std::os::unix::fs::{PermissionsExt, symlink};

@@ -226,3 +226,32 @@ pub fn cmdlines_containing(needle: &str) -> Vec<String> {
 pub fn executor() -> ShellExecutor {
     ShellExecutor::with_reaper(std::path::PathBuf::from(env!("CARGO_BIN_EXE_knotless-executor-shell")))
 }
+
+/// Leftovers that hide in every way an attacker would, each writing its pid to `pids`
+/// (`tests/scripts/hide.sh`), and how many there are.
+pub const HIDERS: &str = include_str!("../../../../tests/scripts/hide.sh");
+pub const HIDDEN: usize = 5;
+
+/// The pids the hiders wrote in `work/pids`.
+pub fn pids(work: &Path) -> Vec<i32> {
+    let text = std::fs::read_to_string(work.join("pids")).expect("pids written");
+    text.lines().map(|line| line.trim().parse().expect("a pid")).collect()
+}
+
+/// Every live process holding `secret` as `TOKEN` or `COPY` in its environment, or anywhere
+/// in its command line.
+pub fn holders(secret: &str) -> Vec<String> {
+    let mut found: Vec<String> = processes_with(&format!("TOKEN={secret}"))
+        .into_iter()
+        .chain(processes_with(&format!("COPY={secret}")))
+        .map(|pid| format!("environ of {pid}"))
+        .collect();
+    found.extend(cmdlines_containing(secret));
+    found
+}
+
+/// A secret value of this test process only: tests scan the whole host's `/proc` for it, and
+/// another run of the same tests must not be taken for a leak.
+pub fn unique(name: &str) -> String {
+    format!("{name}-s3cret-{}", std::process::id())
+}
