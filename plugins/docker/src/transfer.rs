@@ -11,10 +11,8 @@
 
 use knotless_protocol::sdk::remote;
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
-use knotless_protocol::tarball::{self, UnpackError};
 use knotless_protocol::*;
 use tokio::io::{AsyncWriteExt, BufReader};
-use tokio_util::io::SyncIoBridge;
 
 use crate::DockerExecutor;
 use crate::argv;
@@ -69,27 +67,10 @@ async fn copy_in(
         return Err(ExecutorError::infrastructure("docker cp has no stdin"));
     };
     // Entries are vetted on their way: docker cp would unpack device nodes and `..` as given.
-    let feed = tokio::task::spawn_blocking(move || {
-        let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
-        let mut output = SyncIoBridge::new(stdin);
-        let copied = tarball::copy_vetted(&mut input, &mut output);
-        let _ = output.shutdown();
-        copied
-    });
-    let (copied, output) = tokio::join!(feed, child.wait_with_output());
+    let (fed, output) = tokio::join!(remote::feed_vetted(data, stdin, path), child.wait_with_output());
     let output = output
         .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp into {path}: {error}")))?;
-    match copied {
-        Ok(Ok(_)) => {}
-        Ok(Err(refusal @ UnpackError::Refused { .. })) => {
-            return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {path}: {refusal}")));
-        }
-        // Over the bound (the SDK reports it), or the runner's side closed.
-        Ok(Err(refusal)) => {
-            return Err(ExecutorError::infrastructure(format!("the upload into {path} broke off: {refusal}")));
-        }
-        Err(error) => return Err(ExecutorError::infrastructure(format!("the upload into {path} failed: {error}"))),
-    }
+    fed?;
     if !output.status.success() {
         let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };
         return Err(failed(docker, session, &format!("cannot upload into {path}"), &failure).await);

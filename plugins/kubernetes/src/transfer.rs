@@ -8,10 +8,8 @@ use std::process::Stdio;
 
 use knotless_protocol::sdk::remote;
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
-use knotless_protocol::tarball::{self, UnpackError};
 use knotless_protocol::*;
 use tokio::io::AsyncWriteExt;
-use tokio_util::io::SyncIoBridge;
 
 use crate::KubernetesExecutor;
 use crate::kubectl::{self, Kubectl};
@@ -86,27 +84,14 @@ async fn unpack(
         .map_err(|error| ExecutorError::infrastructure(format!("cannot run kubectl exec to upload {path}: {error}")))?;
     let stdin = child.stdin.take().ok_or_else(|| ExecutorError::infrastructure("kubectl exec has no stdin"))?;
     // Entries are vetted on their way: `tar x` in the pod would unpack device nodes and `..`.
-    let feed = tokio::task::spawn_blocking(move || {
-        let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
-        let mut output = SyncIoBridge::new(stdin);
-        let copied = tarball::copy_vetted(&mut input, &mut output);
-        let _ = output.shutdown();
-        copied
-    });
-    let (copied, output) = tokio::join!(feed, child.wait_with_output());
+    let (fed, output) = tokio::join!(remote::feed_vetted(data, stdin, path), child.wait_with_output());
     let output =
         output.map_err(|error| ExecutorError::infrastructure(format!("kubectl exec to upload {path}: {error}")))?;
     let stderr = String::from_utf8_lossy(&output.stderr).trim().replace('\n', " | ");
-    match copied {
-        Ok(Ok(_)) => {}
-        Ok(Err(refusal @ UnpackError::Refused { .. })) => {
-            return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {path}: {refusal}")));
-        }
-        Ok(Err(error)) => {
-            return Err(ExecutorError::infrastructure(format!("the upload into {path} broke off: {error}; {stderr}")));
-        }
-        Err(error) => return Err(ExecutorError::infrastructure(format!("the upload into {path} failed: {error}"))),
-    }
+    fed.map_err(|error| match error.kind {
+        ErrorKind::Infrastructure => ExecutorError::infrastructure(format!("{}; {stderr}", error.message)),
+        _ => error,
+    })?;
     if !output.status.success() {
         return Err(ExecutorError::infrastructure(format!(
             "cannot unpack into {path} in pod {}: {stderr}",

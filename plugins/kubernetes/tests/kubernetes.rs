@@ -154,10 +154,13 @@ async fn a_dropped_exec_stream_is_never_a_result() {
     assert_eq!(cluster.leftovers(), Vec::<String>::new());
 }
 
-#[tokio::test]
-async fn a_runner_killed_mid_run_leaves_a_job_that_cleanup_removes() {
-    let cluster = Cluster::new();
-    let runner = Cluster::runner_id();
+/// The executor's binary as a child of this test, initialized for `runner` on `cluster`, sent
+/// each of `requests` in turn and answered with a result; returns it and its stdin.
+fn spawn_executor(
+    cluster: &Cluster,
+    runner: &str,
+    requests: Vec<serde_json::Value>,
+) -> (std::process::Child, std::process::ChildStdin) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_knotless-executor-kubernetes"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -168,9 +171,7 @@ async fn a_runner_killed_mid_run_leaves_a_job_that_cleanup_removes() {
     let mut output = BufReader::new(child.stdout.take().expect("stdout"));
     let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocol_versions": [1], "runner": {"name": "knotless-run", "version": "0", "id": runner}, "config": cluster.options()}});
-    let start =
-        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "start", "params": start_params("left-behind")});
-    for message in [initialize, start] {
+    for message in std::iter::once(initialize).chain(requests) {
         writeln!(input, "{message}").expect("write");
         let mut line = String::new();
         // Notifications (log lines) may come before the answer.
@@ -180,6 +181,16 @@ async fn a_runner_killed_mid_run_leaves_a_job_that_cleanup_removes() {
         }
         assert!(line.contains("\"result\""), "{line}");
     }
+    (child, input)
+}
+
+#[tokio::test]
+async fn a_runner_killed_mid_run_leaves_a_job_that_cleanup_removes() {
+    let cluster = Cluster::new();
+    let runner = Cluster::runner_id();
+    let start =
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "start", "params": start_params("left-behind")});
+    let (mut child, _input) = spawn_executor(&cluster, &runner, vec![start]);
     child.kill().expect("kill -9");
     child.wait().expect("reaped");
     assert!(cluster.leftovers().iter().any(|object| object.starts_with("Job/")), "{:?}", cluster.leftovers());
@@ -343,30 +354,12 @@ async fn a_timed_out_step_loses_every_process_however_it_hides() {
 async fn the_end_of_stdin_deletes_every_job_but_kept_ones() {
     let cluster = Cluster::new();
     let runner = Cluster::runner_id();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_knotless-executor-kubernetes"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("executor");
-    let mut input = child.stdin.take().expect("stdin");
-    let mut output = BufReader::new(child.stdout.take().expect("stdout"));
-    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocol_versions": [1], "runner": {"name": "knotless-run", "version": "0", "id": runner}, "config": cluster.options()}});
     let kept = knotless_protocol::StartParams { keep: true, ..start_params("kept") };
-    let starts = [
+    let starts = vec![
         serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "start", "params": start_params("gone")}),
         serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "start", "params": kept}),
     ];
-    for message in std::iter::once(initialize).chain(starts) {
-        writeln!(input, "{message}").expect("write");
-        let mut line = String::new();
-        while !line.contains("\"id\"") {
-            line.clear();
-            assert!(output.read_line(&mut line).expect("answer") > 0, "the executor closed its stdout");
-        }
-        assert!(line.contains("\"result\""), "{line}");
-    }
+    let (mut child, input) = spawn_executor(&cluster, &runner, starts);
     assert_eq!(cluster.leftovers().iter().filter(|object| object.starts_with("Job/")).count(), 2);
     // Its runner died: stdin ends.
     drop(input);

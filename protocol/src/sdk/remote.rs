@@ -88,6 +88,35 @@ pub fn merge_argv(staging: &str, dest: &str) -> Vec<String> {
     ["sh", "-c", MERGE, "sh", staging, dest].into_iter().map(str::to_string).collect()
 }
 
+/// Copies an upload to the stdin of a tool that unpacks it in the environment (`docker cp`,
+/// `tar x`), vetting every entry on its way ([`crate::tarball::copy_vetted`]), then closes
+/// that stdin. A refused entry is `TOO_LARGE` naming it; a broken stream (over the bound, or
+/// the runner's side closed) an infrastructure error. `path` names the destination.
+pub async fn feed_vetted<W>(data: crate::sdk::UploadStream, stdin: W, path: &str) -> Result<(), ExecutorError>
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    use crate::error::ErrorKind;
+    use crate::tarball::UnpackError;
+    use tokio_util::io::SyncIoBridge;
+    let fed = tokio::task::spawn_blocking(move || {
+        let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
+        let mut output = SyncIoBridge::new(stdin);
+        let copied = crate::tarball::copy_vetted(&mut input, &mut output);
+        let _ = output.shutdown();
+        copied
+    })
+    .await;
+    match fed {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(refusal @ UnpackError::Refused { .. })) => {
+            Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot upload into {path}: {refusal}")))
+        }
+        Ok(Err(error)) => Err(ExecutorError::infrastructure(format!("the upload into {path} broke off: {error}"))),
+        Err(error) => Err(ExecutorError::infrastructure(format!("the upload into {path} failed: {error}"))),
+    }
+}
+
 /// The argv that removes a refused upload's staging folder.
 pub fn discard_argv(staging: &str) -> Vec<String> {
     ["rm", "-rf", "--", staging].into_iter().map(str::to_string).collect()
