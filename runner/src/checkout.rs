@@ -72,8 +72,9 @@ impl Checkout {
         }
     }
 
-    /// The checkout of `path` (a folder, or any folder of a git work tree: its root is
-    /// taken) at `rev`, or its working tree when `rev` is `None`.
+    /// The checkout of `path` at `rev`, or its working tree when `rev` is `None`. In a git
+    /// work tree, `path` may be any folder under the repository: the nearest folder up from
+    /// it (to the work tree's root) that holds `.knotless/workflows` is taken, else the root.
     pub async fn resolve(path: &Path, rev: Option<&str>) -> anyhow::Result<(Checkout, CheckoutInfo)> {
         let given = std::fs::canonicalize(path).with_context(|| format!("no folder {}", path.display()))?;
         if !given.is_dir() {
@@ -81,10 +82,19 @@ impl Checkout {
         }
         let git_tree =
             git_line(&given, &["rev-parse", "--is-inside-work-tree"]).await.is_ok_and(|answer| answer == "true");
-        // In a subfolder of a repository, the repository is its root, as git sees it.
+        // In a subfolder of a repository: the nearest folder up to the work tree's root that
+        // holds `.knotless/workflows`, or that root.
         let root = match git_tree {
             true => match git_line(&given, &["rev-parse", "--show-toplevel"]).await {
-                Ok(top) if !top.is_empty() => std::fs::canonicalize(&top).unwrap_or(given),
+                Ok(top) if !top.is_empty() => {
+                    let top = std::fs::canonicalize(&top).unwrap_or_else(|_| given.clone());
+                    given
+                        .ancestors()
+                        .take_while(|folder| folder.starts_with(&top))
+                        .find(|folder| folder.join(".knotless/workflows").is_dir())
+                        .map(Path::to_path_buf)
+                        .unwrap_or(top)
+                }
                 _ => given,
             },
             false => given,

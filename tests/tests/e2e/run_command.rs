@@ -294,6 +294,16 @@ fn run_in_a_subfolder_runs_the_repository_and_no_workflow_is_no_pass() {
     let run = ran(knotless_run(&["run", &sub_path, "--executor", "shell", "--executor-option", &work_dir]));
     assert_eq!(run.code, Some(0), "{}", run.both());
     assert!(run.stdout.contains("hello/hi | from the root"), "{}", run.both());
+    // A folder of the work tree with workflows of its own is a repository of its own.
+    let nested = repo.path().join("examples/demo");
+    std::fs::create_dir_all(nested.join(".knotless/workflows")).expect("mkdir");
+    std::fs::write(nested.join(".knotless/workflows/demo.yml"), "steps:\n  - name: hi\n    run: echo from the demo\n")
+        .expect("write");
+    std::fs::create_dir_all(nested.join("src")).expect("mkdir");
+    let nested_path = nested.join("src").display().to_string();
+    let run = ran(knotless_run(&["run", &nested_path, "--executor", "shell", "--executor-option", &work_dir]));
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    assert!(run.stdout.contains("demo/hi | from the demo") && !run.stdout.contains("from the root"), "{}", run.both());
 
     let empty = tempfile::tempdir().expect("tempdir");
     let empty_path = empty.path().display().to_string();
