@@ -104,7 +104,7 @@ pub async fn run(
         Ending::Lost => {
             // Once the reaper is collected, its orphans are this process's children.
             reaper.abandon().await;
-            let killed = kill_strays().await;
+            let killed = reaper::kill_orphans().await;
             drain(&mut pipes, &context, &session.id, params.step).await;
             return Err(ExecutorError::infrastructure(format!(
                 "step {step_name} in session {} killed or stopped the process that watches it; killed the {killed} processes it left",
@@ -133,7 +133,7 @@ pub async fn run(
             Settled::Running => session.linger(reaper),
             Settled::Lost => {
                 reaper.abandon().await;
-                kill_strays().await;
+                reaper::kill_orphans().await;
             }
         }
     }
@@ -156,40 +156,19 @@ fn step_env(params: &CommandParams, session: &Session, path: &str) -> Vec<(Strin
 }
 
 /// Has the reaper kill every process of the step and waits for it to exit; kills the
-/// step's orphans itself when the reaper does not answer. Returns how many it killed.
-async fn kill(mut reaper: Reaper, context: &Context, session: &Session, step_name: &str) -> u32 {
-    match reaper.kill(GRACE, |_| {}).await {
-        Some((killed, stuck)) => {
-            if !stuck.is_empty() {
-                let message = format!(
-                    "step {step_name} left processes that outlived SIGKILL: {}",
-                    stuck.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
-                );
-                tracing::warn!(session = %session.id, "{message}");
-                context.log(&session.id, LogLevel::Warn, message).await;
-            }
-            if !reaper.finish().await {
-                kill_strays().await;
-            }
-            u32::try_from(killed.len()).unwrap_or(u32::MAX)
-        }
-        None => {
-            reaper.abandon().await;
-            kill_strays().await
-        }
+/// step's orphans itself when the reaper is lost. Returns how many it killed.
+async fn kill(reaper: Reaper, context: &Context, session: &Session, step_name: &str) -> u32 {
+    let ended = reaper.end(GRACE).await;
+    if !ended.stuck.is_empty() {
+        let message = format!(
+            "step {step_name} left processes that outlived SIGKILL: {}",
+            ended.stuck.iter().map(i32::to_string).collect::<Vec<_>>().join(", ")
+        );
+        tracing::warn!(session = %session.id, "{message}");
+        context.log(&session.id, LogLevel::Warn, message).await;
     }
-}
-
-/// Kills the orphans of reapers that died (see [`reaper::kill_strays`]); returns how many.
-pub async fn kill_strays() -> u32 {
-    let killed = tokio::task::spawn_blocking(|| reaper::kill_strays(GRACE)).await.unwrap_or_default();
-    if !killed.stuck.is_empty() {
-        tracing::warn!(stuck = ?killed.stuck, "processes outlived SIGKILL");
-    }
-    if !killed.killed.is_empty() {
-        tracing::info!(processes = ?killed.killed, "killed the processes of a step whose reaper died");
-    }
-    u32::try_from(killed.killed.len()).unwrap_or(u32::MAX)
+    let orphans = if ended.lost { reaper::kill_orphans().await } else { 0 };
+    u32::try_from(ended.killed.len()).unwrap_or(u32::MAX).saturating_add(orphans)
 }
 
 /// What a step left when its shell ended.

@@ -272,6 +272,30 @@ pub fn kill_strays(grace: Duration) -> Killed {
     )
 }
 
+/// What ending a step's reaper did ([`Reaper::end`]).
+#[derive(Debug, Default)]
+pub struct Ended {
+    /// The processes it killed.
+    pub killed: Vec<i32>,
+    /// Those that outlived SIGKILL.
+    pub stuck: Vec<i32>,
+    /// It died or did not answer: its orphans are this process's ([`kill_orphans`]).
+    pub lost: bool,
+}
+
+/// Kills the orphans of reapers that died ([`kill_strays`], off the async threads); returns
+/// how many.
+pub async fn kill_orphans() -> u32 {
+    let killed = tokio::task::spawn_blocking(|| kill_strays(GRACE)).await.unwrap_or_default();
+    if !killed.stuck.is_empty() {
+        tracing::warn!(stuck = ?killed.stuck, "processes outlived SIGKILL");
+    }
+    if !killed.killed.is_empty() {
+        tracing::info!(processes = ?killed.killed, "killed the processes of a step whose reaper died");
+    }
+    u32::try_from(killed.killed.len()).unwrap_or(u32::MAX)
+}
+
 /// What the reaper said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -399,17 +423,32 @@ impl Reaper {
         }
     }
 
-    /// Asks the reaper to kill every process of the step and waits for its answer, at most
-    /// the grace period and [`AFTER_KILL`] and a second. `exit` is passed the shell's exit
-    /// code if it comes meanwhile. `None` when the reaper does not answer: it is lost.
-    pub async fn kill(&mut self, grace: Duration, mut exit: impl FnMut(i32)) -> Option<(Vec<i32>, Vec<i32>)> {
+    /// Has the reaper kill every process of the step and waits for it to exit; SIGKILLs the
+    /// reaper itself when it does not answer within the grace period, [`AFTER_KILL`] and a
+    /// second.
+    pub async fn end(mut self, grace: Duration) -> Ended {
+        match self.kill(grace).await {
+            Some((killed, stuck)) => {
+                let gone = self.finish().await;
+                Ended { killed, stuck, lost: !gone }
+            }
+            None => {
+                self.abandon().await;
+                Ended { killed: Vec::new(), stuck: Vec::new(), lost: true }
+            }
+        }
+    }
+
+    /// Asks the reaper to kill every process of the step and waits for its answer; `None`
+    /// when it does not answer: it is lost.
+    async fn kill(&mut self, grace: Duration) -> Option<(Vec<i32>, Vec<i32>)> {
         if self.ended || self.writer.write_all(format!("kill {}\n", grace.as_millis()).as_bytes()).await.is_err() {
             return None;
         }
         let answer = async {
             loop {
                 match self.next().await {
-                    Event::Exit(code) => exit(code),
+                    Event::Exit(_) => {}
                     Event::Killed { killed, stuck } => return Some((killed, stuck)),
                     Event::Gone | Event::Lost => return None,
                 }

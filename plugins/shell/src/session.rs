@@ -41,23 +41,16 @@ impl Session {
         let reapers = std::mem::take(&mut *crate::lock(&self.lingering));
         let mut killed = Vec::new();
         let mut lost = false;
-        for mut reaper in reapers {
-            match reaper.kill(GRACE, |_| {}).await {
-                Some((pids, stuck)) => {
-                    if !stuck.is_empty() {
-                        tracing::warn!(session = %self.id, ?stuck, "processes outlived SIGKILL");
-                    }
-                    killed.extend(pids);
-                    lost |= !reaper.finish().await;
-                }
-                None => {
-                    reaper.abandon().await;
-                    lost = true;
-                }
+        for reaper in reapers {
+            let ended = reaper.end(GRACE).await;
+            if !ended.stuck.is_empty() {
+                tracing::warn!(session = %self.id, stuck = ?ended.stuck, "processes outlived SIGKILL");
             }
+            killed.extend(ended.killed);
+            lost |= ended.lost;
         }
         if lost {
-            crate::command::kill_strays().await;
+            crate::reaper::kill_orphans().await;
         }
         killed
     }
