@@ -90,6 +90,10 @@ pub struct CheckRecord {
     pub finished_at: Option<u64>,
     /// How long the run took, in milliseconds.
     pub duration_ms: Option<u64>,
+    /// Whether this runner published it to the forge for the lander (a pre-flight pinned to
+    /// it); a published check that is taken away again asks for a new run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub published: bool,
 }
 
 impl CheckRecord {
@@ -117,6 +121,7 @@ impl CheckRecord {
             outputs_dir: None,
             caches: Vec::new(),
             log_truncated: false,
+            published: false,
             queued_at: now_ms(),
             started_at: None,
             finished_at: None,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 
 use super::Daemon;
+use super::queue_runs::Gate;
 use crate::forge::{Forge, RECORD_FILE, Repository, RepositoryRecord, Snapshot};
 use crate::queue::{BatchRecord, EntryState, QueueState, QueueStore};
 
@@ -55,7 +56,13 @@ impl<F: Forge> Daemon<F> {
         snapshot: &Snapshot,
         tasks: &mut JoinSet<()>,
     ) {
-        if snapshot.queued.is_empty() || !self.is_lander(repository).await {
+        if snapshot.queued.is_empty() {
+            return;
+        }
+        if !self.is_lander(repository).await {
+            if self.config.queue {
+                self.serve_pinned(repository, snapshot, tasks);
+            }
             return;
         }
         if !self.driving_insert(&repository.key) {
@@ -171,8 +178,15 @@ impl<F: Forge> Daemon<F> {
             let Some((head, retry)) = queue.active_mut(number).map(|entry| (entry.head.clone(), entry.retry)) else {
                 continue;
             };
-            match self.preflights(repository, &branch, base, number, &head, retry).await {
-                Ok(runs) => {
+            let mut waiting = |what: &str| {
+                if let Some(entry) = queue.active_mut(number) {
+                    entry.reason = Some(what.to_string());
+                }
+                self.save_queue(repository, queue);
+            };
+            match self.preflights(repository, &branch, base, (number, &head), retry, &mut waiting).await {
+                Gate::Moved => {}
+                Gate::Passed(runs) => {
                     if let Some(entry) = queue.active_mut(number) {
                         entry.state = EntryState::Ready;
                         entry.reason = None;
@@ -180,7 +194,7 @@ impl<F: Forge> Daemon<F> {
                     }
                     self.save_queue(repository, queue);
                 }
-                Err((reason, runs)) => {
+                Gate::Failed(reason, runs) => {
                     if self.handover.is_cancelled() {
                         return;
                     }

@@ -68,6 +68,9 @@ pub struct Daemon<F: Forge> {
     handover: CancellationToken,
     /// The repositories whose merge queue a task drives now.
     driving: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The queued pulls whose pre-flights pinned to this runner a task runs now (a runner
+    /// that does not land).
+    serving: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl<F: Forge> Daemon<F> {
@@ -86,6 +89,7 @@ impl<F: Forge> Daemon<F> {
             slots,
             handover: CancellationToken::new(),
             driving: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+            serving: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         })
     }
 

@@ -17,8 +17,18 @@ use super::schedule::{Job, new_run_id, selected};
 use super::state::InFlight;
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
 use crate::engine::RunStatus;
-use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, Repository};
+use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot};
 use crate::workflow::{Event, QueuePhase, Workflow};
+
+/// What a pre-flight pinned to another runner is waited for on.
+struct Waited<'a> {
+    branch: &'a str,
+    base: &'a str,
+    number: u64,
+    head: &'a str,
+    commit: &'a str,
+    owner: &'a str,
+}
 
 /// What a set of queue runs gave: whether all passed, their run ids, and the first failure.
 pub(super) struct Outcome {
@@ -36,18 +46,47 @@ fn record(repository: &Repository, workflow: &str, target: &CheckTarget, runner_
     CheckRecord::queued(new_run_id(workflow), repository, workflow, target, false, runner_id)
 }
 
+/// How a queued pull's pre-flights ended.
+pub(super) enum Gate {
+    /// All passed: their run ids.
+    Passed(Vec<String>),
+    /// It is ejected: the reason, and the run ids.
+    Failed(String, Vec<String>),
+    /// Its queue ref or its base moved, or the runner stopped, while it waited for a pre-flight
+    /// on another runner: it stays waiting and the next round takes it again.
+    Moved,
+}
+
+/// The runner a gating workflow runs on: the first it pins, else the lander (`None`).
+fn owner(workflow: &Workflow) -> Option<&str> {
+    workflow.runners.first().map(String::as_str)
+}
+
+/// A pull run's target on `commit`, the pull's head merged with `branch`.
+fn pull_target(number: u64, head: &str, branch: &str, commit: &str) -> CheckTarget {
+    CheckTarget {
+        event: "pull".into(),
+        commit: commit.to_string(),
+        git_ref: format!("refs/pulls/{number}/head"),
+        pull: Some(number),
+        head: Some(head.to_string()),
+        base: Some(branch.to_string()),
+    }
+}
+
 impl<F: Forge> Daemon<F> {
-    /// A queued pull's pre-flights on its head merged with `branch`'s head: `Ok` with their
-    /// run ids when all pass, else the ejection reason (and the run ids).
+    /// A queued pull's pre-flights on its head merged with `branch`'s head `base`: the lander
+    /// runs its own (and those pinned to no runner), and waits for the check each other one's
+    /// runner publishes; `waiting` is told what it waits for.
     pub(super) async fn preflights(
         self: &Arc<Self>,
         repository: &Repository,
         branch: &str,
         base: &str,
-        number: u64,
-        head: &str,
+        (number, head): (u64, &str),
         retry: bool,
-    ) -> Result<Vec<String>, (String, Vec<String>)> {
+        waiting: &mut (dyn FnMut(&str) + Send),
+    ) -> Gate {
         let event = ForgeEvent::Pull { number, pull: PullRef { head: head.to_string(), base: branch.to_string() } };
         let prepared = match self.forge.prepare(repository, &event).await {
             Ok(prepared) => prepared,
@@ -57,27 +96,193 @@ impl<F: Forge> Daemon<F> {
                     Some((_, files)) => format!("conflicts with {branch} at {files}"),
                     None => format!("cannot merge with {branch}: {text}"),
                 };
-                return Err((reason, Vec::new()));
+                return Gate::Failed(reason, Vec::new());
             }
         };
-        let target = CheckTarget {
-            event: "pull".into(),
-            commit: prepared.commit.clone(),
-            git_ref: format!("refs/pulls/{number}/head"),
-            pull: Some(number),
-            head: Some(head.to_string()),
-            base: Some(branch.to_string()),
-        };
+        let target = pull_target(number, head, branch, &prepared.commit);
         let gating = |workflow: &Workflow| workflow.queue == Some(QueuePhase::First);
         let workflows = match self.gating(repository, branch, base, &prepared, gating).await {
-            // A retry runs every pre-flight anew.
-            Ok(workflows) => workflows.into_iter().map(|(workflow, reuse)| (workflow, reuse && !retry)).collect(),
-            Err(reason) => return Err((reason, Vec::new())),
+            Ok(workflows) => workflows,
+            Err(reason) => return Gate::Failed(reason, Vec::new()),
         };
-        let outcome = self.run_all(repository, &prepared, &target, workflows).await;
-        match outcome.failed {
-            None if outcome.passed => Ok(outcome.runs),
-            failed => Err((format!("pre-flight {} failed", failed.unwrap_or_default()), outcome.runs)),
+        let me = self.config.runner_id.as_str();
+        let (own, elsewhere): (Vec<_>, Vec<_>) =
+            workflows.into_iter().partition(|(workflow, _)| owner(workflow).is_none_or(|owner| owner == me));
+        // A retry runs every pre-flight anew.
+        let own = own.into_iter().map(|(workflow, reuse)| (workflow, reuse && !retry)).collect();
+        let outcome = self.run_all(repository, &prepared, &target, own).await;
+        let mut runs = outcome.runs;
+        if let Some(failed) = outcome.failed {
+            return Gate::Failed(format!("pre-flight {failed} failed"), runs);
+        }
+        if !outcome.passed {
+            return Gate::Moved;
+        }
+        for (workflow, _) in elsewhere {
+            let owner = owner(&workflow).unwrap_or_default().to_string();
+            let wait = Waited { branch, base, number, head, commit: &prepared.commit, owner: &owner };
+            let Some(check) = self.published(repository, &workflow, &wait, retry, waiting).await else {
+                return Gate::Moved;
+            };
+            runs.push(check.run_id.clone());
+            if check.status != RunStatus::Success {
+                return Gate::Failed(format!("pre-flight {} failed on runner {owner}", workflow.name), runs);
+            }
+        }
+        Gate::Passed(runs)
+    }
+
+    /// Waits for the check of `workflow` that its runner publishes on the merge, kept here
+    /// too; `None` when the pull's queue ref or the base moved or the runner stopped first.
+    /// A retry first takes away the ones published before, so that runner runs it anew.
+    async fn published(
+        &self,
+        repository: &Repository,
+        workflow: &Workflow,
+        wait: &Waited<'_>,
+        retry: bool,
+        waiting: &mut (dyn FnMut(&str) + Send),
+    ) -> Option<CheckRecord> {
+        let ours = |check: &CheckRecord| {
+            check.workflow == workflow.name
+                && check.runner_id == wait.owner
+                && check.target.event == "pull"
+                && check.target.commit == wait.commit
+                && check.status.is_final()
+        };
+        let mut taken_away = !retry;
+        let mut said = false;
+        loop {
+            if self.handover.is_cancelled() {
+                return None;
+            }
+            match self.forge.refresh(repository).await {
+                Ok(snapshot) => {
+                    let queued = snapshot.queued.get(wait.branch).and_then(|queued| queued.get(&wait.number));
+                    if queued.map(String::as_str) != Some(wait.head)
+                        || snapshot.branches.get(wait.branch).map(String::as_str) != Some(wait.base)
+                    {
+                        return None;
+                    }
+                    let published = match self.forge.published_checks(repository, wait.commit).await {
+                        Ok(published) => published,
+                        Err(error) => {
+                            tracing::warn!(repository = %repository.url, "merge queue: {error:#}");
+                            Vec::new()
+                        }
+                    };
+                    let mut found: Vec<CheckRecord> = published.into_iter().filter(ours).collect();
+                    if !taken_away {
+                        for check in &found {
+                            if let Err(error) = self.forge.unpublish_check(repository, check).await {
+                                tracing::warn!(repository = %repository.url, "merge queue: {error:#}");
+                            }
+                        }
+                        taken_away = true;
+                        found.clear();
+                    }
+                    if let Some(check) = found.into_iter().max_by_key(|check| check.finished_at) {
+                        let mut copy = check;
+                        copy.repository = repository.url.clone();
+                        copy.repository_key = repository.key.clone();
+                        copy.published = false;
+                        self.put_check(&copy);
+                        return Some(copy);
+                    }
+                }
+                Err(error) => tracing::warn!(repository = %repository.url, "merge queue: {error:#}"),
+            }
+            if !said {
+                let what = format!("waiting for pre-flight {} on runner {}", workflow.name, wait.owner);
+                tracing::info!(repository = %repository.url, "pull {}: {what}", wait.number);
+                waiting(&what);
+                said = true;
+            }
+            tokio::select! {
+                () = self.handover.cancelled() => return None,
+                () = tokio::time::sleep(self.config.poll.min(Duration::from_secs(2))) => {}
+            }
+        }
+    }
+
+    /// On a runner that does not land: runs, for each queued pull, the pre-flights pinned to
+    /// this runner (first in their `runners:`) on the pull merged with its base, and publishes
+    /// each finished check for the lander. One task per queued pull and base at a time.
+    pub(super) fn serve_pinned(
+        self: &Arc<Self>,
+        repository: &Repository,
+        snapshot: &Snapshot,
+        tasks: &mut JoinSet<()>,
+    ) {
+        for (branch, queued) in &snapshot.queued {
+            let Some(base) = snapshot.branches.get(branch) else { continue };
+            for (number, head) in queued {
+                let key = format!("{} {branch} {number} {head} {base}", repository.key);
+                if !self.serving.lock().unwrap_or_else(|poison| poison.into_inner()).insert(key.clone()) {
+                    continue;
+                }
+                let daemon = Arc::clone(self);
+                let (repository, branch, base, number, head) =
+                    (repository.clone(), branch.clone(), base.clone(), *number, head.clone());
+                tasks.spawn(async move {
+                    daemon.serve_one(&repository, &branch, &base, number, &head).await;
+                    daemon.serving.lock().unwrap_or_else(|poison| poison.into_inner()).remove(&key);
+                });
+            }
+        }
+    }
+
+    /// The pinned pre-flights of one queued pull (see [`Daemon::serve_pinned`]).
+    async fn serve_one(self: &Arc<Self>, repository: &Repository, branch: &str, base: &str, number: u64, head: &str) {
+        let event = ForgeEvent::Pull { number, pull: PullRef { head: head.to_string(), base: branch.to_string() } };
+        // A pull that does not merge is the lander's to eject.
+        let Ok(prepared) = self.forge.prepare(repository, &event).await else { return };
+        let me = self.config.runner_id.clone();
+        let mine = |workflow: &Workflow| workflow.queue == Some(QueuePhase::First) && owner(workflow) == Some(&me);
+        let workflows = match self.gating(repository, branch, base, &prepared, mine).await {
+            Ok(workflows) => workflows,
+            Err(reason) => {
+                tracing::warn!(repository = %repository.url, "merge queue: pull {number}: {reason}");
+                return;
+            }
+        };
+        if workflows.is_empty() {
+            return;
+        }
+        let published = self.forge.published_checks(repository, &prepared.commit).await.unwrap_or_default();
+        let target = pull_target(number, head, branch, &prepared.commit);
+        let store = CheckStore::new(&self.config.state);
+        for (workflow, same) in workflows {
+            let done = |check: &CheckRecord| {
+                check.workflow == workflow.name
+                    && check.runner_id == me
+                    && check.target.commit == target.commit
+                    && check.target.event == target.event
+            };
+            if published.iter().any(|check| done(check) && check.status.is_final()) {
+                continue;
+            }
+            // Published once and taken away since: the lander asks for a retry.
+            let asked_again = store.list(&repository.key).unwrap_or_default().iter().any(|c| done(c) && c.published);
+            let job = Job {
+                repository: repository.clone(),
+                check: record(repository, &workflow.name, &target, &me),
+                workflow,
+                prepared: prepared.clone(),
+            };
+            let mut check = Arc::clone(self).reuse_or_run(job, same && !asked_again).await;
+            if !check.status.is_final() || self.handover.is_cancelled() {
+                // Stopped before it ended: the next start runs it again.
+                return;
+            }
+            match self.forge.publish_check(repository, &check).await {
+                Ok(()) => {
+                    tracing::info!(repository = %repository.url, "pull {number}: published pre-flight {} ({})", check.workflow, check.status.as_str());
+                    check.published = true;
+                    self.put_check(&check);
+                }
+                Err(error) => tracing::error!(repository = %repository.url, "merge queue: {error:#}"),
+            }
         }
     }
 
@@ -101,16 +306,27 @@ impl<F: Forge> Daemon<F> {
             base: Some(branch.to_string()),
         };
         let wanted = |workflow: &Workflow| workflow.on.matches(Event::Queue, Some(branch));
-        match self.gating(repository, branch, base, &prepared, wanted).await {
-            Ok(workflows) => Ok(Ok(self.run_all(repository, &prepared, &target, workflows).await)),
-            Err(reason) => Ok(Err(reason)),
+        let workflows = match self.gating(repository, branch, base, &prepared, wanted).await {
+            Ok(workflows) => workflows,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        // Only the lander makes a batch, so only it can check one: a batch workflow pinned
+        // away from it is an error naming the fix, never skipped.
+        let me = &self.config.runner_id;
+        if let Some((workflow, _)) = workflows.iter().find(|(workflow, _)| !selected(workflow, me)) {
+            return Ok(Err(format!(
+                "{} is pinned to runners [{}] but runner {me} lands the queue of {branch} and checks \
+                 its batches: add {me} to its runners: or remove the pin",
+                workflow.file,
+                workflow.runners.join(", "),
+            )));
         }
+        Ok(Ok(self.run_all(repository, &prepared, &target, workflows).await))
     }
 
     /// The gating workflows `wanted` picks, read from `branch`'s tip `base` (never from the
     /// checkout run), each with whether an existing check of it may be reused: only when the
-    /// checkout's own copy is the same. Every one is evaluated whatever it is pinned to: one
-    /// pinned away from this runner (the lander) is an error naming the fix, never skipped.
+    /// checkout's own copy is the same.
     async fn gating(
         &self,
         repository: &Repository,
@@ -140,16 +356,6 @@ impl<F: Forge> Daemon<F> {
         };
         let mut picked = Vec::new();
         for workflow in workflows.into_iter().filter(|workflow| wanted(workflow)) {
-            if !selected(&workflow, &self.config.runner_id) {
-                return Err(format!(
-                    "{} is pinned to runners [{}] but runner {} lands the queue of {branch}: \
-                     add {} to its runners: or remove the pin",
-                    workflow.file,
-                    workflow.runners.join(", "),
-                    self.config.runner_id,
-                    self.config.runner_id
-                ));
-            }
             let same = own.iter().any(|copy| copy == &workflow);
             picked.push((workflow, same));
         }

@@ -4,7 +4,8 @@
 //! not read; without it the base is the default branch); a pull queued for landing on a branch
 //! is `refs/queue/<branch>/<n>` (pointing at the head to land) and a landed one is marked
 //! `refs/pulls/<n>/merged` (pointing at the batch that landed it); checks are files under the
-//! state folder ([`CheckStore`]).
+//! state folder ([`CheckStore`]), and a check a runner publishes for the others (a pre-flight
+//! pinned to it) is `refs/checks/<commit>/<run id>`, a blob holding its record.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -206,6 +207,57 @@ impl Forge for GitForge {
         self.checks.put(check)
     }
 
+    async fn publish_check(&self, repository: &Repository, check: &CheckRecord) -> anyhow::Result<()> {
+        let mirror = self.mirror(repository);
+        let mut record = check.clone();
+        // Where this runner keeps the outputs means nothing to another one.
+        record.outputs_dir = None;
+        let text = serde_json::to_vec(&record).context("cannot encode a check")?;
+        let blob = hash_object(&mirror, &text).await?;
+        let name = check_ref(check)?;
+        git_in(&mirror, &["push", "--quiet", "--force", &repository.url, &format!("{blob}:{name}")])
+            .await
+            .with_context(|| format!("cannot publish the check {} to {}", check.run_id, repository.url))?;
+        // Seen at once here too, not only after the next fetch.
+        git_in(&mirror, &["update-ref", &name, &blob]).await?;
+        Ok(())
+    }
+
+    async fn published_checks(&self, repository: &Repository, commit: &str) -> anyhow::Result<Vec<CheckRecord>> {
+        let mirror = self.mirror(repository);
+        if !is_commit_id(commit) {
+            bail!("{commit:?} is not a commit id");
+        }
+        let listing = git_in(
+            &mirror,
+            &["for-each-ref", "--format=%(objectname) %(objecttype)", &format!("refs/checks/{commit}/")],
+        )
+        .await?;
+        let mut found = Vec::new();
+        for (blob, kind) in listing.lines().filter_map(|line| line.split_once(' ')) {
+            if kind != "blob" {
+                continue;
+            }
+            let text = git(&mirror, &["cat-file", "blob", blob]).await?;
+            match serde_json::from_slice::<CheckRecord>(&text) {
+                Ok(check) if check.target.commit == commit => found.push(check),
+                Ok(_) => tracing::warn!("refs/checks/{commit}: a check of another commit is ignored"),
+                Err(error) => tracing::warn!("refs/checks/{commit}: not a check record ({error}): ignored"),
+            }
+        }
+        Ok(found)
+    }
+
+    async fn unpublish_check(&self, repository: &Repository, check: &CheckRecord) -> anyhow::Result<()> {
+        let mirror = self.mirror(repository);
+        let name = check_ref(check)?;
+        git_in(&mirror, &["push", "--quiet", &repository.url, &format!(":{name}")])
+            .await
+            .with_context(|| format!("cannot take the check {} out of {}", check.run_id, repository.url))?;
+        git_in(&mirror, &["update-ref", "-d", &name]).await?;
+        Ok(())
+    }
+
     fn run_output(&self, check: &CheckRecord) -> anyhow::Result<Box<dyn LogSink>> {
         Ok(Box::new(self.checks.live_log(&check.repository_key, &check.run_id)?))
     }
@@ -252,6 +304,43 @@ impl Forge for GitForge {
     }
 }
 
+/// The ref a published check is kept under: `refs/checks/<commit>/<run id>`.
+fn check_ref(check: &CheckRecord) -> anyhow::Result<String> {
+    let commit = &check.target.commit;
+    let run = &check.run_id;
+    let safe = !run.is_empty() && run.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if !is_commit_id(commit) || !safe {
+        bail!("cannot publish the check {run:?} of {commit:?}: not a commit id and a run id");
+    }
+    Ok(format!("refs/checks/{commit}/{run}"))
+}
+
+/// Whether `text` is a full commit id (SHA-1 or SHA-256, lowercase hex).
+fn is_commit_id(text: &str) -> bool {
+    matches!(text.len(), 40 | 64) && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Writes `data` as a blob of `mirror`; its id.
+async fn hash_object(mirror: &Path, data: &[u8]) -> anyhow::Result<String> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut child = Command::new("git")
+        .args(["hash-object", "-w", "--stdin"])
+        .current_dir(mirror)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run git hash-object")?;
+    let mut stdin = child.stdin.take().context("git hash-object has no stdin")?;
+    stdin.write_all(data).await.context("cannot write to git hash-object")?;
+    drop(stdin);
+    let output = child.wait_with_output().await.context("cannot run git hash-object")?;
+    if !output.status.success() {
+        bail!("git hash-object failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
 /// Reads `for-each-ref` lines into a snapshot.
 fn parse_refs(listing: &str, default_branch: Option<String>) -> Snapshot {
     let mut branches = BTreeMap::new();
@@ -292,6 +381,32 @@ fn parse_refs(listing: &str, default_branch: Option<String>) -> Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_published_check_is_named_only_by_a_commit_id_and_a_safe_run_id() {
+        let target = crate::checks::CheckTarget {
+            event: "pull".into(),
+            commit: "a".repeat(40),
+            git_ref: "refs/pulls/1/head".into(),
+            pull: Some(1),
+            head: None,
+            base: None,
+        };
+        let check = |run: &str, commit: &str| {
+            let mut target = target.clone();
+            target.commit = commit.to_string();
+            CheckRecord::queued(run.to_string(), ("r", "k"), "w", &target, false, "ci")
+        };
+        let good = "a".repeat(40);
+        assert_eq!(check_ref(&check("pre-1f", &good)).unwrap(), format!("refs/checks/{good}/pre-1f"));
+        for run in ["", "..", "a/b", "x\nrefs/heads/main", "a b", "../../heads/main"] {
+            assert!(check_ref(&check(run, &good)).is_err(), "{run:?}");
+        }
+        for commit in ["", "main", "A".repeat(40).as_str(), &format!("{good}/x"), &"a".repeat(41)] {
+            assert!(check_ref(&check("pre-1", commit)).is_err(), "{commit:?}");
+        }
+        assert!(check_ref(&check("pre-1", &"b".repeat(64))).is_ok());
+    }
 
     #[test]
     fn refs_read_into_branches_and_pulls() {

@@ -163,6 +163,28 @@ pub trait Forge: Send + Sync + 'static {
     /// Writes (creates or replaces) a check.
     fn put_check(&self, check: &CheckRecord) -> anyhow::Result<()>;
 
+    /// Makes a finished check visible to the repository's other runners: a pre-flight pinned
+    /// to this runner, which the lander waits for.
+    fn publish_check(
+        &self,
+        repository: &Repository,
+        check: &CheckRecord,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
+    /// The checks of `commit` that runners published, as of the last [`Forge::refresh`].
+    fn published_checks(
+        &self,
+        repository: &Repository,
+        commit: &str,
+    ) -> impl Future<Output = anyhow::Result<Vec<CheckRecord>>> + Send;
+
+    /// Takes a published check away (a retry: its runner runs it anew).
+    fn unpublish_check(
+        &self,
+        repository: &Repository,
+        check: &CheckRecord,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+
     /// Where a running check's output streams, line by line.
     fn run_output(&self, check: &CheckRecord) -> anyhow::Result<Box<dyn LogSink>>;
 

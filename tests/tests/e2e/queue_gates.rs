@@ -1,35 +1,62 @@
 //! Merge-queue gates a pull cannot bypass: the lander evaluates every pre-flight whatever it is
-//! pinned to, and the gating workflows come from the base branch's tip, so a pull that deletes
+//! pinned to (one pinned to another runner is waited for, as that runner publishes it), and the gating workflows come from the base branch's tip, so a pull that deletes
 //! or edits its pre-flight still meets the base's copy and is ejected by it.
 
 use knotless_tests::{Runner, eventually};
 
 use crate::flags;
-use crate::queue::{entry, queue_pull, queue_repo, settled};
+use crate::queue::{entry, queue_of, queue_pull, queue_repo, settled};
 
 #[test]
-fn a_pre_flight_pinned_to_another_runner_is_never_skipped() {
+fn the_lander_waits_for_a_pre_flight_pinned_to_another_runner_and_takes_its_result() {
     let dir = tempfile::tempdir().expect("tempdir");
     let record = "runners: [e2e-qg-one, e2e-qg-two]\npushers: [e2e-qg-two]\n";
     let (repo, _) = queue_repo(dir.path(), Some(record));
     repo.write(
         ".knotless/workflows/pinned.yml",
-        "queue: first\nrunners: [e2e-qg-one]\nsteps:\n  - name: pinned\n    run: exit 1\n",
+        "queue: first\nrunners: [e2e-qg-one]\nsteps:\n  - name: pinned\n    run: test ! -f bad.txt\n",
     );
     let base = repo.commit("a pinned pre-flight");
-    queue_pull(&repo, 1, &base, "one.txt", "one\n");
+    queue_pull(&repo, 1, &base, "bad.txt", "bad\n");
+    queue_pull(&repo, 2, &base, "good.txt", "good\n");
     let url = repo.url();
-    let two = Runner::start(
-        &dir.path().join("two"),
-        &[flags("e2e-qg-two", &["--queue", "--force-shell"]), vec![&url]].concat(),
-    );
-    let queue = settled(&two, &url, 1);
-    let pull = entry(&queue, 1);
-    assert_eq!(pull["state"], "ejected", "{queue:#}");
-    let reason = pull["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("pinned.yml is pinned to runners [e2e-qg-one]"), "{reason}");
-    assert!(reason.contains("runner e2e-qg-two lands"), "{reason}");
-    assert_eq!(repo.git(&["rev-parse", "main"]), base, "the pull did not land unchecked");
+    let extra = ["--queue", "--force-shell"];
+    let two = Runner::start(&dir.path().join("two"), &[flags("e2e-qg-two", &extra), vec![&url]].concat());
+    // Alone, the lander waits: the pinned runner has published nothing.
+    let waiting = eventually("the lander to wait for the pinned runner", || {
+        let queue = queue_of(&two, &url);
+        let first = queue["entries"].as_array()?.iter().find(|entry| entry["number"] == 1)?;
+        let reason = first["reason"].as_str()?;
+        reason.contains("waiting for pre-flight pinned on runner e2e-qg-one").then(|| queue.clone())
+    });
+    assert_eq!(entry(&waiting, 1)["state"], "waiting", "{waiting:#}");
+    assert_eq!(repo.git(&["rev-parse", "main"]), base, "nothing landed unchecked: {waiting:#}");
+    let one = Runner::start(&dir.path().join("one"), &[flags("e2e-qg-one", &extra), vec![&url]].concat());
+    let queue = settled(&two, &url, 2);
+    let bad = entry(&queue, 1);
+    assert_eq!(bad["state"], "ejected", "{queue:#}");
+    assert_eq!(bad["reason"], "pre-flight pinned failed on runner e2e-qg-one", "{queue:#}");
+    let good = entry(&queue, 2);
+    assert_eq!(good["state"], "merged", "{queue:#}");
+    assert_eq!(repo.git(&["rev-parse", "main"]), good["batch"].as_str().unwrap_or_default());
+    assert!(repo.git(&["ls-tree", "--name-only", "main"]).contains("good.txt"));
+    // The pinned runner ran each pull's pre-flight once; the lander keeps a copy of each.
+    let ran = |runner: &Runner| -> std::collections::BTreeSet<_> {
+        let checks = runner.checks(&url, None);
+        let pinned = checks.iter().filter(|check| check["workflow"] == "pinned" && check["event"] == "pull");
+        let text = |value: &serde_json::Value| value.as_str().map(str::to_string);
+        pinned.map(|check| (check["pull"].as_u64(), text(&check["runner_id"]), text(&check["status"]))).collect()
+    };
+    let expected: std::collections::BTreeSet<_> = [
+        (Some(1), Some("e2e-qg-one".to_string()), Some("failure".to_string())),
+        (Some(2), Some("e2e-qg-one".to_string()), Some("success".to_string())),
+    ]
+    .into();
+    assert_eq!(ran(&one), expected);
+    assert_eq!(ran(&two), expected);
+    let pulls =
+        one.checks(&url, None).into_iter().filter(|check| check["workflow"] == "pinned" && check["event"] == "pull");
+    assert_eq!(pulls.count(), 2, "one run a pull");
 }
 
 #[test]
@@ -146,4 +173,73 @@ fn a_batch_whose_check_passed_as_the_runner_stopped_is_not_recorded_failed() {
     assert_eq!(entry(&queue, 1)["state"], "merged", "{queue:#}");
     let batch_checks = again.checks(&url, None).into_iter().filter(|c| c["event"] == "queue").count();
     assert_eq!(batch_checks, 1, "the passing check was reused");
+}
+
+#[test]
+fn queueing_again_retries_a_pre_flight_pinned_to_another_runner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("flake-gone");
+    let record = "runners: [e2e-qg-rone, e2e-qg-rtwo]\npushers: [e2e-qg-rtwo]\n";
+    let (repo, _) = queue_repo(dir.path(), Some(record));
+    let flaky = format!(
+        "queue: first\nrunners: [e2e-qg-rone]\nsteps:\n  - name: flaky\n    run: test -f {}\n",
+        marker.display()
+    );
+    repo.write(".knotless/workflows/flaky.yml", &flaky);
+    let base = repo.commit("a flaky pinned pre-flight");
+    let head = queue_pull(&repo, 1, &base, "one.txt", "one\n");
+    let url = repo.url();
+    let extra = ["--queue", "--force-shell"];
+    let one = Runner::start(&dir.path().join("one"), &[flags("e2e-qg-rone", &extra), vec![&url]].concat());
+    let two = Runner::start(&dir.path().join("two"), &[flags("e2e-qg-rtwo", &extra), vec![&url]].concat());
+    let queue = settled(&two, &url, 1);
+    assert_eq!(entry(&queue, 1)["reason"], "pre-flight flaky failed on runner e2e-qg-rone", "{queue:#}");
+    std::fs::write(&marker, "").expect("the flake goes");
+    repo.git(&["update-ref", "refs/queue/main/1", &head]);
+    two.notify(&url);
+    // The lander took the failed check away and waits for a new one.
+    eventually("the lander to wait for the retry", || {
+        let queue = queue_of(&two, &url);
+        let retry = queue["entries"].as_array()?.get(1)?.clone();
+        let reason = retry["reason"].as_str()?;
+        reason.contains("waiting for pre-flight flaky on runner e2e-qg-rone").then_some(())
+    });
+    one.notify(&url);
+    let queue = settled(&two, &url, 2);
+    let entries = queue["entries"].as_array().expect("entries");
+    assert_eq!(entries[1]["retry"], true, "{queue:#}");
+    assert_eq!(entries[1]["state"], "merged", "{queue:#}");
+    let runs: Vec<_> = one
+        .checks(&url, None)
+        .into_iter()
+        .filter(|check| check["workflow"] == "flaky" && check["event"] == "pull")
+        .map(|check| check["status"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(runs.len(), 2, "the pinned runner ran it again: {runs:?}");
+    assert!(runs.contains(&"failure".to_string()) && runs.contains(&"success".to_string()), "{runs:?}");
+}
+
+#[test]
+fn a_batch_workflow_pinned_away_from_the_lander_ejects_naming_the_fix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = "runners: [e2e-qg-bone, e2e-qg-btwo]\npushers: [e2e-qg-btwo]\n";
+    let (repo, _) = queue_repo(dir.path(), Some(record));
+    repo.write(
+        ".knotless/workflows/pinned.yml",
+        "on: [queue]\nrunners: [e2e-qg-bone]\nsteps:\n  - name: pinned\n    run: exit 1\n",
+    );
+    let base = repo.commit("a pinned batch workflow");
+    queue_pull(&repo, 1, &base, "one.txt", "one\n");
+    let url = repo.url();
+    let two = Runner::start(
+        &dir.path().join("two"),
+        &[flags("e2e-qg-btwo", &["--queue", "--force-shell"]), vec![&url]].concat(),
+    );
+    let queue = settled(&two, &url, 1);
+    let pull = entry(&queue, 1);
+    assert_eq!(pull["state"], "ejected", "{queue:#}");
+    let reason = pull["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("pinned.yml is pinned to runners [e2e-qg-bone]"), "{reason}");
+    assert!(reason.contains("add e2e-qg-btwo to its runners:"), "{reason}");
+    assert_eq!(repo.git(&["rev-parse", "main"]), base, "the pull did not land unchecked");
 }
