@@ -398,7 +398,7 @@ mod tests {
             CheckRecord::queued(run.to_string(), ("r", "k"), "w", &target, false, "ci")
         };
         let good = "a".repeat(40);
-        assert_eq!(check_ref(&check("pre-1f", &good)).unwrap(), format!("refs/checks/{good}/pre-1f"));
+        assert_eq!(check_ref(&check("pre-1f", &good)).expect("a ref"), format!("refs/checks/{good}/pre-1f"));
         for run in ["", "..", "a/b", "x\nrefs/heads/main", "a b", "../../heads/main"] {
             assert!(check_ref(&check(run, &good)).is_err(), "{run:?}");
         }
