@@ -24,9 +24,9 @@ unit: build
 conformance: build
 	$(BIN)/knotless-run plugin check $(BIN)/knotless-executor-shell
 
-# The Kubernetes executor through the conformance suite and the demo, on the fake kubectl.
+# The Kubernetes executor through the conformance suite and the demo, on the fake API server.
 conformance-kubernetes: build
-	bash tests/fake-kubectl/conformance.sh $(BIN)
+	bash tests/fake-apiserver/conformance.sh $(BIN)
 
 # Needs a Docker engine and the test image: plugins/docker/tests/support/engine.sh makes both.
 conformance-docker: build

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Refreshes the scoped kubeconfig before its token expires: run it hourly (a systemd timer).
 # When the file is older than REFRESH_AFTER_HOURS (20) or missing, or with --force, it re-runs
-# scoped-kubeconfig.sh, which replaces the file atomically; the executor reads the kubeconfig
-# anew for every kubectl call, so the next Job uses the new token without a restart. Warns
+# scoped-kubeconfig.sh, which replaces the file atomically; the executor makes a new client
+# when the kubeconfig changes, so the next Job uses the new token without a restart. Warns
 # when the file is within an hour of TOKEN_HOURS (24) and could not be refreshed.
 # It finds scoped-kubeconfig.sh beside itself, under that name or installed as
 # scoped-kubeconfig (deploy/install.sh puts both in $PREFIX/libexec/knotless).
 #
 # Usage: refresh-kubeconfig.sh [--force] ADMIN_KUBECONFIG NAMESPACE OUTPUT [ACCOUNT]
 # Environment: REFRESH_AFTER_HOURS, TOKEN_HOURS, and what scoped-kubeconfig.sh reads
-# (KUBECTL, DURATION, KUBECONFIG_OWNER).
+# (KNOTLESS_RUN, PLUGIN_DIR, DURATION, KUBECONFIG_OWNER).
 set -euo pipefail
 force=
 if [ "${1:-}" = --force ]; then force=1; shift; fi

@@ -1,7 +1,7 @@
 //! knotless-run: the CI runner of the knotless forge and the host of its executors.
 //!
 //! The runner knows executors only through the protocol (`knotless-protocol`); it never calls
-//! `kubectl` or `docker` itself.
+//! `kubectl` or `docker` itself and speaks to no cluster.
 
 /// `println!` that never panics: when stdout is closed (a pager quit, a pipe's reader died)
 /// the line is dropped and the runner goes on.

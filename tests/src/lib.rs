@@ -1,6 +1,9 @@
 //! Shared support of the end-to-end tests: the built binaries, [`Repo`] makes git repositories
 //! with the real git CLI, [`Runner`] spawns the built `knotless-run` daemon and reads its checks,
-//! [`knotless_run`] runs its other commands, and waits poll with a deadline instead of sleeping.
+//! [`knotless_run`] runs its other commands, [`cluster::FakeCluster`] is a fake Kubernetes
+//! cluster, and waits poll with a deadline instead of sleeping.
+
+pub mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

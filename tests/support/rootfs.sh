@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a tiny root filesystem from Debian's busybox-static package and writes it as a tar
-# archive: the image of the Docker tests (`docker import`) and the pod root of the fake kubectl.
+# archive: the image of the Docker tests (`docker import`) and the pod root of the fake Kubernetes API server.
 # Usage: rootfs.sh OUTPUT.tar   (cached: an existing OUTPUT is kept)
 set -euo pipefail
 out=${1:?usage: rootfs.sh OUTPUT.tar}

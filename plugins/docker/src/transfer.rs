@@ -108,10 +108,10 @@ pub async fn download(
     let output = output
         .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp of {path}: {error}")))?;
     // Over the bound, the side channel refused the rest and docker cp was stopped: say that.
-    if let Err(error) = &copied {
-        if error.kind() == std::io::ErrorKind::FileTooLarge {
-            return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot download {path}: {error}")));
-        }
+    if let Err(error) = &copied
+        && error.kind() == std::io::ErrorKind::FileTooLarge
+    {
+        return Err(ExecutorError::new(ErrorKind::TooLarge, format!("cannot download {path}: {error}")));
     }
     if !output.status.success() {
         let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };

@@ -183,10 +183,10 @@ fn pump(
                 Ok(0) | Err(_) => break,
                 Ok(read) => read,
             };
-            if let Some(out) = &out {
-                if let Err(error) = out.output(&session, step, stream, &buffer[..read]).await {
-                    eprintln!("fake: cannot send output: {error}");
-                }
+            if let Some(out) = &out
+                && let Err(error) = out.output(&session, step, stream, &buffer[..read]).await
+            {
+                eprintln!("fake: cannot send output: {error}");
             }
         }
     })

@@ -1,17 +1,19 @@
-//! `cleanup`, the orphan sweep: deletes the Jobs (and their pods) labelled with this runner
-//! whose session is not in `keep`, and the runner's NetworkPolicy when nothing is kept and
-//! this process has no session. Logs a sweep count and a failure count.
+//! `cleanup`, the orphan sweep: deletes the Jobs (foreground, their pods first) and any pods
+//! labelled with this runner whose session is not in `keep`, and the runner's NetworkPolicy
+//! when nothing is kept and this process has no session. Logs a sweep count and a failure count.
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use knotless_protocol::sdk::Context;
 use knotless_protocol::*;
-use serde_json::Value;
+use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
+use kube::core::Status;
 
 use crate::KubernetesExecutor;
-use crate::kubectl;
 use crate::names::{self, RUN_LABEL, RUNNER_LABEL, SESSION_ANNOTATION};
-use crate::session::{self, CALL_LIMIT};
+use crate::session;
 
 /// A Job of this runner: its name, run label and raw session id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,21 +26,15 @@ pub struct Found {
     pub session: Option<String>,
 }
 
-/// The Jobs of a `get jobs -o json` list.
-pub fn jobs(list: &Value) -> Vec<Found> {
-    let items = list.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-    items
-        .iter()
+/// The Jobs of a list, with their run label (those without one are not the runner's).
+pub fn jobs(list: &[Job]) -> Vec<Found> {
+    list.iter()
         .filter_map(|job| {
-            let meta = job.get("metadata")?;
+            let meta = &job.metadata;
             Some(Found {
-                name: meta.get("name")?.as_str()?.to_string(),
-                run: meta.pointer(&format!("/labels/{}", RUN_LABEL.replace('/', "~1")))?.as_str()?.to_string(),
-                session: meta
-                    .get("annotations")
-                    .and_then(|a| a.get(SESSION_ANNOTATION))
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                name: meta.name.clone()?,
+                run: meta.labels.as_ref()?.get(RUN_LABEL)?.clone(),
+                session: meta.annotations.as_ref().and_then(|a| a.get(SESSION_ANNOTATION)).cloned(),
             })
         })
         .collect()
@@ -57,27 +53,26 @@ pub async fn cleanup(
     _context: Context,
 ) -> Result<CleanupResult, ExecutorError> {
     let config = executor.config()?;
-    let kubectl = executor.kubectl()?;
+    let client = executor.cluster()?.client().await?;
     let runner = format!("{RUNNER_LABEL}={}", names::label_value(&config.runner_id));
-    let listed = kubectl.ok(&kubectl::get_jobs_args(&runner), None, CALL_LIMIT).await?;
-    let list: Value = serde_json::from_slice(&listed.stdout)
-        .map_err(|error| ExecutorError::infrastructure(format!("kubectl get jobs gave no JSON: {error}")))?;
-    let orphans = orphans(&jobs(&list), &params.keep);
+    let api: Api<Job> = client.api(&config.namespace);
+    let listed = client.limited("list the runner's Jobs", api.list(&ListParams::default().labels(&runner))).await?;
+    let orphans = orphans(&jobs(&listed.items), &params.keep);
     let mut result = CleanupResult::default();
-    if !orphans.is_empty() {
-        let names: Vec<String> = orphans.iter().map(|job| job.name.clone()).collect();
-        match kubectl.ok(&kubectl::delete_jobs_args(&names), None, CALL_LIMIT).await {
+    let foreground =
+        DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..DeleteParams::default() };
+    for job in &orphans {
+        let what = format!("delete the Job {}", job.name);
+        match client.unless(&what, api.delete(&job.name, &foreground), Status::is_not_found).await {
             Ok(_) => {
-                for job in &orphans {
-                    tracing::info!(job = %job.name, namespace = %config.namespace, session = ?job.session, "orphan job deleted");
-                    result.removed.push(Resource {
-                        kind: "job".into(),
-                        name: job.name.clone(),
-                        session: job.session.clone(),
-                    });
-                }
+                tracing::info!(job = %job.name, namespace = %config.namespace, session = ?job.session, "orphan job deleted");
+                result.removed.push(Resource {
+                    kind: "job".into(),
+                    name: job.name.clone(),
+                    session: job.session.clone(),
+                });
             }
-            Err(error) => result.failures.push(format!("cannot delete jobs {}: {}", names.join(", "), error.message)),
+            Err(error) => result.failures.push(error.message),
         }
     }
     // Pods a Job left (deleted with an orphaning cascade, or its delete interrupted).
@@ -86,13 +81,17 @@ pub async fn cleanup(
     if !kept.is_empty() {
         pods.push_str(&format!(",{RUN_LABEL} notin ({})", kept.join(",")));
     }
-    if let Err(error) = kubectl.ok(&kubectl::delete_pods_args(&pods), None, CALL_LIMIT).await {
-        result.failures.push(format!("cannot delete the runner's pods: {}", error.message));
+    let api: Api<Pod> = client.api(&config.namespace);
+    let list = ListParams::default().labels(&pods);
+    if let Err(error) =
+        client.limited("delete the runner's pods", api.delete_collection(&DeleteParams::default(), &list)).await
+    {
+        result.failures.push(error.message);
     }
     // Sessions of this process not kept are gone now: forget them.
     executor.sessions().retain(|session, _| params.keep.contains(session));
     if params.keep.is_empty() {
-        match session::retire_policy(executor, &kubectl).await {
+        match session::retire_policy(executor, &client).await {
             Ok(true) => result.removed.push(Resource {
                 kind: "networkpolicy".into(),
                 name: names::policy_name(&config.runner_id),
@@ -113,10 +112,12 @@ mod tests {
 
     #[test]
     fn only_jobs_of_sessions_not_kept_are_orphans() {
-        let list = json!({"items": [
+        let list: Vec<Job> = serde_json::from_value(json!([
             {"metadata": {"name": "j1", "labels": {"dev.knotless.run": "a"}, "annotations": {"dev.knotless.session": "a"}}},
             {"metadata": {"name": "j2", "labels": {"dev.knotless.run": "b"}}},
-        ]});
+            {"metadata": {"name": "j3"}},
+        ]))
+        .expect("jobs");
         let found = jobs(&list);
         assert_eq!(found.len(), 2);
         let orphans = orphans(&found, &["a".to_string()]);

@@ -1,24 +1,29 @@
-//! `command`: one step as `kubectl exec -i <pod> -- sh -s` with the payload on stdin,
-//! through the SDK's remote-shell step loop ([`knotless_protocol::sdk::remote`]): its output
-//! streamed as it comes with the payload's messages stripped, and the processes of a
+//! `command`: one step as an exec of `sh -s` in the pod over the API's websocket, the payload
+//! on its stdin, through the SDK's remote-shell step loop ([`knotless_protocol::sdk::remote`]):
+//! its output streamed as it comes with the payload's messages stripped, its exit code taken
+//! from the sentinel and checked against the exec's status channel, and the processes of a
 //! timed-out, cancelled, lost or secret-bearing step swept out of the pod (every process
 //! there is not init, not there before the step and not a worker of what was). When that
 //! sweep cannot be done, the Job is deleted.
 //!
-//! The Job itself is deleted by `stop`, which the runner always sends, so outputs can still
-//! be downloaded first. A stream that closes without the sentinel is an infrastructure error
-//! naming what the pod says (gone, node lost) or "lost the exec stream".
+//! While a step runs, the session's pod watch is its other witness: a pod that is deleted
+//! (its Job deleted, its node lost) or stops being Ready (its node stopped answering) ends the
+//! step at once as an infrastructure error naming that, even when the exec stream hangs. A
+//! stream that ends without the sentinel is an infrastructure error naming what the pod says
+//! (gone, node lost) or "lost the exec stream", never a result.
 
-use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 
+use k8s_openapi::api::core::v1::Pod as PodObject;
 use knotless_protocol::sdk::Context;
 use knotless_protocol::sdk::remote::{self, Exec, Shell};
 use knotless_protocol::*;
+use kube::api::Api;
 
 use crate::KubernetesExecutor;
-use crate::kubectl::{self, Kubectl};
+use crate::api::Client;
 use crate::pod::{self, PodState};
-use crate::session::{self, CALL_LIMIT, Session};
+use crate::session::{self, Session};
 
 /// `command`.
 pub async fn run(
@@ -26,82 +31,81 @@ pub async fn run(
     params: CommandParams,
     context: Context,
 ) -> Result<CommandResult, ExecutorError> {
-    let kubectl = executor.kubectl()?;
     let session = executor.session(&params.session)?;
+    let client = executor.cluster()?.client().await?;
     let workdir = match &params.workdir {
         Some(dir) if dir.starts_with('/') => dir.clone(),
         Some(dir) => format!("/work/{dir}"),
         None => "/work".to_string(),
     };
     tracing::info!(job = %session.job, namespace = %session.namespace, image = %session.image, step = params.step, name = %params.name, "step started");
-    let pod = Pod { kubectl: &kubectl, session: &session };
+    let pod = Pod { client: &client, session: &session, said: Arc::new(Mutex::new(None)) };
     remote::run_step(&pod, &params, &workdir, &context).await
 }
 
-/// A session's pod, reached through `kubectl exec`.
-struct Pod<'a> {
-    kubectl: &'a Kubectl,
-    session: &'a Session,
+/// A session's pod, reached through the API's exec.
+pub struct Pod<'a> {
+    /// The client.
+    pub client: &'a Client,
+    /// The session.
+    pub session: &'a Session,
+    /// What the last exec's status said when it was no exit code.
+    pub said: Arc<Mutex<Option<String>>>,
 }
 
 impl Shell for Pod<'_> {
     async fn exec(&self, argv: Vec<String>) -> Result<Exec, ExecutorError> {
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let mut command = self.kubectl.command(&kubectl::exec_args(&self.session.pod, &argv));
-        command.stdin(Stdio::piped());
-        let child = command.spawn().map_err(|error| {
-            ExecutorError::infrastructure(format!("cannot run kubectl exec in pod {}: {error}", self.session.pod))
-        })?;
-        Exec::from_child(child, "kubectl exec")
+        let session = self.session;
+        self.client.exec(&session.namespace, &session.pod, argv, Some(Arc::clone(&self.said))).await
     }
 
-    async fn lost(&self, step: &str, exited: Option<i32>, said: &[u8]) -> ExecutorError {
-        lost_stream(self.kubectl, self.session, step, exited, said).await
+    async fn lost(&self, step: &str, exited: Option<i32>, _said: &[u8]) -> ExecutorError {
+        let session = self.session;
+        let status = crate::lock(&self.said).take();
+        let status = match (exited, status) {
+            (Some(code), _) => format!("the exec ended with {code} but the step never said it ended"),
+            (None, Some(status)) => format!("the exec ended: {status}"),
+            (None, None) => "the exec stream ended without a status".to_string(),
+        };
+        let pods: Api<PodObject> = self.client.api(&session.namespace);
+        let found = self.client.limited(&format!("get the pod {}", session.pod), pods.get_opt(&session.pod)).await;
+        let cause = match found {
+            Ok(Some(object)) => match pod::from_pod(&object) {
+                PodState::Failed { cause, .. } => format!("the pod {} failed: {cause}", session.pod),
+                _ => format!("lost the exec stream of pod {} ({status})", session.pod),
+            },
+            Ok(None) => {
+                format!("the pod {} is gone (its job {} was deleted, or its node lost)", session.pod, session.job)
+            }
+            Err(error) => format!("lost the exec stream ({status}); {}", error.message),
+        };
+        ExecutorError::infrastructure(format!("step {step} has no result: {cause}"))
     }
 
     async fn end_environment(&self, why: &str) {
         let session = self.session;
         tracing::warn!(job = %session.job, "{why}: deleting the job");
-        // The session stays known: `stop` deletes the Job again, or finds it gone.
-        let _ = session::delete_job(self.kubectl, &session.job, &session.selector, &session.image).await;
+        // Asked to go, not waited for: the session stays known, and `stop` waits for it.
+        let _ =
+            session::delete_job(self.client, &session.namespace, &session.job, &session.selector, &session.image, None)
+                .await;
+    }
+
+    async fn failed(&self) -> ExecutorError {
+        let session = self.session;
+        let mut seen = session.pods.seen.clone();
+        let broken = seen
+            .wait_for(|seen| seen.deleted || seen.pod.as_ref().is_some_and(|pod| pod::broken(pod).is_some()))
+            .await
+            .map(|seen| seen.pod.as_ref().and_then(pod::broken));
+        let cause = match broken {
+            Ok(Some(cause)) => cause,
+            _ => "the pod is gone (its job was deleted, or its node lost)".to_string(),
+        };
+        ExecutorError::infrastructure(format!("the pod {} of job {} cannot go on: {cause}", session.pod, session.job))
     }
 
     fn describe(&self) -> String {
         format!("pod {}", self.session.pod)
     }
-}
-
-/// The error of a stream that closed without the sentinel, with what the pod says.
-async fn lost_stream(
-    kubectl: &Kubectl,
-    session: &Session,
-    name: &str,
-    code: Option<i32>,
-    tail: &[u8],
-) -> ExecutorError {
-    // Only kubectl's own error lines: the step's output may hold what the log masks.
-    let text = String::from_utf8_lossy(tail);
-    let said = text
-        .lines()
-        .filter(|line| line.starts_with("error:") || line.starts_with("Error from server"))
-        .collect::<Vec<_>>()
-        .join(" | ");
-    let said = if said.is_empty() { String::new() } else { format!(": {said}") };
-    let exited = code.map(|code| format!("kubectl exited with {code}")).unwrap_or_else(|| "kubectl was killed".into());
-    let pod = kubectl.run(&kubectl::get_pod_args(&session.pod), None, CALL_LIMIT).await;
-    let cause = match pod {
-        Ok(output) if output.status.success() => {
-            let value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
-            match pod::from_pod(&value) {
-                PodState::Failed { cause, .. } => format!("the pod {} failed: {cause}", session.pod),
-                _ => format!("lost the exec stream of pod {} ({exited}){said}", session.pod),
-            }
-        }
-        Ok(output) if output.stderr_text().contains("NotFound") => {
-            format!("the pod {} is gone (its job {} was deleted, or its node lost)", session.pod, session.job)
-        }
-        Ok(output) => format!("lost the exec stream ({exited}){said}; kubectl get pod: {}", output.stderr_text()),
-        Err(error) => format!("lost the exec stream ({exited}){said}; {}", error.message),
-    };
-    ExecutorError::infrastructure(format!("step {name} has no result: {cause}"))
 }

@@ -1,10 +1,11 @@
 //! The executor's configuration: the options `initialize` accepts, their defaults, and the
 //! capabilities it reports.
 //!
-//! Defaults: `--kubeconfig` is `$HOME/.kube/config` (the runner passes no `KUBECONFIG`),
-//! `--namespace` is `default`, `--kubectl` is `kubectl` found on `PATH`, `--image` is
+//! Defaults: `--kubeconfig` is the first file of `KUBECONFIG`, else `$HOME/.kube/config`;
+//! `--context` the kubeconfig's current context; `--namespace` is `default`, `--image` is
 //! `busybox:1.36`, no resource requests, no service account, no node selector,
-//! `--executor-option ttl-seconds=600`, `--executor-option ready-timeout=300` (seconds).
+//! `--executor-option ttl-seconds=600`, `--executor-option ready-timeout=300` and
+//! `--executor-option scale-up-timeout=480` (seconds).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,6 @@ const OPTIONS: &[&str] = &[
     "kubeconfig",
     "context",
     "namespace",
-    "kubectl",
     "image",
     "cpu-request",
     "memory-request",
@@ -24,6 +24,7 @@ const OPTIONS: &[&str] = &[
     "node-selector",
     "ttl-seconds",
     "ready-timeout",
+    "scale-up-timeout",
 ];
 
 /// The image when neither the workflow nor `--image` names one.
@@ -32,14 +33,12 @@ pub const DEFAULT_IMAGE: &str = "busybox:1.36";
 /// What `initialize` accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// The kubeconfig, read anew by every kubectl call.
+    /// The kubeconfig, read anew whenever it changes.
     pub kubeconfig: PathBuf,
     /// The kubeconfig context, when not the current one.
     pub context: Option<String>,
     /// The namespace of every object.
     pub namespace: String,
-    /// The kubectl program.
-    pub kubectl: PathBuf,
     /// The default image.
     pub image: String,
     /// The default CPU request.
@@ -54,18 +53,22 @@ pub struct Config {
     pub ttl_seconds: i32,
     /// How long a pod may take to become Ready, at most (the start's own timeout may be shorter).
     pub ready_timeout_secs: u64,
+    /// How long an Unschedulable pod waits for a node while the cluster may still add one,
+    /// from when it was first Unschedulable (the start's own timeout may be shorter).
+    pub scale_up_timeout_secs: u64,
     /// The runner's id, raw.
     pub runner_id: String,
-    /// `PATH` and `HOME` handed to kubectl: nothing else of the executor's environment.
-    pub path_env: String,
-    /// `HOME` for kubectl's cache.
-    pub home: String,
 }
 
 impl Config {
-    /// Validates `initialize`'s options, and that the kubeconfig and kubectl are there.
+    /// Validates `initialize`'s options, and that the kubeconfig is there.
     pub fn from_params(params: &InitializeParams) -> Result<Config, ExecutorError> {
-        Config::from_map(&params.config, &params.runner.id, std::env::var("HOME").ok(), std::env::var("PATH").ok())
+        Config::from_map(
+            &params.config,
+            &params.runner.id,
+            std::env::var("HOME").ok(),
+            std::env::var("KUBECONFIG").ok(),
+        )
     }
 
     /// [`Config::from_params`] with the environment given (for tests).
@@ -73,8 +76,14 @@ impl Config {
         options: &BTreeMap<String, String>,
         runner_id: &str,
         home: Option<String>,
-        path: Option<String>,
+        kubeconfig_env: Option<String>,
     ) -> Result<Config, ExecutorError> {
+        if options.contains_key("kubectl") {
+            return Err(ExecutorError::configuration(
+                "--kubectl: the kubernetes executor talks to the Kubernetes API itself and runs no kubectl: \
+                 drop the flag",
+            ));
+        }
         if let Some(unknown) = options.keys().find(|key| !OPTIONS.contains(&key.as_str())) {
             return Err(ExecutorError::configuration(format!(
                 "unknown option --{unknown} for the kubernetes executor (it takes --{})",
@@ -86,8 +95,9 @@ impl Config {
         }
         let get = |key: &str| options.get(key).filter(|value| !value.is_empty()).cloned();
         let home = home.filter(|home| !home.is_empty()).unwrap_or_else(|| "/root".to_string());
-        let path_env = path.filter(|path| !path.is_empty()).unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-        let kubeconfig = get("kubeconfig").map(PathBuf::from).unwrap_or_else(|| Path::new(&home).join(".kube/config"));
+        let from_env = kubeconfig_env.and_then(|list| list.split(':').find(|path| !path.is_empty()).map(PathBuf::from));
+        let kubeconfig =
+            get("kubeconfig").map(PathBuf::from).or(from_env).unwrap_or_else(|| Path::new(&home).join(".kube/config"));
         if let Err(error) = std::fs::File::open(&kubeconfig) {
             let why = if error.kind() == std::io::ErrorKind::NotFound {
                 "no such file".to_string()
@@ -96,10 +106,6 @@ impl Config {
             };
             return Err(ExecutorError::configuration(format!("--kubeconfig {}: {why}", kubeconfig.display())));
         }
-        let kubectl = get("kubectl").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("kubectl"));
-        let kubectl = find_program(&kubectl, &path_env).ok_or_else(|| {
-            ExecutorError::configuration(format!("--kubectl {}: no such executable program", kubectl.display()))
-        })?;
         let namespace = get("namespace").unwrap_or_else(|| "default".to_string());
         if !crate::names::is_dns_label(&namespace) {
             return Err(ExecutorError::configuration(format!("--namespace {namespace:?}: not a valid namespace name")));
@@ -110,11 +116,11 @@ impl Config {
         };
         let ttl_seconds = number(options, "ttl-seconds", 600)?;
         let ready_timeout_secs = number(options, "ready-timeout", 300)?;
+        let scale_up_timeout_secs = number(options, "scale-up-timeout", 480)?;
         Ok(Config {
             kubeconfig,
             context: get("context"),
             namespace,
-            kubectl,
             image: get("image").unwrap_or_else(|| DEFAULT_IMAGE.to_string()),
             cpu_request: get("cpu-request"),
             memory_request: get("memory-request"),
@@ -124,9 +130,8 @@ impl Config {
                 ExecutorError::configuration(format!("--executor-option ttl-seconds={ttl_seconds}: too large"))
             })?,
             ready_timeout_secs,
+            scale_up_timeout_secs,
             runner_id: runner_id.to_string(),
-            path_env,
-            home,
         })
     }
 }
@@ -152,19 +157,6 @@ fn number(options: &BTreeMap<String, String>, key: &str, default: u64) -> Result
             ExecutorError::configuration(format!("--executor-option {key}={value}: expected a number of seconds"))
         }),
     }
-}
-
-/// The program itself when it has a slash, else the first executable of that name on `path`.
-fn find_program(program: &Path, path: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |candidate: &Path| {
-        std::fs::metadata(candidate)
-            .is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
-    };
-    if program.components().count() > 1 || program.is_absolute() {
-        return executable(program).then(|| program.to_path_buf());
-    }
-    path.split(':').map(|dir| Path::new(dir).join(program)).find(|candidate| executable(candidate))
 }
 
 /// What the Kubernetes executor can do.
@@ -196,13 +188,17 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_kubectl_or_an_unknown_option_names_the_flag() {
+    fn kubectl_or_an_unknown_option_is_refused_naming_the_flag() {
         let file = tempfile::NamedTempFile::new().expect("file");
         let kubeconfig = file.path().to_string_lossy().into_owned();
-        let error =
-            Config::from_map(&options(&[("kubeconfig", &kubeconfig), ("kubectl", "/no/kubectl")]), "r", None, None)
-                .expect_err("refused");
-        assert_eq!(error.message, "--kubectl /no/kubectl: no such executable program");
+        let error = Config::from_map(
+            &options(&[("kubeconfig", &kubeconfig), ("kubectl", "/usr/bin/kubectl")]),
+            "r",
+            None,
+            None,
+        )
+        .expect_err("refused");
+        assert!(error.message.starts_with("--kubectl: the kubernetes executor talks to the Kubernetes API itself"));
         let error = Config::from_map(&options(&[("kubeconfig", &kubeconfig), ("colour", "red")]), "r", None, None)
             .expect_err("refused");
         assert!(error.message.starts_with("unknown option --colour"), "{}", error.message);
@@ -212,16 +208,16 @@ mod tests {
     fn defaults_and_node_selector() {
         let file = tempfile::NamedTempFile::new().expect("file");
         let kubeconfig = file.path().to_string_lossy().into_owned();
-        let config = Config::from_map(
-            &options(&[("kubeconfig", &kubeconfig), ("kubectl", "/bin/sh"), ("node-selector", "a=1,b=2")]),
-            "r",
-            None,
-            None,
-        )
-        .expect("accepted");
+        let config =
+            Config::from_map(&options(&[("kubeconfig", &kubeconfig), ("node-selector", "a=1,b=2")]), "r", None, None)
+                .expect("accepted");
         assert_eq!(config.namespace, "default");
         assert_eq!(config.image, DEFAULT_IMAGE);
         assert_eq!(config.ttl_seconds, 600);
+        assert_eq!((config.ready_timeout_secs, config.scale_up_timeout_secs), (300, 480));
+        let from_env = Config::from_map(&BTreeMap::new(), "r", None, Some(format!(":{kubeconfig}:/other")))
+            .expect("KUBECONFIG's first file");
+        assert_eq!(from_env.kubeconfig, file.path());
         assert_eq!(config.node_selector, options(&[("a", "1"), ("b", "2")]));
         assert!(parse_node_selector("novalue").is_err());
     }

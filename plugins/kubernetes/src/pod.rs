@@ -1,11 +1,15 @@
-//! Reading a pod's state from `kubectl get -o json`: Ready, still pending, or failed for a
-//! cause worth quoting (image missing, pull denied, unschedulable, node lost). Pure functions.
+//! Reading a pod and the events about it and its Job: Ready, still pending (and why), or
+//! failed for a cause worth quoting. Pure functions over the typed objects the watches give.
 //!
-//! An unschedulable pod is fatal at once, unless the cluster autoscaler said it is adding a
-//! node for it (a `TriggeredScaleUp` event, or no nodes at all): the Pending pod of a tenant
-//! that scales from zero is its scale signal, not a failure.
+//! The shapes are those of a real cluster: the kubelet alternates `ErrImagePull` and
+//! `ImagePullBackOff` and says why only in the first and in its `Failed` events (the
+//! back-off's own message is only "Back-off pulling image"); a Job whose pod cannot be
+//! created has no pod, only `FailedCreate` events; the scheduler marks a pod
+//! `PodScheduled=False/Unschedulable` and a cluster autoscaler answers with
+//! `TriggeredScaleUp` or `NotTriggerScaleUp` events some seconds later; a pod whose node is
+//! lost first turns `Ready=False`, then is deleted (terminating, phase still `Running`).
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Event, Pod};
 
 /// What a pod is doing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,132 +18,177 @@ pub enum PodState {
     Missing,
     /// Not Ready yet; the detail says what it waits for.
     Pending { name: String, detail: String },
+    /// The scheduler found no node for it: its message.
+    Unschedulable { name: String, message: String },
     /// Running and Ready.
     Ready { name: String },
-    /// It will never become Ready: the cause.
+    /// It will never become Ready (or is Ready no more): the cause.
     Failed { name: String, cause: String },
 }
 
-fn text<'a>(value: &'a Value, path: &[&str]) -> &'a str {
-    path.iter().try_fold(value, |value, key| value.get(*key)).and_then(Value::as_str).unwrap_or("")
-}
-
-/// The state of the first pod of a `get pods -o json` list.
-pub fn from_list(list: &Value) -> PodState {
-    match list.get("items").and_then(Value::as_array).and_then(|items| items.first()) {
-        Some(pod) => from_pod(pod),
-        None => PodState::Missing,
-    }
-}
-
 /// The state of one pod.
-pub fn from_pod(pod: &Value) -> PodState {
-    let name = text(pod, &["metadata", "name"]).to_string();
-    if !text(pod, &["metadata", "deletionTimestamp"]).is_empty() {
-        return PodState::Failed {
-            name,
-            cause: "the pod is being deleted (its Job was deleted or its node lost)".into(),
+pub fn from_pod(pod: &Pod) -> PodState {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let status = pod.status.clone().unwrap_or_default();
+    let phase = status.phase.clone().unwrap_or_default();
+    let reason = status.reason.clone().unwrap_or_default();
+    let message = status.message.clone().unwrap_or_default();
+    if pod.metadata.deletion_timestamp.is_some() {
+        let cause = match reason.as_str() {
+            "NodeLost" => format!("its node was lost: {message}"),
+            "" => "the pod is being deleted (its Job was deleted, or its node lost)".to_string(),
+            _ => format!("the pod is being deleted ({reason}): {message}"),
         };
+        return PodState::Failed { name, cause };
     }
-    let phase = text(pod, &["status", "phase"]);
     if phase == "Failed" || phase == "Succeeded" {
-        let reason = text(pod, &["status", "reason"]);
-        let message = text(pod, &["status", "message"]);
-        let cause = match reason {
-            "NodeLost" => format!("the node was lost: {message}"),
+        let cause = match reason.as_str() {
             "DeadlineExceeded" => format!("the Job passed its activeDeadlineSeconds: {message}"),
             "" => format!("the pod ended ({phase})"),
             _ => format!("the pod ended ({phase}, {reason}): {message}"),
         };
         return PodState::Failed { name, cause };
     }
-    let statuses = pod.pointer("/status/containerStatuses").and_then(Value::as_array).cloned().unwrap_or_default();
-    for status in &statuses {
-        let image = text(status, &["image"]);
-        if let Some(waiting) = status.pointer("/state/waiting") {
-            let reason = text(waiting, &["reason"]);
-            let message = text(waiting, &["message"]);
-            if let Some(cause) = image_failure(reason, message, image) {
+    for container in status.container_statuses.iter().flatten() {
+        let state = container.state.clone().unwrap_or_default();
+        if let Some(waiting) = state.waiting {
+            let reason = waiting.reason.unwrap_or_default();
+            let message = waiting.message.unwrap_or_default();
+            if let Some(cause) = image_failure(&reason, &message, &container.image) {
                 return PodState::Failed { name, cause };
             }
-            if matches!(reason, "CreateContainerConfigError" | "CreateContainerError" | "CrashLoopBackOff") {
+            if matches!(reason.as_str(), "CreateContainerConfigError" | "CreateContainerError" | "CrashLoopBackOff") {
                 return PodState::Failed { name, cause: format!("the container cannot start ({reason}): {message}") };
             }
+            if reason == "ImagePullBackOff" {
+                let detail = format!("pulling the image {} backs off (the events say why)", container.image);
+                return PodState::Pending { name, detail };
+            }
         }
-        if let Some(terminated) = status.pointer("/state/terminated") {
-            let reason = text(terminated, &["reason"]);
-            return PodState::Failed { name, cause: format!("the container ended ({reason})") };
+        if let Some(terminated) = state.terminated {
+            let reason = terminated.reason.unwrap_or_default();
+            return PodState::Failed {
+                name,
+                cause: format!("the container ended ({reason}, exit code {})", terminated.exit_code),
+            };
         }
     }
-    let conditions = pod.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
-    let condition = |kind: &str| conditions.iter().find(|condition| text(condition, &["type"]) == kind);
+    let conditions = status.conditions.clone().unwrap_or_default();
+    let condition = |kind: &str| conditions.iter().find(|condition| condition.type_ == kind);
     if let Some(scheduled) = condition("PodScheduled")
-        && text(scheduled, &["status"]) == "False"
-        && text(scheduled, &["reason"]) == "Unschedulable"
+        && scheduled.status == "False"
+        && scheduled.reason.as_deref() == Some("Unschedulable")
     {
-        let message = text(scheduled, &["message"]);
-        return PodState::Pending { name, detail: format!("unschedulable: {message}") };
+        return PodState::Unschedulable { name, message: scheduled.message.clone().unwrap_or_default() };
     }
-    if phase == "Running" && condition("Ready").is_some_and(|ready| text(ready, &["status"]) == "True") {
+    if phase == "Running" && condition("Ready").is_some_and(|ready| ready.status == "True") {
         return PodState::Ready { name };
     }
-    PodState::Pending { name, detail: format!("phase {}", if phase.is_empty() { "unknown" } else { phase }) }
+    PodState::Pending { name, detail: format!("phase {}", if phase.is_empty() { "unknown" } else { &phase }) }
 }
 
-/// The cause of an image that cannot be pulled, from a waiting reason and message; `None`
-/// when the reason is not about the image or says nothing yet.
+/// Why a pod that was Ready cannot run a step any more, if it cannot: it is being deleted
+/// (its Job deleted, its node lost), it ended, or it is not Ready (its node stopped
+/// answering: the node controller marks its pods so).
+pub fn broken(pod: &Pod) -> Option<String> {
+    match from_pod(pod) {
+        PodState::Ready { .. } => None,
+        PodState::Failed { cause, .. } => Some(cause),
+        _ => {
+            let conditions = pod.status.as_ref().and_then(|status| status.conditions.clone()).unwrap_or_default();
+            let ready = conditions.iter().find(|condition| condition.type_ == "Ready");
+            let said = ready
+                .map(|ready| {
+                    let reason = ready.reason.clone().unwrap_or_default();
+                    let message = ready.message.clone().unwrap_or_default();
+                    format!("{reason} {message}").trim().to_string()
+                })
+                .filter(|said| !said.is_empty())
+                .map(|said| format!(" ({said})"))
+                .unwrap_or_default();
+            Some(format!("the pod is not Ready any more{said}: its node stopped answering, or its container ended"))
+        }
+    }
+}
+
+/// The cause of an image that cannot be pulled, from a waiting reason (or an event) and its
+/// message; `None` when the reason is not about the image or says nothing yet. A missing
+/// image and a denied pull are told apart only where the registry's words allow.
 pub fn image_failure(reason: &str, message: &str, image: &str) -> Option<String> {
-    if !matches!(reason, "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull") {
+    if !matches!(reason, "ErrImagePull" | "InvalidImageName" | "ErrImageNeverPull") {
         return None;
     }
     let lower = message.to_ascii_lowercase();
-    if reason == "InvalidImageName"
-        || ["not found", "manifest unknown", "does not exist", "no such host"].iter().any(|word| lower.contains(word))
-    {
-        Some(format!("the image {image} does not exist ({reason}): {message}"))
-    } else if ["unauthorized", "denied", "authentication required", "forbidden", "401", "403"]
+    if reason == "InvalidImageName" {
+        return Some(format!("the image reference {image:?} is not valid ({reason}): {message}"));
+    }
+    if lower.contains("repository does not exist or may require authorization") {
+        return Some(format!(
+            "the image {image} cannot be pulled ({reason}): the registry does not say whether it is \
+             missing or the pull was denied: {message}"
+        ));
+    }
+    if ["not found", "manifest unknown", "name unknown", "no such host"].iter().any(|word| lower.contains(word)) {
+        return Some(format!("the image {image} does not exist ({reason}): {message}"));
+    }
+    if ["unauthorized", "authentication required", "denied", "forbidden", "401", "403"]
         .iter()
         .any(|word| lower.contains(word))
     {
-        Some(format!("pulling the image {image} was denied ({reason}): {message}"))
-    } else if reason == "ErrImagePull" || reason == "ErrImageNeverPull" {
-        Some(format!("the image {image} cannot be pulled ({reason}): {message}"))
-    } else {
-        // ImagePullBackOff says only "Back-off pulling image": the events say why.
-        None
+        return Some(format!("pulling the image {image} was denied ({reason}): {message}"));
+    }
+    Some(format!("the image {image} cannot be pulled ({reason}): {message}"))
+}
+
+/// What the events about a run's Job and pod say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Said {
+    /// The Job could not create its pod: the message of its `FailedCreate` event.
+    pub failed_create: Option<String>,
+    /// The image cannot be pulled: the cause, from the kubelet's `Failed` or `InspectFailed`.
+    pub image: Option<String>,
+    /// What the cluster autoscaler said last about adding a node for the pod.
+    pub scale: Option<Scale>,
+}
+
+/// What a cluster autoscaler said about a pod it found unschedulable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scale {
+    /// It is adding a node for it (`TriggeredScaleUp`): its message.
+    Adding(String),
+    /// No node group can take it (`NotTriggerScaleUp`): its message.
+    Refused(String),
+}
+
+impl Said {
+    /// Takes in one event.
+    pub fn add(&mut self, event: &Event) {
+        let reason = event.reason.clone().unwrap_or_default();
+        let message = event.message.clone().unwrap_or_default();
+        match reason.as_str() {
+            "FailedCreate" => self.failed_create = Some(message),
+            // The last word counts: a later scan may change its mind.
+            "TriggeredScaleUp" => self.scale = Some(Scale::Adding(message)),
+            "NotTriggerScaleUp" => self.scale = Some(Scale::Refused(message)),
+            "InspectFailed" => {
+                let image = quoted(&message).unwrap_or_default();
+                self.image = image_failure("InvalidImageName", &message, &image);
+            }
+            "Failed" if message.starts_with("Failed to pull image") => {
+                // `Error: ErrImagePull` and `Error: ImagePullBackOff` say nothing more.
+                let image = quoted(&message).unwrap_or_default();
+                self.image = image_failure("ErrImagePull", &message, &image);
+            }
+            _ => {}
+        }
     }
 }
 
-/// The pod's state with its events weighed in: an image back-off is named by its last
-/// `Failed` event, and an unschedulable pod is fatal unless a scale-up was triggered.
-pub fn with_events(state: PodState, events: &Value) -> PodState {
-    let items = events.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-    let has = |reason: &str| items.iter().any(|event| text(event, &["reason"]) == reason);
-    let last_warning = items
-        .iter()
-        .rev()
-        .find(|event| text(event, &["type"]) == "Warning")
-        .map(|event| (text(event, &["reason"]).to_string(), text(event, &["message"]).to_string()));
-    match state {
-        PodState::Pending { name, detail } if detail.starts_with("unschedulable") => {
-            let scaling = has("TriggeredScaleUp") && !has("NotTriggerScaleUp");
-            let no_nodes = detail.contains("0/0 nodes") || detail.contains("no nodes available");
-            if scaling || no_nodes {
-                PodState::Pending { name, detail: format!("{detail} (waiting for a node)") }
-            } else {
-                PodState::Failed { name, cause: format!("the pod is {detail}") }
-            }
-        }
-        PodState::Pending { name, detail } => match last_warning {
-            Some((reason, message)) if reason == "Failed" && message.contains("image") => {
-                let cause = image_failure("ErrImagePull", &message, "")
-                    .unwrap_or_else(|| format!("the image cannot be pulled: {message}"));
-                PodState::Failed { name, cause }
-            }
-            _ => PodState::Pending { name, detail },
-        },
-        other => other,
-    }
+/// The first double-quoted word of a message: the image of a kubelet's event.
+fn quoted(message: &str) -> Option<String> {
+    let start = message.find('"')? + 1;
+    let end = message[start..].find('"')? + start;
+    Some(message[start..end].to_string())
 }
 
 #[cfg(test)]
@@ -147,44 +196,86 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn waiting(reason: &str, message: &str) -> Value {
-        json!({"metadata": {"name": "p"}, "status": {"phase": "Pending", "containerStatuses": [
-            {"name": "run", "image": "nope:1", "ready": false, "state": {"waiting": {"reason": reason, "message": message}}}
-        ]}})
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("a pod")
+    }
+
+    fn waiting(reason: &str, message: &str) -> Pod {
+        pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Pending", "containerStatuses": [
+            {"name": "run", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
+             "state": {"waiting": {"reason": reason, "message": message}}}
+        ]}}))
+    }
+
+    fn event(reason: &str, message: &str) -> Event {
+        serde_json::from_value(
+            json!({"metadata": {"name": "e"}, "involvedObject": {}, "reason": reason, "message": message}),
+        )
+        .expect("an event")
     }
 
     #[test]
-    fn image_failures_are_named() {
-        let missing = from_pod(&waiting("ErrImagePull", "rpc error: nope:1: not found"));
+    fn image_failures_are_named_as_far_as_the_registry_says() {
+        let missing = from_pod(&waiting("ErrImagePull", "rpc error: code = NotFound desc = nope:1: not found"));
         assert!(
-            matches!(missing, PodState::Failed { ref cause, .. } if cause.starts_with("the image nope:1 does not exist"))
+            matches!(missing, PodState::Failed { ref cause, .. } if cause.starts_with("the image nope:1 does not exist")),
+            "{missing:?}"
         );
-        let denied = from_pod(&waiting("ErrImagePull", "pull access denied, 401 Unauthorized"));
-        assert!(matches!(denied, PodState::Failed { ref cause, .. } if cause.contains("was denied")));
-        let back_off = from_pod(&waiting("ImagePullBackOff", "Back-off pulling image"));
-        assert!(matches!(back_off, PodState::Pending { .. }));
-        let events = json!({"items": [{"type": "Warning", "reason": "Failed", "message": "Failed to pull image \"nope:1\": not found"}]});
-        assert!(matches!(with_events(back_off, &events), PodState::Failed { .. }));
+        let denied = from_pod(&waiting("ErrImagePull", "pulling nope:1: 401 Unauthorized"));
+        assert!(matches!(denied, PodState::Failed { ref cause, .. } if cause.contains("was denied")), "{denied:?}");
+        let alike = "pull access denied, repository does not exist or may require authorization: server message: insufficient_scope";
+        let either = from_pod(&waiting("ErrImagePull", alike));
+        assert!(
+            matches!(either, PodState::Failed { ref cause, .. } if cause.contains("does not say whether") && cause.contains(alike)),
+            "{either:?}"
+        );
+        let back_off = from_pod(&waiting("ImagePullBackOff", "Back-off pulling image \"nope:1\""));
+        assert!(matches!(back_off, PodState::Pending { .. }), "{back_off:?}");
+        let mut said = Said::default();
+        said.add(&event("Failed", "Error: ImagePullBackOff"));
+        assert_eq!(said.image, None, "the back-off's own event says nothing");
+        said.add(&event("Failed", "Failed to pull image \"nope:1\": rpc error: code = NotFound desc = not found"));
+        assert!(said.image.as_deref().is_some_and(|cause| cause.starts_with("the image nope:1 does not exist")));
+        let invalid = from_pod(&waiting("InvalidImageName", "couldn't parse image name \"Bad Image!!\""));
+        assert!(matches!(invalid, PodState::Failed { ref cause, .. } if cause.contains("is not valid")), "{invalid:?}");
     }
 
     #[test]
-    fn unschedulable_is_fatal_unless_scaling_up() {
-        let pod = json!({"metadata": {"name": "p"}, "status": {"phase": "Pending", "conditions": [
+    fn unschedulable_and_scale_up_events() {
+        let pending = pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Pending", "conditions": [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes are available: 1 Insufficient cpu."}
-        ]}});
-        let state = from_pod(&pod);
-        let failed = with_events(state.clone(), &json!({"items": []}));
-        assert!(matches!(failed, PodState::Failed { ref cause, .. } if cause.contains("Insufficient cpu")));
-        let scaling = json!({"items": [{"type": "Normal", "reason": "TriggeredScaleUp", "message": "scale up"}]});
-        assert!(matches!(with_events(state, &scaling), PodState::Pending { .. }));
+        ]}}));
+        assert_eq!(
+            from_pod(&pending),
+            PodState::Unschedulable {
+                name: "p".into(),
+                message: "0/1 nodes are available: 1 Insufficient cpu.".into()
+            }
+        );
+        let mut said = Said::default();
+        said.add(&event("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 Insufficient cpu"));
+        said.add(&event("TriggeredScaleUp", "pod triggered scale-up: [{pool 1->2 (max: 3)}]"));
+        assert_eq!(said.scale, Some(Scale::Adding("pod triggered scale-up: [{pool 1->2 (max: 3)}]".into())));
+        said.add(&event("NotTriggerScaleUp", "pod didn't trigger scale-up: 1 Insufficient cpu"));
+        assert!(matches!(said.scale, Some(Scale::Refused(_))), "the last word counts");
+        said.add(&event("FailedCreate", "Error creating: pods \"j-1\" is forbidden: violates PodSecurity"));
+        assert!(said.failed_create.as_deref().is_some_and(|m| m.contains("PodSecurity")));
     }
 
     #[test]
-    fn ready_lost_and_missing() {
-        let ready = json!({"metadata": {"name": "p"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+    fn ready_lost_and_terminating() {
+        let ready = pod(
+            json!({"metadata": {"name": "p"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+        );
         assert_eq!(from_pod(&ready), PodState::Ready { name: "p".into() });
-        let lost = json!({"metadata": {"name": "p"}, "status": {"phase": "Failed", "reason": "NodeLost", "message": "node n1 is unresponsive"}});
-        assert!(matches!(from_pod(&lost), PodState::Failed { ref cause, .. } if cause.contains("node was lost")));
-        assert_eq!(from_list(&json!({"items": []})), PodState::Missing);
+        assert_eq!(broken(&ready), None);
+        let unready = pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "False", "reason": "NodeNotReady"}]}}));
+        assert!(broken(&unready).is_some_and(|cause| cause.contains("NodeNotReady")));
+        let lost = pod(json!({"metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Running", "reason": "NodeLost", "message": "Node n1 which was running pod p is unresponsive"}}));
+        assert!(
+            matches!(from_pod(&lost), PodState::Failed { ref cause, .. } if cause.starts_with("its node was lost"))
+        );
     }
 }

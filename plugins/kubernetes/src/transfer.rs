@@ -1,22 +1,24 @@
-//! `upload` and `download`: tar streams between the side channel and `kubectl exec -i` of
-//! `tar x` / `tar c` in the pod, which keeps modes, symlinks, executable bits and empty
-//! folders; every uploaded entry is vetted on its way
-//! ([`knotless_protocol::tarball::copy_vetted`]). The SDK bounds the bytes and the deadline; a
-//! missing folder is `NOT_FOUND`.
+//! `upload` and `download`: tar streams between the side channel and an exec of `tar x` /
+//! `tar c` in the pod over the API's websocket, which keeps modes, symlinks, executable bits
+//! and empty folders; every uploaded entry is vetted on its way
+//! ([`knotless_protocol::tarball::copy_vetted`]), unpacked into a staging folder inside the
+//! destination and merged in only once whole. The exit code comes from the exec's status
+//! channel. The SDK bounds the bytes and the deadline; a missing folder is `NOT_FOUND`.
 
-use std::process::Stdio;
-
-use knotless_protocol::sdk::remote;
+use knotless_protocol::sdk::remote::{self, Exec};
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
 use knotless_protocol::*;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::KubernetesExecutor;
-use crate::kubectl::{self, Kubectl};
-use crate::session::{CALL_LIMIT, Session};
+use crate::api::Client;
+use crate::session::Session;
 
 /// The exit code of the download script when the folder is missing.
 const MISSING: i32 = 66;
+
+/// How much of an exec's stderr is kept for its error.
+const SAID: u64 = 4096;
 
 /// Unpacks stdin into `$1`, created first.
 pub const UNPACK: &str = "mkdir -p -- \"$1\" && exec tar -x -p -f - -C \"$1\"";
@@ -24,14 +26,14 @@ pub const UNPACK: &str = "mkdir -p -- \"$1\" && exec tar -x -p -f - -C \"$1\"";
 /// Packs the contents of `$1` to stdout, or exits 66 when it is no folder.
 pub const PACK: &str = "[ -d \"$1\" ] || { echo \"no folder $1\" >&2; exit 66; }; exec tar -c -f - -C \"$1\" .";
 
-/// The argv of an upload into `path`.
-pub fn upload_args(pod: &str, path: &str) -> Vec<String> {
-    kubectl::exec_args(pod, &["sh", "-c", UNPACK, "sh", path])
+/// The argv of an unpack into `path`.
+pub fn unpack_argv(path: &str) -> Vec<String> {
+    ["sh", "-c", UNPACK, "sh", path].into_iter().map(str::to_string).collect()
 }
 
-/// The argv of a download of `path`.
-pub fn download_args(pod: &str, path: &str) -> Vec<String> {
-    kubectl::exec_args(pod, &["sh", "-c", PACK, "sh", path])
+/// The argv of a pack of `path`.
+pub fn pack_argv(path: &str) -> Vec<String> {
+    ["sh", "-c", PACK, "sh", path].into_iter().map(str::to_string).collect()
 }
 
 fn absolute(path: &str) -> Result<String, ExecutorError> {
@@ -42,6 +44,29 @@ fn absolute(path: &str) -> Result<String, ExecutorError> {
     }
 }
 
+/// Reads `reader` to its end, keeping its first [`SAID`] bytes as one line of text: a
+/// flood is drained, never kept, and never blocks the exec.
+async fn said(mut reader: remote::Reader) -> String {
+    let mut kept = Vec::new();
+    let mut buffer = vec![0u8; 16 * 1024];
+    while let Ok(count) = reader.read(&mut buffer).await {
+        if count == 0 {
+            break;
+        }
+        let room = (SAID as usize).saturating_sub(kept.len());
+        kept.extend_from_slice(&buffer[..count.min(room)]);
+    }
+    String::from_utf8_lossy(&kept).trim().replace('\n', " | ")
+}
+
+/// Runs `argv` with no input to its end; its exit code and stderr.
+async fn run(client: &Client, session: &Session, argv: Vec<String>) -> Result<(Option<i32>, String), ExecutorError> {
+    let Exec { stdin, stdout, stderr, ended } = client.exec(&session.namespace, &session.pod, argv, None).await?;
+    drop(stdin);
+    let (said, _, code) = tokio::join!(said(stderr), said(stdout), ended);
+    Ok((code, said))
+}
+
 /// `upload`.
 pub async fn upload(
     executor: &KubernetesExecutor,
@@ -49,20 +74,28 @@ pub async fn upload(
     data: UploadStream,
     _context: Context,
 ) -> Result<(), ExecutorError> {
-    let kubectl = executor.kubectl()?;
     let session = executor.session(&params.session)?;
+    let client = executor.cluster()?.client().await?;
     let path = absolute(&params.path)?;
-    // Unpacked into a staging folder inside the destination, merged in only once whole.
     let staging = remote::staging_path(&path)?;
-    let unpacked = unpack(&kubectl, &session, &staging, &path, data).await;
+    let unpacked = unpack(&client, &session, &staging, &path, data).await;
     let finish = match &unpacked {
         Ok(()) => remote::merge_argv(&staging, &path),
         Err(_) => remote::discard_argv(&staging),
     };
-    let finish: Vec<&str> = finish.iter().map(String::as_str).collect();
-    if let Err(error) = kubectl.ok(&kubectl::exec_args(&session.pod, &finish), None, CALL_LIMIT).await {
-        let error = ExecutorError::infrastructure(format!("cannot finish the upload into {path}: {}", error.message));
-        return unpacked.and(Err(error));
+    match run(&client, &session, finish).await {
+        Ok((Some(0), _)) => {}
+        Ok((code, said)) => {
+            let error = ExecutorError::infrastructure(format!(
+                "cannot finish the upload into {path} (exit code {code:?}): {said}"
+            ));
+            return unpacked.and(Err(error));
+        }
+        Err(error) => {
+            let error =
+                ExecutorError::infrastructure(format!("cannot finish the upload into {path}: {}", error.message));
+            return unpacked.and(Err(error));
+        }
     }
     unpacked?;
     tracing::info!(job = %session.job, namespace = %session.namespace, path = %path, "uploaded");
@@ -71,30 +104,23 @@ pub async fn upload(
 
 /// `tar x` of the vetted stream into the folder `staging` in the pod.
 async fn unpack(
-    kubectl: &Kubectl,
+    client: &Client,
     session: &Session,
     staging: &str,
     path: &str,
     data: UploadStream,
 ) -> Result<(), ExecutorError> {
-    let mut command = kubectl.command(&upload_args(&session.pod, staging));
-    command.stdin(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|error| ExecutorError::infrastructure(format!("cannot run kubectl exec to upload {path}: {error}")))?;
-    let stdin = child.stdin.take().ok_or_else(|| ExecutorError::infrastructure("kubectl exec has no stdin"))?;
+    let Exec { stdin, stdout, stderr, ended } =
+        client.exec(&session.namespace, &session.pod, unpack_argv(staging), None).await?;
     // Entries are vetted on their way: `tar x` in the pod would unpack device nodes and `..`.
-    let (fed, output) = tokio::join!(remote::feed_vetted(data, stdin, path), child.wait_with_output());
-    let output =
-        output.map_err(|error| ExecutorError::infrastructure(format!("kubectl exec to upload {path}: {error}")))?;
-    let stderr = String::from_utf8_lossy(&output.stderr).trim().replace('\n', " | ");
+    let (fed, said, _, code) = tokio::join!(remote::feed_vetted(data, stdin, path), said(stderr), said(stdout), ended);
     fed.map_err(|error| match error.kind {
-        ErrorKind::Infrastructure => ExecutorError::infrastructure(format!("{}; {stderr}", error.message)),
+        ErrorKind::Infrastructure => ExecutorError::infrastructure(format!("{}; {said}", error.message)),
         _ => error,
     })?;
-    if !output.status.success() {
+    if code != Some(0) {
         return Err(ExecutorError::infrastructure(format!(
-            "cannot unpack into {path} in pod {}: {stderr}",
+            "cannot unpack into {path} in pod {} (exit code {code:?}): {said}",
             session.pod
         )));
     }
@@ -108,32 +134,33 @@ pub async fn download(
     mut data: DownloadStream,
     _context: Context,
 ) -> Result<(), ExecutorError> {
-    let kubectl = executor.kubectl()?;
     let session = executor.session(&params.session)?;
+    let client = executor.cluster()?.client().await?;
     let path = absolute(&params.path)?;
-    let mut child = kubectl.command(&download_args(&session.pod, &path)).spawn().map_err(|error| {
-        ExecutorError::infrastructure(format!("cannot run kubectl exec to download {path}: {error}"))
-    })?;
-    let mut stdout = child.stdout.take().ok_or_else(|| ExecutorError::infrastructure("kubectl exec has no stdout"))?;
-    let mut stderr = child.stderr.take().ok_or_else(|| ExecutorError::infrastructure("kubectl exec has no stderr"))?;
-    let mut said = Vec::new();
-    let (copied, _) = tokio::join!(tokio::io::copy(&mut stdout, &mut data), stderr.read_to_end(&mut said));
-    if copied.is_err() {
-        let _ = child.start_kill();
-    }
-    let status = child
-        .wait()
-        .await
-        .map_err(|error| ExecutorError::infrastructure(format!("kubectl exec to download {path}: {error}")))?;
-    let said = String::from_utf8_lossy(&said).trim().replace('\n', " | ");
-    if status.code() == Some(MISSING) {
+    let Exec { stdin, mut stdout, stderr, ended } =
+        client.exec(&session.namespace, &session.pod, pack_argv(&path), None).await?;
+    drop(stdin);
+    let copy = async {
+        let copied = tokio::io::copy(&mut stdout, &mut data).await;
+        if copied.is_err() {
+            // A refused download: the rest is read and dropped, so the exec reaches its end
+            // (its websocket task waits for a reader while its buffer is full).
+            let _ = tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await;
+        }
+        copied
+    };
+    let (copied, said, code) = tokio::join!(copy, said(stderr), ended);
+    if code == Some(MISSING) {
         return Err(ExecutorError::new(ErrorKind::NotFound, format!("no path {path} in session {}", session.id)));
     }
     if let Err(error) = copied {
         return Err(ExecutorError::infrastructure(format!("the download of {path} failed: {error}")));
     }
-    if !status.success() {
-        return Err(ExecutorError::infrastructure(format!("cannot pack {path} in pod {}: {said}", session.pod)));
+    if code != Some(0) {
+        return Err(ExecutorError::infrastructure(format!(
+            "cannot pack {path} in pod {} (exit code {code:?}): {said}",
+            session.pod
+        )));
     }
     data.shutdown()
         .await
@@ -142,17 +169,15 @@ pub async fn download(
     Ok(())
 }
 
-use tokio::io::AsyncReadExt as _;
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn transfer_argv_keeps_the_path_out_of_the_script() {
-        let args = download_args("p", "/work/a b");
+        let args = pack_argv("/work/a b");
         assert_eq!(args.last().map(String::as_str), Some("/work/a b"));
-        assert!(!args[8].contains("/work/a b"));
+        assert!(!args[2].contains("/work/a b"));
         assert!(absolute("relative").is_err() && absolute("/a/../b").is_err());
     }
 }

@@ -204,11 +204,12 @@ impl Supervisor {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => return Ok(true),
                 Ok(status) => {
-                    if !self.shell_done && status.pid() == Some(self.shell) {
-                        if let Some(code) = exit_code(status) {
-                            self.shell_done = true;
-                            self.send(&format!("exit {code}"))?;
-                        }
+                    if !self.shell_done
+                        && status.pid() == Some(self.shell)
+                        && let Some(code) = exit_code(status)
+                    {
+                        self.shell_done = true;
+                        self.send(&format!("exit {code}"))?;
                     }
                 }
                 Err(Errno::ECHILD) => return Ok(!self.shell_done),
@@ -479,10 +480,10 @@ impl Reaper {
     async fn collect(&mut self) {
         let status = self.child.wait().await;
         reapers().remove(&self.pid);
-        if let Ok(status) = status {
-            if status.signal().is_some() || !status.success() {
-                tracing::debug!(pid = self.pid, ?status, "the step reaper ended badly");
-            }
+        if let Ok(status) = status
+            && (status.signal().is_some() || !status.success())
+        {
+            tracing::debug!(pid = self.pid, ?status, "the step reaper ended badly");
         }
     }
 }

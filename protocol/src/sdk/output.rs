@@ -1,5 +1,5 @@
 //! A step's stdout and stderr pipes, read as chunks from whichever has bytes first: the loop
-//! every executor that runs a local process (a shell, `docker exec`, `kubectl exec`) needs.
+//! every executor that runs a local process (a shell, `docker exec`) needs.
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 

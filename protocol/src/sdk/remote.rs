@@ -17,7 +17,10 @@
 //!    secret-bearing step, runs [`payload::SWEEP`]: every process of the environment that was
 //!    not there before the step (and is not init, nor a worker of what was there) is killed,
 //!    however it hid. When that cannot be done, the environment is ended
-//!    ([`Shell::end_environment`]): no process of the step outlives it unknown.
+//!    ([`Shell::end_environment`]): no process of the step outlives it unknown;
+//! 4. ends the step at once, as an infrastructure error, when the executor learns the
+//!    environment is lost while the step runs ([`Shell::failed`]: a pod deleted or its node
+//!    gone), however its stream behaves (it may hang), and ends the environment.
 //!
 //! Killing the local end of an exec kills nothing in the environment: only the sweep does.
 
@@ -142,7 +145,7 @@ pub struct Exec {
 }
 
 impl Exec {
-    /// The exec of a local client process (`docker exec -i`, `kubectl exec -i`) spawned with
+    /// The exec of a local client process (`docker exec -i`, `ssh`) spawned with
     /// its three streams piped and `kill_on_drop`: dropping the exec ends the client. `what`
     /// names the client in the error when a pipe is missing.
     pub fn from_child(mut child: tokio::process::Child, what: &str) -> Result<Exec, ExecutorError> {
@@ -172,6 +175,13 @@ pub trait Shell: Send + Sync {
     /// Ends the whole environment: a step's processes could not be killed one by one.
     fn end_environment(&self, why: &str) -> impl Future<Output = ()> + Send;
 
+    /// Ends, with the error, when the environment is known to be lost while a step runs
+    /// (a pod deleted, its node lost): the step ends at once, whatever its stream does (it
+    /// may hang), and the environment is ended. Never ends by default.
+    fn failed(&self) -> impl Future<Output = ExecutorError> + Send {
+        std::future::pending()
+    }
+
     /// The environment, for messages: `container X`, `pod Y`.
     fn describe(&self) -> String;
 }
@@ -182,6 +192,7 @@ enum Ending {
     Lost(Option<i32>),
     TimedOut,
     Cancelled,
+    Failed(ExecutorError),
 }
 
 /// Runs one step (see the module's documentation) in `workdir` of the environment.
@@ -218,6 +229,8 @@ pub async fn run_step<S: Shell>(
     let mut written = false;
     let mut ended = ended;
     let mut exited: Option<Option<i32>> = None;
+    let failed = shell.failed();
+    tokio::pin!(failed);
     let ending = loop {
         if let Some(code) = step.filter.code() {
             break Ending::Reported(code);
@@ -231,6 +244,7 @@ pub async fn run_step<S: Shell>(
             () = &mut write, if !written => written = true,
             () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
             () = context.cancelled() => break Ending::Cancelled,
+            error = &mut failed => break Ending::Failed(error),
         }
     };
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -269,6 +283,13 @@ pub async fn run_step<S: Shell>(
                 }
                 _ => ExecutorError::cancelled(),
             })
+        }
+        Ending::Failed(error) => {
+            // Its processes die with the environment; a sweep would hang on it.
+            shell.end_environment(&error.message).await;
+            tracing::error!(session = %params.session, step = params.step, "{}", error.message);
+            context.log(&params.session, LogLevel::Error, error.message.clone()).await;
+            Err(error)
         }
         Ending::Lost(code) => {
             let error = shell.lost(&name, code, &step.tail).await;

@@ -94,12 +94,11 @@ where
             continue;
         };
         let Some(id) = message.get("id").cloned() else {
-            if method == method::CANCEL {
-                if let Some(params) =
+            if method == method::CANCEL
+                && let Some(params) =
                     message.get("params").and_then(|params| serde_json::from_value::<CancelParams>(params.clone()).ok())
-                {
-                    state.cancel(&params.id);
-                }
+            {
+                state.cancel(&params.id);
             }
             continue;
         };

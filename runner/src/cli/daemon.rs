@@ -81,7 +81,7 @@ fn host_runner_id() -> String {
 }
 
 /// The subcommands, named when a REPO looks like a mistyped one.
-const SUBCOMMANDS: &str = "run, plugin, checks, logs, notify, secrets";
+const SUBCOMMANDS: &str = "run, plugin, checks, logs, notify, secrets, kubeconfig";
 
 /// Refuses a REPO that is neither a URL (`scheme://`, or `host:path` as git takes it) nor a
 /// path that exists: most often a mistyped subcommand, which must not start the daemon.
@@ -101,10 +101,10 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     if args.repositories.is_empty() && args.discover.is_none() {
         bail!("give repositories to watch (REPO...) or --discover DIR; see --help");
     }
-    if let Some(dir) = &args.discover {
-        if !dir.is_dir() {
-            bail!("--discover {}: not a folder", dir.display());
-        }
+    if let Some(dir) = &args.discover
+        && !dir.is_dir()
+    {
+        bail!("--discover {}: not a folder", dir.display());
     }
     // Before anything is made: a mistyped subcommand is not a repository to watch.
     for repository in &args.repositories {

@@ -55,9 +55,6 @@ pub struct ExecutorArgs {
     /// The namespace of the Jobs.
     #[arg(long, value_name = "NAME", help_heading = "Kubernetes executor")]
     pub namespace: Option<String>,
-    /// The kubectl program.
-    #[arg(long, value_name = "PATH", help_heading = "Kubernetes executor")]
-    pub kubectl: Option<PathBuf>,
     /// The CPU request of a Job's pod (a Kubernetes quantity).
     #[arg(long, value_name = "QUANTITY", help_heading = "Kubernetes executor")]
     pub cpu_request: Option<String>,
@@ -98,7 +95,6 @@ impl ExecutorArgs {
         put("kubeconfig", path(&self.kubeconfig));
         put("context", self.context.clone());
         put("namespace", self.namespace.clone());
-        put("kubectl", path(&self.kubectl));
         put("cpu-request", self.cpu_request.clone());
         put("memory-request", self.memory_request.clone());
         put("service-account", self.service_account.clone());

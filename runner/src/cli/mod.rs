@@ -4,6 +4,7 @@
 mod checks;
 mod daemon;
 mod executor_args;
+mod kubeconfig;
 mod notify;
 mod plugin;
 mod run;
@@ -45,6 +46,9 @@ pub enum Command {
     /// The runner's secrets key: print its recipient, seal a value to it.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// The Kubernetes executor's scoped credential: make it, check it.
+    #[command(subcommand)]
+    Kubeconfig(kubeconfig::KubeconfigCommand),
 }
 
 /// Parses the command line, runs it, and gives the process's exit code.
@@ -66,6 +70,7 @@ pub fn main() -> ExitCode {
             Some(Command::Logs(args)) => checks::logs(args).await,
             Some(Command::Notify(args)) => notify::main(args).await,
             Some(Command::Secrets(command)) => secrets::main(command).await,
+            Some(Command::Kubeconfig(command)) => kubeconfig::main(command).await,
             None => daemon::main(cli.daemon).await,
         }
     });
@@ -108,10 +113,11 @@ mod tests {
     /// Every flag of every subcommand, as `--name`.
     fn flags(command: &clap::Command, into: &mut Vec<String>) {
         for argument in command.get_arguments() {
-            if let Some(long) = argument.get_long() {
-                if long != "help" && long != "version" {
-                    into.push(format!("--{long}"));
-                }
+            if let Some(long) = argument.get_long()
+                && long != "help"
+                && long != "version"
+            {
+                into.push(format!("--{long}"));
             }
         }
         for subcommand in command.get_subcommands() {
@@ -138,10 +144,10 @@ mod tests {
         for piece in reference.split('`').skip(1).step_by(2) {
             if let Some(flag) =
                 piece.strip_prefix("--").map(|rest| format!("--{}", rest.split([' ', '=']).next().unwrap_or("")))
+                && !all.contains(&flag)
+                && flag != "--help"
             {
-                if !all.contains(&flag) && flag != "--help" {
-                    unknown.push(flag);
-                }
+                unknown.push(flag);
             }
         }
         assert!(unknown.is_empty(), "docs/reference/cli.md describes flags knotless-run lacks: {unknown:?}");

@@ -108,11 +108,12 @@ impl<F: Forge> Daemon<F> {
             let report = engine::execute(&self.host, &plan, &mut tee, &never).await;
             let mut promote = trusted && report.status == RunStatus::Success;
             let mut epilogue = String::new();
-            if promote && !leases.is_empty() {
-                if let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor) {
-                    tee.note(&mut epilogue, &format!("caches not kept: {cause}"));
-                    promote = false;
-                }
+            if promote
+                && !leases.is_empty()
+                && let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor)
+            {
+                tee.note(&mut epilogue, &format!("caches not kept: {cause}"));
+                promote = false;
             }
             let notes = self.caches.settle(&repository.key, &workflow.name, &check.run_id, &leases, promote).await;
             for note in &notes {
@@ -169,10 +170,10 @@ impl<F: Forge> Daemon<F> {
 
     /// Stores a final check (and, when given, its whole log) and forgets the run.
     pub(super) fn finish(&self, check: &crate::checks::CheckRecord, log: &str) {
-        if !log.is_empty() {
-            if let Err(error) = self.forge.put_log(check, log) {
-                tracing::error!("cannot store the log of {}: {error:#}", check.run_id);
-            }
+        if !log.is_empty()
+            && let Err(error) = self.forge.put_log(check, log)
+        {
+            tracing::error!("cannot store the log of {}: {error:#}", check.run_id);
         }
         self.put_check(check);
         self.state.update(|state| state.in_flight.remove(&check.run_id));

@@ -143,6 +143,11 @@ impl ExecutorHost {
         Ok(host)
     }
 
+    /// The process id of the executor running now, if one runs.
+    pub async fn pid(&self) -> Option<u32> {
+        self.current.lock().await.as_ref().and_then(|live| live.process.pid())
+    }
+
     /// The executor's name, as the runner calls it.
     pub fn name(&self) -> &str {
         &self.config.process.name

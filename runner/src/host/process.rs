@@ -15,8 +15,19 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// Variables an executor inherits from the runner; everything else is withheld.
-pub const INHERITED_VARIABLES: &[&str] =
-    &["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "XDG_RUNTIME_DIR", "KNOTLESS_LOG"];
+pub const INHERITED_VARIABLES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "KUBECONFIG",
+    "KNOTLESS_LOG",
+];
 
 const TAIL_LINES: usize = 20;
 const TAIL_LINE_CHARS: usize = 400;
@@ -103,6 +114,11 @@ impl ExecutorProcess {
             stderr_done: tokio::sync::Mutex::new(Some(stderr_done)),
         };
         Ok((process, stdin, stdout))
+    }
+
+    /// Its process id (it leads its own process group).
+    pub fn pid(&self) -> Option<u32> {
+        self.pgid.and_then(|pgid| u32::try_from(pgid.as_raw()).ok())
     }
 
     /// The last lines of its stderr.

@@ -43,8 +43,11 @@ fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
     Ok(std::fs::canonicalize(path)?)
 }
 
+/// `bench [GROUP...]`: every group (`protocol`, `memory`, `kubernetes`), or those named.
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let groups: Vec<String> = std::env::args().skip(1).collect();
+    let wanted = |group: &str| groups.is_empty() || groups.iter().any(|g| g == group);
     let work = tempfile::tempdir()?;
     let shell = release_bin("knotless-executor-shell")?;
     let runner =
@@ -53,15 +56,21 @@ async fn main() -> anyhow::Result<()> {
     let process = ProcessSpec { name: "shell".into(), path: shell, pass_env: Vec::new() };
     let host = ExecutorHost::start(HostConfig::new(process, runner, options)).await?;
     let mut rows = Vec::new();
-    rows.push(round_trip(&host).await?);
-    let session = open(&host).await?;
-    rows.push(trivial_step(&session).await?);
-    rows.push(upload(&session, work.path()).await?);
-    session.stop(false, Duration::from_secs(60)).await?;
+    if wanted("protocol") {
+        rows.push(round_trip(&host).await?);
+        let session = open(&host).await?;
+        rows.push(trivial_step(&session).await?);
+        rows.push(upload(&session, work.path()).await?);
+        session.stop(false, Duration::from_secs(60)).await?;
+        rows.push(masking()?);
+    }
     host.shutdown().await;
-    rows.push(masking()?);
-    rows.extend(memory(work.path())?);
-    rows.extend(kubernetes(work.path()).await?);
+    if wanted("memory") {
+        rows.extend(memory(work.path())?);
+    }
+    if wanted("kubernetes") {
+        rows.extend(kubernetes(work.path()).await?);
+    }
     println!("| figure | knotless-run | reference | ratio |");
     println!("|---|---|---|---|");
     for row in rows {
@@ -220,7 +229,7 @@ fn masking() -> anyhow::Result<Row> {
     let mut line = 0usize;
     while text.len() < 64 << 20 {
         line += 1;
-        if line % 50 == 0 {
+        if line.is_multiple_of(50) {
             text.extend_from_slice(format!("token {} in line {line}\n", secrets[line % 100]).as_bytes());
         } else {
             text.extend_from_slice(
@@ -301,20 +310,15 @@ async fn run_of(host: &std::sync::Arc<ExecutorHost>, session: &str, steps: usize
     Ok(started.elapsed())
 }
 
-/// kubectl calls and wall time of runs of 1 and 10 steps on the fake kubectl, against the same
+/// API requests (counted by the fake API server, a watch once), processes the executor
+/// started, and wall time of runs of 1 and 10 steps on the fake API server, against the same
 /// runs through the shell executor.
 async fn kubernetes(scratch: &Path) -> anyhow::Result<Vec<Row>> {
-    let cluster = scratch.join("cluster");
-    let script = Path::new("tests/fake-kubectl/fake-cluster.sh");
-    let output =
-        tokio::process::Command::new("bash").arg(script).arg(&cluster).arg(scratch.join("rootfs.tar")).output().await?;
-    if !output.status.success() {
-        bail!("fake-cluster.sh failed: {}", String::from_utf8_lossy(&output.stderr));
-    }
-    let kubeconfig = String::from_utf8(output.stdout)?.trim().to_string();
+    let _ = scratch;
+    let cluster = knotless_tests::cluster::FakeCluster::start(&["--grace", "1s"]);
     let options = BTreeMap::from([
-        ("kubectl".to_string(), release_bin("fake-kubectl")?.display().to_string()),
-        ("kubeconfig".to_string(), kubeconfig),
+        ("kubeconfig".to_string(), cluster.kubeconfig.display().to_string()),
+        ("namespace".to_string(), "knotless-runs".to_string()),
         ("image".to_string(), "busybox".to_string()),
     ]);
     let kube = executor("kubernetes", "knotless-executor-kubernetes", options).await?;
@@ -325,16 +329,21 @@ async fn kubernetes(scratch: &Path) -> anyhow::Result<Vec<Row>> {
         BTreeMap::from([("work-dir".to_string(), shell_work.display().to_string())]),
     )
     .await?;
-    let calls = cluster.join("state/calls.jsonl");
-    let count = || std::fs::read_to_string(&calls).map(|text| text.lines().count()).unwrap_or(0);
+    let count = || cluster.requests()["requests"].as_u64().unwrap_or(0);
     let mut rows = Vec::new();
     for steps in [1, 10] {
         let before = count();
+        let children = ChildWatch::start(kube.pid().await);
         let ours = run_of(&kube, &format!("bench-k8s-{steps}"), steps).await?;
+        let spawned = children.stop();
         let used = count() - before;
         let reference = run_of(&shell, &format!("bench-shell-{steps}"), steps).await?;
         rows.push(Row {
-            what: format!("a run of {steps} step(s) on the fake kubectl: {used} kubectl calls (reference: the same run through the shell executor)"),
+            what: format!(
+                "a run of {steps} step(s) on the fake API server: {used} API requests (bound: {}), \
+                 {spawned} processes started by the executor (reference: the same run through the shell executor)",
+                steps + 6
+            ),
             ours: millis(ours),
             reference: millis(reference),
             ratio: ours.as_secs_f64() / reference.as_secs_f64(),
@@ -343,6 +352,39 @@ async fn kubernetes(scratch: &Path) -> anyhow::Result<Vec<Row>> {
     kube.shutdown().await;
     shell.shutdown().await;
     Ok(rows)
+}
+
+/// Counts the distinct child processes a process had while it ran, by sampling
+/// `/proc/PID/task/*/children` every millisecond on a thread of its own.
+struct ChildWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl ChildWatch {
+    fn start(pid: Option<u32>) -> ChildWatch {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            let Some(pid) = pid else { return 0 };
+            while !flag.load(Ordering::Relaxed) {
+                for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+                    let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                    seen.extend(children.split_whitespace().map(str::to_string));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            seen.len()
+        });
+        ChildWatch { stop, thread }
+    }
+
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or(usize::MAX)
+    }
 }
 
 /// The most memory `knotless-run run` may hold, whatever a step or an executor sends.

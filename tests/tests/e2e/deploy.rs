@@ -1,12 +1,14 @@
 //! The deployment: `deploy/install.sh` and `deploy/uninstall.sh` into a temporary `DESTDIR`,
 //! the systemd units through `systemd-analyze verify`, and the commands of
-//! `docs/guide/kubernetes-runner.md` against the fake kubectl.
+//! `docs/guide/kubernetes-runner.md` against the fake API server, with a `kubectl` on `PATH`
+//! that fails the test if anything runs it.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use knotless_tests::cluster::FakeCluster;
 use knotless_tests::{Ran, bin, bin_dir, ran};
 
 /// The workspace's root folder.
@@ -255,21 +257,6 @@ fn systemd_analyze_accepts_the_units() {
     assert!(complaints.is_empty(), "systemd-analyze verify of the installed units: {complaints:#?}");
 }
 
-/// A fake cluster in `<work>/cluster` (`tests/fake-kubectl/fake-cluster.sh`); its admin
-/// kubeconfig's path.
-fn fake_cluster(work: &Path) -> String {
-    let made = ran({
-        let mut command = Command::new("bash");
-        command
-            .arg(source_root().join("tests/fake-kubectl/fake-cluster.sh"))
-            .arg(work.join("cluster"))
-            .arg(bin_dir().join("knotless-rootfs.tar"));
-        command
-    });
-    assert_eq!(made.code, Some(0), "fake-cluster.sh\n{}", made.both());
-    made.stdout.trim().to_string()
-}
-
 /// The fenced `sh` blocks of a Markdown text that follow a `<!-- test: fake-cluster -->` line.
 fn marked_blocks(markdown: &str) -> Vec<String> {
     let mut blocks = Vec::new();
@@ -287,7 +274,7 @@ fn marked_blocks(markdown: &str) -> Vec<String> {
 
 /// The names the guide's variable block sets (`NAME=value  # comment` lines).
 fn guide_variables(markdown: &str) -> Vec<String> {
-    let start = markdown.find("```sh\nKUBECTL=").expect("the guide's variable block");
+    let start = markdown.find("```sh\nKUBECONFIG_ADMIN=").expect("the guide's variable block");
     let block = &markdown[start + 6..];
     let block = &block[..block.find("```").expect("its end")];
     block.lines().filter_map(|line| line.split_once('=').map(|(name, _)| name.to_string())).collect()
@@ -300,17 +287,28 @@ fn the_kubernetes_guide_runs_against_the_fake_cluster() {
     assert!(blocks.len() >= 5, "the guide marks {} blocks for the test", blocks.len());
 
     let work = tempfile::tempdir().expect("tempdir");
-    let admin = fake_cluster(work.path());
-    let state = work.path().canonicalize().expect("canonical").join("cluster/state");
+    let cluster = FakeCluster::start(&["--grace", "2s", "--nodes", "3"]);
+    let admin = cluster.kubeconfig.display().to_string();
+    // Nothing may run kubectl: one on PATH leaves a mark if it is ever run.
+    let trap = work.path().join("trap");
+    std::fs::create_dir(&trap).expect("mkdir");
+    let mark = work.path().join("kubectl-was-run");
+    let kubectl = format!("#!/bin/sh\necho \"$@\" >> '{}'\nexit 1\n", mark.display());
+    std::fs::write(trap.join("kubectl"), kubectl).expect("a kubectl trap");
+    std::fs::set_permissions(trap.join("kubectl"), std::fs::Permissions::from_mode(0o755)).expect("chmod");
 
     // The guide's commands run against what install.sh laid out.
     let destdir = work.path().join("root");
     std::fs::create_dir(&destdir).expect("mkdir");
     install(&destdir, &["--no-docker"]);
     let tenant = destdir.join("etc/knotless/tenant.kubeconfig");
-    let path = format!("{}:{}", destdir.join("usr/local/bin").display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}:{}",
+        trap.display(),
+        destdir.join("usr/local/bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let variables: BTreeMap<&str, String> = BTreeMap::from([
-        ("KUBECTL", bin("fake-kubectl").display().to_string()),
         ("KUBECONFIG_ADMIN", admin),
         ("NAMESPACE", "knotless-runs".to_string()),
         ("RUNNER_USER", id("-un")),
@@ -346,24 +344,16 @@ fn the_kubernetes_guide_runs_against_the_fake_cluster() {
     assert_eq!(run.stdout.matches("scoped-kubeconfig: wrote").count(), 2, "{}", run.both());
     assert_eq!(mode(&tenant), 0o600);
     let scoped = std::fs::read_to_string(&tenant).expect("the tenant kubeconfig");
-    assert!(scoped.contains("token: fake-token.knotless-runs.knotless-runner."), "{scoped}");
-    assert!(!run.both().contains("fake-token."), "a token was printed\n{}", run.both());
+    let token = scoped.lines().find_map(|line| line.trim().strip_prefix("token: ")).expect("a token").trim_matches('"');
+    assert!(!token.is_empty() && !run.both().contains(token), "a token was printed\n{}", run.both());
+    assert!(run.stdout.contains("get secrets: no") && run.stdout.contains("get nodes: no"), "{}", run.both());
     // plugin check passed, and the demo's workflows ran as Jobs with the scoped credential.
     assert!(run.stdout.contains(" passed, 0 failed"), "{}", run.both());
-    let calls = std::fs::read_to_string(state.join("calls.jsonl")).expect("the fake's calls");
-    let tenant_text = tenant.display().to_string();
-    let jobs = calls.lines().filter(|call| call.contains("\"apply\"") && call.contains(&tenant_text)).count();
-    assert!(jobs >= 2, "no Jobs were applied with the scoped kubeconfig:\n{calls}");
-    let store = std::fs::read_to_string(state.join("store.json")).expect("the fake's store");
-    let store: serde_json::Value = serde_json::from_str(&store).expect("store.json");
-    let left: Vec<String> = store["objects"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|object| matches!(object["kind"].as_str(), Some("Job" | "Pod" | "NetworkPolicy" | "Secret")))
-        .map(|object| format!("{}/{}", object["kind"], object["metadata"]["name"]))
-        .collect();
-    assert_eq!(left, Vec::<String>::new(), "the guide's runs left objects in the cluster");
+    let requests = cluster.requests();
+    let jobs = requests["by"]["create jobs"].as_u64().unwrap_or(0);
+    assert!(jobs >= 2, "no Jobs were created: {requests:#}");
+    assert!(!mark.exists(), "kubectl was run: {}", std::fs::read_to_string(&mark).unwrap_or_default());
+    cluster.wait_clean();
     uninstall(&destdir, &["--purge"]);
 }
 
@@ -381,7 +371,8 @@ fn environment_file(text: &str) -> BTreeMap<String, String> {
 #[test]
 fn the_daemon_starts_from_the_example_env_file_runs_a_push_and_hands_over() {
     let work = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = fake_cluster(work.path());
+    let cluster = FakeCluster::start(&["--grace", "2s", "--nodes", "3"]);
+    let kubeconfig = cluster.kubeconfig.display().to_string();
     let repo = knotless_tests::Repo::init(&work.path().join("repo"));
     repo.write(".knotless/workflows/hello.yml", "steps:\n  - name: hello\n    run: echo hello from the unit\n");
     let commit = repo.commit("a workflow");
@@ -405,7 +396,7 @@ fn the_daemon_starts_from_the_example_env_file_runs_a_push_and_hands_over() {
     // `Runner` names the state folder itself.
     let at = args.iter().position(|arg| arg == "--state").expect("the example sets --state");
     args.drain(at..at + 2);
-    args.extend(["--kubectl".to_string(), bin("fake-kubectl").display().to_string(), repo.url()]);
+    args.push(repo.url());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut runner = knotless_tests::Runner::start(&state, &args);
     let checks = runner.final_checks(&repo.url(), &commit, 1);
@@ -416,4 +407,5 @@ fn the_daemon_starts_from_the_example_env_file_runs_a_push_and_hands_over() {
     let status = runner.wait();
     assert_eq!(status.code(), Some(0), "{}", runner.stderr());
     assert!(runner.stderr().contains("handed over"), "{}", runner.stderr());
+    cluster.wait_clean();
 }

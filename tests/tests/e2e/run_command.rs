@@ -212,10 +212,10 @@ fn holding(value: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
         for file in ["environ", "cmdline"] {
-            if let Ok(bytes) = std::fs::read(entry.path().join(file)) {
-                if bytes.windows(value.len()).any(|window| window == value.as_bytes()) {
-                    found.push(format!("{}/{file}", entry.path().display()));
-                }
+            if let Ok(bytes) = std::fs::read(entry.path().join(file))
+                && bytes.windows(value.len()).any(|window| window == value.as_bytes())
+            {
+                found.push(format!("{}/{file}", entry.path().display()));
             }
         }
     }

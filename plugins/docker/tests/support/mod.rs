@@ -245,10 +245,10 @@ pub async fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -
 pub fn cmdlines_containing(needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            if cmdline.windows(needle.len()).any(|window| window == needle.as_bytes()) {
-                found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
-            }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && cmdline.windows(needle.len()).any(|window| window == needle.as_bytes())
+        {
+            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
         }
     }
     found

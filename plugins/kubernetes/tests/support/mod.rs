@@ -1,5 +1,6 @@
-//! Test support: a fake cluster (the fake kubectl's state folder and kubeconfig), the built
-//! executor hosted through the runner's own host, and looks into the fake's store and log.
+//! Test support: a fake cluster (the fake API server of `tests/fake-apiserver`, its
+//! kubeconfig and its control endpoints), the built executor hosted through the runner's own
+//! host, and looks into the fake's objects and request counts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,87 +10,38 @@ use std::time::Duration;
 
 use knotless_protocol::messages::*;
 use knotless_run::host::{ExecutorHost, HostConfig, HostError, ProcessSpec, Session, SessionEvent};
-use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub use knotless_tests::cluster::FakeCluster;
+
 static RUNNERS: AtomicU64 = AtomicU64::new(0);
-static ROOTFS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// The build's output folder: the test binary lives in `<target>/debug/deps/`.
-pub fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.parent().and_then(Path::parent).expect("target/debug").to_path_buf()
+/// A fake cluster of its own for one test (see [`FakeCluster`]).
+pub struct Cluster(pub FakeCluster);
+
+impl std::ops::Deref for Cluster {
+    type Target = FakeCluster;
+    fn deref(&self) -> &FakeCluster {
+        &self.0
+    }
 }
 
-/// The fake kubectl, built by `cargo build --workspace --bins` (make test does it first).
-pub fn fake_kubectl() -> PathBuf {
-    let path = bin_dir().join("fake-kubectl");
-    assert!(path.exists(), "{} is missing: run `cargo build -p knotless-fake-kubectl` first", path.display());
-    path
-}
-
-/// A fake cluster of its own for one test.
-pub struct Cluster {
-    /// The folder of the state and kubeconfig, removed with the cluster.
-    pub _dir: tempfile::TempDir,
-    pub kubeconfig: PathBuf,
-    pub state: PathBuf,
-    pub kubectl: PathBuf,
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut FakeCluster {
+        &mut self.0
+    }
 }
 
 impl Cluster {
-    /// A fresh cluster; the pods' root filesystem is built once and cached in the target folder.
-    pub fn new() -> Cluster {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fake-kubectl/fake-cluster.sh");
-        let cache = bin_dir().join("knotless-rootfs.tar");
-        let output = {
-            let _one_at_a_time = ROOTFS.lock().unwrap_or_else(|poison| poison.into_inner());
-            std::process::Command::new("bash")
-                .arg(&script)
-                .arg(dir.path())
-                .arg(&cache)
-                .output()
-                .expect("fake-cluster.sh")
-        };
-        assert!(output.status.success(), "fake-cluster.sh: {}", String::from_utf8_lossy(&output.stderr));
-        let kubeconfig = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-        let state = dir.path().canonicalize().expect("canonical").join("state");
-        Cluster { _dir: dir, kubeconfig, state, kubectl: fake_kubectl() }
-    }
-
-    /// Asks the fake for failures.
-    pub fn inject(&self, names: &[&str]) {
-        std::fs::write(self.state.join("inject.json"), serde_json::to_vec(names).expect("json")).expect("inject.json");
-    }
-
-    /// The objects of the store.
-    pub fn objects(&self) -> Vec<Value> {
-        let Ok(bytes) = std::fs::read(self.state.join("store.json")) else { return Vec::new() };
-        let store: Value = serde_json::from_slice(&bytes).expect("store.json");
-        store["objects"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// `kind/name` of what is left of Jobs, pods, NetworkPolicies and Secrets.
-    pub fn leftovers(&self) -> Vec<String> {
-        self.objects()
-            .iter()
-            .filter(|object| matches!(object["kind"].as_str(), Some("Job" | "Pod" | "NetworkPolicy" | "Secret")))
-            .map(|object| format!("{}/{}", object["kind"].as_str().unwrap_or(""), object["metadata"]["name"]))
-            .collect()
-    }
-
-    /// Every call the fake recorded.
-    pub fn calls(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.state.join("calls.jsonl")).unwrap_or_default();
-        text.lines().map(|line| serde_json::from_str(line).expect("call line")).collect()
+    /// A fresh cluster started with `flags` (timings, nodes, the autoscaler).
+    pub fn with(flags: &[&str]) -> Cluster {
+        Cluster(FakeCluster::start(flags))
     }
 
     /// The executor options for this cluster.
     pub fn options(&self) -> BTreeMap<String, String> {
         BTreeMap::from([
             ("kubeconfig".to_string(), self.kubeconfig.display().to_string()),
-            ("kubectl".to_string(), self.kubectl.display().to_string()),
             ("image".to_string(), "busybox".to_string()),
             ("namespace".to_string(), "knotless-runs".to_string()),
         ])
@@ -188,15 +140,4 @@ pub fn files_holding(root: &Path, needle: &str) -> Vec<PathBuf> {
         }
     }
     found
-}
-
-impl Drop for Cluster {
-    /// A failed test may leave pods: kill their sandboxes (PID 1 of each takes the rest).
-    fn drop(&mut self) {
-        for pod in self.objects().iter().filter(|object| object["kind"] == "Pod") {
-            if let Some(pid) = pod["metadata"]["annotations"]["fake.knotless.dev/init-pid"].as_str() {
-                let _ = std::process::Command::new("kill").args(["-KILL", pid]).status();
-            }
-        }
-    }
 }

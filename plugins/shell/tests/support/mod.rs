@@ -200,10 +200,10 @@ pub fn processes_with(variable: &str) -> Vec<i32> {
         if !alive(pid) {
             continue;
         }
-        if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
-            if environ.split(|&byte| byte == 0).any(|entry| entry == variable.as_bytes()) {
-                found.push(pid);
-            }
+        if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ"))
+            && environ.split(|&byte| byte == 0).any(|entry| entry == variable.as_bytes())
+        {
+            found.push(pid);
         }
     }
     found
@@ -213,10 +213,10 @@ pub fn processes_with(variable: &str) -> Vec<i32> {
 pub fn cmdlines_containing(needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
-            if cmdline.windows(needle.len()).any(|window| window == needle.as_bytes()) {
-                found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
-            }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && cmdline.windows(needle.len()).any(|window| window == needle.as_bytes())
+        {
+            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
         }
     }
     found

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The Kubernetes executor against the fake API server: `knotless-run plugin check`, then the
+# demo repository's workflows, each on a fresh fake cluster, with a `kubectl` on PATH that
+# fails if anything runs it. Prints the API requests the demo took.
+# Usage: conformance.sh BIN_DIR   (where knotless-run, knotless-executor-kubernetes and
+# knotless-fake-apiserver are)
+set -euo pipefail
+bin=$(realpath "${1:?usage: conformance.sh BIN_DIR}")
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+work=$(mktemp -d)
+servers=()
+cleanup() {
+  for pid in "${servers[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${servers[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cache="$bin/knotless-rootfs.tar"
+bash "$root/tests/support/rootfs.sh" "$cache"
+
+mkdir -p "$work/trap"
+printf '#!/bin/sh\necho "kubectl was run: $*" >&2\nexit 99\n' > "$work/trap/kubectl"
+chmod +x "$work/trap/kubectl"
+export PATH="$work/trap:$PATH"
+
+# Starts a fake API server with its state in $1; sets `kubeconfig` and `server`.
+start() {
+  mkdir -p "$1"
+  # Its stdin stays open while `sleep` runs: the server ends when it closes, or on TERM.
+  # Three nodes: plugin check runs sessions at once, and the required anti-affinity gives
+  # each run a node of its own.
+  sleep infinity | "$bin/knotless-fake-apiserver" --state "$1" --rootfs "$cache" --grace 2s --nodes 3 > "$1.out" &
+  servers+=("$!")
+  for _ in $(seq 1 300); do
+    if read -r word path < "$1.out" 2>/dev/null && [ "$word" = ready ]; then
+      kubeconfig=$path
+      server=$(sed -n 's/^ *server: http:\/\///p' "$kubeconfig" | head -n 1)
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "conformance.sh: the fake API server did not start" >&2
+  exit 1
+}
+
+flags=(--image busybox --namespace knotless-runs)
+
+start "$work/check"
+"$bin/knotless-run" plugin check "$bin/knotless-executor-kubernetes" "${flags[@]}" --kubeconfig "$kubeconfig"
+
+start "$work/demo"
+"$bin/knotless-run" run "$root/examples/demo" --executor-plugin "$bin/knotless-executor-kubernetes" \
+  "${flags[@]}" --kubeconfig "$kubeconfig"
+# The fake's request count, over bash's own /dev/tcp.
+exec 3<>"/dev/tcp/${server%:*}/${server##*:}"
+printf 'GET /fake/stats HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' "$server" >&3
+echo "API requests for the demo: $(tr -d '\r' <&3 | sed -n 's/.*"requests": *\([0-9]*\).*/\1/p' | head -n 1)"
+exec 3<&-

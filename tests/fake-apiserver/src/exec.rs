@@ -1,0 +1,322 @@
+//! `pods/exec` over a websocket, as the API server's stream translator and the kubelet's
+//! streaming server answer it (staging/src/k8s.io/apiserver/pkg/util/wsstream/conn.go,
+//! pkg/kubelet/cri/streaming/remotecommand/websocket.go and httpstream.go): subprotocol
+//! `v5.channel.k8s.io` (preferred, with the CLOSE channel 255) or `v4.channel.k8s.io`; binary
+//! frames whose first byte is the channel (0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize);
+//! an empty frame on the lowest writable channel once connected; the `metav1.Status` on
+//! channel 3 at the end (`NonZeroExitCode` with the `ExitCode` cause). The errors before the
+//! upgrade are the registry's (pkg/registry/core/pod/strategy.go `ExecLocation`: container
+//! not valid, completed pod) and the kubelet's (`container not found`).
+//!
+//! The command runs in the pod's namespaces (`nsenter --target <PID 1> --pid --mount --root
+//! --wd`) with a clean environment. Output is read only as fast as the socket takes it: one
+//! 32 KiB read at a time through a queue of 8 frames. Mid-step faults fire at the first stdout
+//! byte of a `sh -s` exec, once each.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::FromRequestParts;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio::sync::mpsc;
+
+use crate::api::RequestInfo;
+use crate::app::Shared;
+use crate::controllers::nodes;
+use crate::registry::{self, DeleteOptions, Propagation};
+use crate::resources;
+use crate::sandbox::POD_PATH;
+use crate::status::ApiError;
+use crate::util::text;
+
+const CHUNK: usize = 32 * 1024;
+const MID_STEP_FAULTS: [&str; 3] = ["drop-exec-stream", "job-deleted-mid-step", "node-lost-mid-step"];
+
+struct Session {
+    namespace: String,
+    pod: String,
+    node: String,
+    init: i32,
+    command: Vec<String>,
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+    v5: bool,
+    fault: Option<String>,
+}
+
+fn flag(query: &[(String, String)], key: &str) -> bool {
+    query.iter().any(|(k, v)| k == key && (v == "true" || v == "1"))
+}
+
+pub async fn handle(app: Shared, info: RequestInfo, mut parts: Parts, query: Vec<(String, String)>) -> Response {
+    match prepare(&app, &info, &query) {
+        Err(error) => error.into_response(),
+        Ok(mut session) => {
+            let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
+                Ok(upgrade) => upgrade,
+                Err(_) => return ApiError::bad_request("Upgrade request required").into_response(),
+            };
+            let upgrade = upgrade.protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"]);
+            session.v5 = match upgrade.selected_protocol().and_then(|p| p.to_str().ok()) {
+                Some("v5.channel.k8s.io") => true,
+                Some(_) => false,
+                None => {
+                    return ApiError::bad_request(
+                        "websocket: no supported subprotocol (v5.channel.k8s.io, v4.channel.k8s.io)",
+                    )
+                    .into_response();
+                }
+            };
+            if session.command == ["sh", "-s"] {
+                let mut state = app.lock();
+                let fault =
+                    MID_STEP_FAULTS.iter().find(|f| state.rt.faults.contains(**f) && !state.rt.fired.contains(**f));
+                if let Some(fault) = fault {
+                    let fault = fault.to_string();
+                    state.rt.fired.insert(fault.clone());
+                    session.fault = Some(fault);
+                }
+            }
+            upgrade.on_upgrade(move |socket| run(app, socket, session)).into_response()
+        }
+    }
+}
+
+fn prepare(app: &Shared, info: &RequestInfo, query: &[(String, String)]) -> Result<Session, ApiError> {
+    let command: Vec<String> = query.iter().filter(|(k, _)| k == "command").map(|(_, v)| v.clone()).collect();
+    let state = app.lock();
+    let pod = state
+        .store
+        .get("pods", &info.namespace, &info.name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found("pods", "", &info.name))?;
+    let containers: Vec<String> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| text(c, "/name").to_string())
+        .collect();
+    let container = match query.iter().find(|(k, _)| k == "container").map(|(_, v)| v.clone()) {
+        Some(c) if !c.is_empty() => c,
+        _ if containers.len() == 1 => containers[0].clone(),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {}, choose one of: [{}]",
+                info.name,
+                containers.join(" ")
+            )));
+        }
+    };
+    if !containers.contains(&container) {
+        return Err(ApiError::bad_request(format!("container {container} is not valid for pod {}", info.name)));
+    }
+    let phase = text(&pod, "/status/phase");
+    if phase == "Succeeded" || phase == "Failed" {
+        return Err(ApiError::bad_request(format!(
+            "cannot exec into a container in a completed pod; current phase is {phase}"
+        )));
+    }
+    if command.is_empty() {
+        return Err(ApiError::bad_request("you must specify at least one command for the container"));
+    }
+    let node = text(&pod, "/spec/nodeName").to_string();
+    if state.rt.nodes.get(&node).is_some_and(|n| n.lost_at.is_some()) {
+        return Err(ApiError::internal(format!("error dialing backend: dial tcp {}:10250: i/o timeout", "10.0.0.2")));
+    }
+    let init = state
+        .rt
+        .pods
+        .get(&(info.namespace.clone(), info.name.clone()))
+        .filter(|p| p.uid == text(&pod, "/metadata/uid"))
+        .and_then(|p| p.init_pid)
+        .ok_or_else(|| ApiError::bad_request(format!("container not found (\"{container}\")")))?;
+    Ok(Session {
+        namespace: info.namespace.clone(),
+        pod: info.name.clone(),
+        node,
+        init,
+        command,
+        stdin: flag(query, "stdin"),
+        stdout: flag(query, "stdout"),
+        stderr: flag(query, "stderr"),
+        v5: true,
+        fault: None,
+    })
+}
+
+fn frame(channel: u8, data: &[u8]) -> Message {
+    let mut bytes = Vec::with_capacity(data.len() + 1);
+    bytes.push(channel);
+    bytes.extend_from_slice(data);
+    Message::Binary(Bytes::from(bytes))
+}
+
+fn fire(app: &Shared, session: &Session, fault: &str) {
+    let mut state = app.lock();
+    match fault {
+        "job-deleted-mid-step" => {
+            let job = state.store.get("pods", &session.namespace, &session.pod).and_then(|p| {
+                p.pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .and_then(|r| r.iter().find(|r| text(r, "/kind") == "Job"))
+                    .map(|r| text(r, "/name").to_string())
+            });
+            if let (Some(job), Some(jobs)) = (job, resources::by_key("jobs")) {
+                let _ = registry::delete(
+                    &mut state,
+                    jobs,
+                    &session.namespace,
+                    &job,
+                    DeleteOptions { grace: None, propagation: Some(Propagation::Background) },
+                );
+            }
+        }
+        "node-lost-mid-step" => {
+            nodes::set_lost(&mut state, &session.node, true);
+        }
+        _ => {}
+    }
+}
+
+async fn run(app: Shared, socket: WebSocket, session: Session) {
+    let (mut sink, mut stream) = socket.split();
+    let spawned = Command::new("nsenter")
+        .args(["--target", &session.init.to_string(), "--pid", "--mount", "--root", "--wd", "--"])
+        .args(["/bin/env", "-i", &format!("PATH={POD_PATH}"), "HOME=/root", &format!("HOSTNAME={}", session.pod)])
+        .args(&session.command)
+        .env_clear()
+        .stdin(if session.stdin { std::process::Stdio::piped() } else { std::process::Stdio::null() })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(false)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(error) => {
+            let status = json!({"metadata": {}, "status": "Failure", "message": format!("failed to exec in container: {error}"), "reason": "InternalError"});
+            let _ = sink.send(frame(3, status.to_string().as_bytes())).await;
+            let _ = sink.send(Message::Close(None)).await;
+            return;
+        }
+    };
+    let first = if session.stdout {
+        1
+    } else if session.stderr {
+        2
+    } else {
+        3
+    };
+    if sink.send(frame(first, &[])).await.is_err() {
+        return;
+    }
+    let (tx, mut rx) = mpsc::channel::<Message>(8);
+    let writer = tokio::spawn(async move {
+        while let Some(message) = rx.recv().await {
+            if sink.send(message).await.is_err() {
+                return None;
+            }
+        }
+        Some(sink)
+    });
+    let mut child_stdin = child.stdin.take();
+    let v5 = session.v5;
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(message)) = stream.next().await {
+            match message {
+                Message::Binary(data) if data.first() == Some(&0) => {
+                    if let Some(pipe) = child_stdin.as_mut()
+                        && pipe.write_all(&data[1..]).await.is_err()
+                    {
+                        child_stdin = None;
+                    }
+                }
+                Message::Binary(data) if v5 && data.as_ref() == [255, 0] => child_stdin = None,
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        drop(child_stdin);
+    });
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let errors_tx = tx.clone();
+    let forward_stderr = session.stderr;
+    let errors = tokio::spawn(async move {
+        let mut buffer = vec![0u8; CHUNK];
+        while let Some(pipe) = stderr.as_mut() {
+            match pipe.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) if forward_stderr => {
+                    if errors_tx.send(frame(2, &buffer[..n])).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+    });
+    let mut fault = session.fault.clone();
+    let mut buffer = vec![0u8; CHUNK];
+    let mut dropped = false;
+    while let Some(pipe) = stdout.as_mut() {
+        let n = match pipe.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if session.stdout && tx.send(frame(1, &buffer[..n])).await.is_err() {
+            break;
+        }
+        if let Some(name) = fault.take() {
+            if name == "drop-exec-stream" {
+                // Let the byte out, then lose the connection without a status.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                dropped = true;
+                break;
+            }
+            fire(&app, &session, &name);
+        }
+    }
+    if dropped {
+        drop(tx);
+        writer.abort();
+        reader.abort();
+        errors.abort();
+        // The process goes on in the pod; keep its pipes drained.
+        tokio::spawn(async move {
+            if let Some(mut pipe) = stdout {
+                let _ = tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await;
+            }
+            let _ = child.wait().await;
+        });
+        return;
+    }
+    let _ = errors.await;
+    let code = match child.wait().await {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9))
+        }
+        Err(_) => 137,
+    };
+    let status = if code == 0 {
+        json!({"metadata": {}, "status": "Success"})
+    } else {
+        json!({"metadata": {}, "status": "Failure",
+               "message": format!("command terminated with non-zero exit code: error executing command [{}], exit code {code}", session.command.join(" ")),
+               "reason": "NonZeroExitCode", "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]}})
+    };
+    let _ = tx.send(frame(3, status.to_string().as_bytes())).await;
+    drop(tx);
+    reader.abort();
+    if let Ok(Some(mut sink)) = writer.await {
+        let _ = sink.send(Message::Close(None)).await;
+    }
+}

@@ -1,0 +1,107 @@
+//! The control endpoints under `/fake/` (no authentication, not counted): faults, tokens,
+//! a dump of every object, request accounting, and the nodes (lose and restore a node's kubelet).
+
+use std::time::{Duration, SystemTime};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::api::json_response;
+use crate::app::{Shared, Token};
+use crate::auth::ADMIN;
+use crate::controllers::nodes;
+use crate::util::text;
+
+/// Every fault name.
+pub const FAULTS: &[&str] = &[
+    "failed-create",
+    "pull-denied",
+    "policy-forbidden",
+    "token-expired",
+    "drop-exec-stream",
+    "job-deleted-mid-step",
+    "node-lost-mid-step",
+];
+
+fn bad(message: &str) -> Response {
+    json_response(400, &json!({"error": message}), &[])
+}
+
+pub async fn handle(State(app): State<Shared>, method: Method, Path(rest): Path<String>, body: Bytes) -> Response {
+    let body: Value = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap_or(Value::Null) };
+    let parts: Vec<&str> = rest.split('/').filter(|p| !p.is_empty()).collect();
+    let mut state = app.lock();
+    match (method.as_str(), parts.as_slice()) {
+        ("POST", ["faults"]) => {
+            let Some(list) = body.get("faults").and_then(Value::as_array) else {
+                return bad("want {\"faults\": [...]}");
+            };
+            let mut faults = std::collections::BTreeSet::new();
+            for fault in list {
+                let name = fault.as_str().unwrap_or("");
+                if !FAULTS.contains(&name) {
+                    return bad(&format!("unknown fault {name:?}; known: {}", FAULTS.join(", ")));
+                }
+                faults.insert(name.to_string());
+            }
+            state.rt.fired.retain(|f| faults.contains(f));
+            state.rt.faults = faults;
+            json_response(200, &json!({"faults": state.rt.faults}), &[])
+        }
+        ("GET", ["faults"]) => json_response(200, &json!({"faults": state.rt.faults, "fired": state.rt.fired}), &[]),
+        ("POST", ["tokens"]) => {
+            let token = text(&body, "/token").to_string();
+            if token.is_empty() {
+                return bad("want {\"token\": \"...\", \"expires_in_s\": N}");
+            }
+            let expires = body
+                .get("expires_in_s")
+                .and_then(Value::as_f64)
+                .map(|s| SystemTime::now() + Duration::from_secs_f64(s.max(0.0)));
+            state.rt.tokens.insert(token, Token { user: ADMIN.into(), service_account: None, expires });
+            json_response(200, &json!({"ok": true}), &[])
+        }
+        ("POST", ["tokens", "revoke"]) => {
+            let removed = state.rt.tokens.remove(text(&body, "/token")).is_some();
+            json_response(200, &json!({"revoked": removed}), &[])
+        }
+        ("GET", ["objects"]) => json_response(200, &json!(state.store.all()), &[]),
+        ("GET", ["stats"]) => {
+            json_response(200, &json!({"requests": state.rt.stats.requests, "by": state.rt.stats.by}), &[])
+        }
+        ("POST", ["stats", "reset"]) => {
+            state.rt.stats = Default::default();
+            json_response(200, &json!({"requests": 0}), &[])
+        }
+        ("GET", ["nodes"]) => {
+            let list: Vec<Value> = state
+                .store
+                .list("nodes", None)
+                .iter()
+                .map(|n| {
+                    let name = text(n, "/metadata/name").to_string();
+                    let ready = n
+                        .pointer("/status/conditions")
+                        .and_then(Value::as_array)
+                        .and_then(|c| c.iter().find(|c| text(c, "/type") == "Ready"))
+                        .map(|c| text(c, "/status").to_string())
+                        .unwrap_or_default();
+                    let lost = state.rt.nodes.get(&name).is_some_and(|r| r.lost_at.is_some());
+                    json!({"name": name, "ready": ready, "lost": lost})
+                })
+                .collect();
+            json_response(200, &json!(list), &[])
+        }
+        ("POST", ["nodes", name, action @ ("lose" | "restore")]) => {
+            if nodes::set_lost(&mut state, name, *action == "lose") {
+                json_response(200, &json!({"node": name, "lost": *action == "lose"}), &[])
+            } else {
+                json_response(404, &json!({"error": format!("no node {name}")}), &[])
+            }
+        }
+        _ => json_response(404, &json!({"error": "unknown control endpoint"}), &[]).into_response(),
+    }
+}
