@@ -131,6 +131,11 @@ pub struct Runner {
 impl Runner {
     /// Starts the daemon with `args` (the state folder is added).
     pub fn start(state: &Path, args: &[&str]) -> Runner {
+        Runner::start_with_env(state, args, &[])
+    }
+
+    /// Starts the daemon with `args` and the variables `env` set in its environment.
+    pub fn start_with_env(state: &Path, args: &[&str], env: &[(&str, &str)]) -> Runner {
         std::fs::create_dir_all(state).expect("create the state folder");
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let number = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -141,6 +146,7 @@ impl Runner {
             .arg("--state")
             .arg(state)
             .env("KNOTLESS_LOG_FORMAT", "json")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -183,6 +183,30 @@ async fn concurrent_runs_wait_for_the_autoscaler_and_the_nodes_go_back_to_zero()
     assert_eq!((before, during), (0, 2), "the required anti-affinity puts each run on its own node");
 }
 
+/// A run of N steps takes at most N + 6 API requests, counted by the fake API server (a watch
+/// once): the policy, the Job, the watches, one exec a step, the delete.
+#[tokio::test]
+async fn a_run_of_n_steps_takes_at_most_n_plus_6_api_requests() {
+    let cluster = Cluster::with(FAST);
+    let host = cluster.host(&Cluster::runner_id()).await;
+    let count = |cluster: &Cluster| cluster.requests()["requests"].as_u64().expect("a request count");
+    for steps in [1u64, 10] {
+        let before = count(&cluster);
+        let session =
+            host.open(start_params(&format!("count-{steps}")), &CancellationToken::new()).await.expect("start");
+        for _ in 0..steps {
+            assert_eq!(step(&session, "true", 30_000, &[]).await.result.expect("step").exit_code, 0);
+        }
+        stop(session).await.expect("stop");
+        let used = count(&cluster) - before;
+        println!("a run of {steps} step(s): {used} API requests (bound {})", steps + 6);
+        assert!(used <= steps + 6, "{used} requests for {steps} step(s): {:#}", cluster.requests());
+        assert!(used > steps, "each step is an exec: {used} requests for {steps} step(s)");
+    }
+    host.shutdown().await;
+    cluster.wait_clean();
+}
+
 #[tokio::test]
 async fn a_forbidden_network_policy_stops_the_run_before_any_job() {
     let cluster = Cluster::with(FAST);

@@ -8,6 +8,7 @@ mod deadlines;
 mod deploy;
 mod executor_faults;
 mod hostile_names;
+mod kubernetes_proof;
 mod leftovers;
 mod plugin_check;
 mod pulls;
