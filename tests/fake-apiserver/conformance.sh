@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Kubernetes executor against the fake API server: `knotless-run plugin check`, then the
 # demo repository's workflows, each on a fresh fake cluster, with a `kubectl` on PATH that
-# fails if anything runs it. Prints the API requests the demo took.
+# fails if anything runs it. Prints the API requests the demo took. With KNOTLESS_K8S_LIVE=1
+# and a KUBECONFIG, the same two against that cluster instead.
 # Usage: conformance.sh BIN_DIR   (where knotless-run, knotless-executor-kubernetes and
 # knotless-fake-apiserver are)
 set -euo pipefail
@@ -45,6 +46,17 @@ start() {
 }
 
 flags=(--image busybox --namespace knotless-runs)
+
+# Against a real cluster instead: KNOTLESS_K8S_LIVE=1 KUBECONFIG=... [KNOTLESS_K8S_NAMESPACE=...]
+# [KNOTLESS_K8S_IMAGE=...] runs the same suite and the demo there.
+if [ "${KNOTLESS_K8S_LIVE:-}" = 1 ]; then
+  kubeconfig=${KUBECONFIG:?KNOTLESS_K8S_LIVE=1 needs KUBECONFIG}
+  flags=(--image "${KNOTLESS_K8S_IMAGE:-busybox:1.36}" --namespace "${KNOTLESS_K8S_NAMESPACE:-default}")
+  "$bin/knotless-run" plugin check "$bin/knotless-executor-kubernetes" "${flags[@]}" --kubeconfig "$kubeconfig"
+  "$bin/knotless-run" run "$root/examples/demo" --executor-plugin "$bin/knotless-executor-kubernetes" \
+    "${flags[@]}" --kubeconfig "$kubeconfig"
+  exit 0
+fi
 
 start "$work/check"
 "$bin/knotless-run" plugin check "$bin/knotless-executor-kubernetes" "${flags[@]}" --kubeconfig "$kubeconfig"
