@@ -199,7 +199,11 @@ async fn a_run_of_n_steps_takes_at_most_n_plus_6_api_requests() {
         }
         stop(session).await.expect("stop");
         let used = count(&cluster) - before;
-        println!("a run of {steps} step(s): {used} API requests (bound {}); so far: {}", steps + 6, cluster.requests()["by"]);
+        println!(
+            "a run of {steps} step(s): {used} API requests (bound {}); so far: {}",
+            steps + 6,
+            cluster.requests()["by"]
+        );
         assert!(used <= steps + 6, "{used} requests for {steps} step(s): {:#}", cluster.requests());
         assert!(used > steps, "each step is an exec: {used} requests for {steps} step(s)");
     }
