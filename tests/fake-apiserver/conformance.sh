@@ -12,11 +12,14 @@ root=$(cd "$here/../.." && pwd)
 work=$(mktemp -d)
 servers=()
 cleanup() {
+  exec 4>&-
   for pid in "${servers[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${servers[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
+mkfifo "$work/hold"
+exec 4<>"$work/hold"
 cache="$bin/knotless-rootfs.tar"
 bash "$root/tests/support/rootfs.sh" "$cache"
 
@@ -28,10 +31,10 @@ export PATH="$work/trap:$PATH"
 # Starts a fake API server with its state in $1; sets `kubeconfig` and `server`.
 start() {
   mkdir -p "$1"
-  # Its stdin stays open while `sleep` runs: the server ends when it closes, or on TERM.
-  # Three nodes: plugin check runs sessions at once, and the required anti-affinity gives
-  # each run a node of its own.
-  sleep infinity | "$bin/knotless-fake-apiserver" --state "$1" --rootfs "$cache" --grace 2s --nodes 3 > "$1.out" &
+  # Its stdin is a FIFO this script holds open (fd 4): the server ends on TERM, or when the
+  # script is gone. Three nodes: plugin check runs sessions at once, and the required
+  # anti-affinity gives each run a node of its own.
+  "$bin/knotless-fake-apiserver" --state "$1" --rootfs "$cache" --grace 2s --nodes 3 < "$work/hold" > "$1.out" 4>&- &
   servers+=("$!")
   for _ in $(seq 1 300); do
     if read -r word path < "$1.out" 2>/dev/null && [ "$word" = ready ]; then
