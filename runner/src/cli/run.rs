@@ -48,10 +48,39 @@ pub struct RunArgs {
 /// Prints a run's lines as they come: `workflow/step | text`.
 struct Terminal {
     workflow: String,
+    /// The last lines of the latest step that wrote any, repeated under the summary when
+    /// that step failed.
+    tail: StepTail,
+}
+
+/// How many lines of a failed step's output are repeated under the summary.
+const FAILED_TAIL: usize = 20;
+
+/// The last [`FAILED_TAIL`] lines of one step's output (stdout and stderr).
+#[derive(Default)]
+struct StepTail {
+    step: Option<String>,
+    lines: std::collections::VecDeque<String>,
+}
+
+impl StepTail {
+    fn push(&mut self, step: &str, text: &str) {
+        if self.step.as_deref() != Some(step) {
+            self.step = Some(step.to_string());
+            self.lines.clear();
+        }
+        if self.lines.len() == FAILED_TAIL {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(text.to_string());
+    }
 }
 
 impl LogSink for Terminal {
     fn line(&mut self, line: &LogLine) {
+        if let Some(step) = &line.step {
+            self.tail.push(step, &line.text);
+        }
         let mut stdout = std::io::stdout().lock();
         let _ = match &line.step {
             Some(step) => writeln!(
@@ -124,6 +153,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => default_outputs_root(),
     };
     let mut reports = Vec::new();
+    let mut tails = Vec::new();
     for workflow in selected {
         if cancel.is_cancelled() {
             break;
@@ -146,12 +176,14 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             limits: engine::Limits::default(),
             caches: Vec::new(),
         };
-        let mut terminal = Terminal { workflow: name };
+        let mut terminal = Terminal { workflow: name, tail: StepTail::default() };
         let report = engine::execute(&host, &plan, &mut terminal, &cancel).await;
+        tails.push(terminal.tail);
         reports.push((report, plan.outputs_dir));
     }
     Arc::clone(&host).shutdown().await;
     print_summary(&reports, &errors);
+    print_failed_tails(&reports, &tails);
     let cancelled = reports.iter().any(|(report, _)| report.status == RunStatus::Cancelled);
     let all_passed = errors.is_empty() && reports.iter().all(|(report, _)| report.status == RunStatus::Success);
     Ok(if cancelled {
@@ -223,6 +255,25 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
         if let (false, Some(dir)) = (report.outputs.is_empty(), outputs) {
             let dir = dir.display().to_string();
             crate::say!("{workflow}: {} output file(s) in {}", report.outputs.len(), printable::name(&dir));
+        }
+    }
+}
+
+/// The last lines of each failed step, so that they need not be found by scrolling.
+fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[StepTail]) {
+    for ((report, _), tail) in reports.iter().zip(tails) {
+        let Some(step) = &tail.step else { continue };
+        let failed = report.steps.iter().any(|ran| {
+            &ran.name == step && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
+        });
+        if !failed {
+            continue;
+        }
+        let (workflow, step) = (printable::name(&report.workflow), printable::name(step));
+        crate::say!();
+        crate::say!("{workflow}: the last {} line(s) of step {step}:", tail.lines.len());
+        for line in &tail.lines {
+            crate::say!("{workflow}/{step} | {}", printable::line(line));
         }
     }
 }

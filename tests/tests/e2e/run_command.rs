@@ -62,6 +62,32 @@ fn a_step_that_exits_non_zero_ends_failure_with_its_exit_code() {
 }
 
 #[test]
+fn a_failed_steps_last_lines_are_repeated_under_the_summary() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ci",
+        "steps:\n  - name: chatty\n    run: echo fine\n  - name: broken\n    run: |\n      i=1\n      while [ $i -le 30 ]; do echo \"out $i\"; i=$((i+1)); done\n      exit 4\n",
+    );
+    repo.workflow("err", "steps:\n  - name: loud\n    run: echo 'on stderr' >&2; exit 5\n");
+    repo.workflow("ok", "steps:\n  - name: quiet\n    run: echo all good\n");
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.both());
+    let after: Vec<&str> = run.stdout.lines().skip_while(|line| !line.starts_with("workflow  status")).collect();
+    let header = after.iter().position(|line| *line == "ci: the last 20 line(s) of step broken:");
+    let header = header.unwrap_or_else(|| panic!("no tail under the summary\n{}", run.both()));
+    let tail: Vec<&str> =
+        after[header + 1..].iter().copied().take_while(|line| line.starts_with("ci/broken | ")).collect();
+    let expected: Vec<String> = (11..=30).map(|n| format!("ci/broken | out {n}")).collect();
+    assert_eq!(tail, expected, "{}", run.both());
+    // Its stderr too.
+    let at = after.iter().position(|line| *line == "err: the last 1 line(s) of step loud:");
+    assert_eq!(at.map(|at| after[at + 1]), Some("err/loud | on stderr"), "{}", run.both());
+    // Only the failed step is repeated: not the passing step before it, nor a passing workflow.
+    let summary_part = after.join("\n");
+    assert!(!summary_part.contains("| fine") && !summary_part.contains("| all good"), "{}", run.both());
+}
+
+#[test]
 fn a_step_past_its_timeout_fails_without_exit_code_and_its_background_sleep_is_gone() {
     let repo = Repo::new();
     repo.workflow("slow", "steps:\n  - name: hang\n    run: sleep 917253 & sleep 917254\n    timeout: 1s\n");
