@@ -64,6 +64,14 @@ async fn git_line(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
 }
 
 impl Checkout {
+    /// The repository's folder.
+    pub fn root(&self) -> &Path {
+        match self {
+            Checkout::WorkingTree { root, .. } => root,
+            Checkout::Revision { repo, .. } => repo,
+        }
+    }
+
     /// The checkout, for messages: its folder, and the commit when it is one.
     pub fn describe(&self) -> String {
         match self {

@@ -37,7 +37,8 @@ pub struct RunArgs {
     /// The event to run for: workflows not triggered by it are skipped.
     #[arg(long, value_name = "EVENT", default_value = "push")]
     pub event: Event,
-    /// Where each workflow's outputs go, in a folder named after it.
+    /// Where each workflow's outputs go, in a folder named after it (default: a folder of this
+    /// repository's own under ~/.cache/knotless/outputs).
     #[arg(long, value_name = "DIR")]
     pub outputs: Option<PathBuf>,
     /// The executor (shell unless --executor or --executor-plugin says otherwise).
@@ -150,7 +151,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     let outputs_root = match &args.outputs {
         Some(dir) => dir.clone(),
-        None => default_outputs_root(),
+        None => default_outputs_root().join(repository_folder(checkout.root(), &info.repository)),
     };
     let mut reports = Vec::new();
     let mut tails = Vec::new();
@@ -179,7 +180,14 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let mut terminal = Terminal { workflow: name, tail: StepTail::default() };
         let report = engine::execute(&host, &plan, &mut terminal, &cancel).await;
         tails.push(terminal.tail);
-        reports.push((report, plan.outputs_dir));
+        let mut outputs = plan.outputs_dir;
+        if report.outputs.is_empty()
+            && let Some(dir) = outputs.take()
+        {
+            // No folder for a run without outputs (the last run's were cleared for this one).
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        reports.push((report, outputs));
     }
     Arc::clone(&host).shutdown().await;
     print_summary(&reports, &errors);
@@ -201,6 +209,23 @@ fn default_outputs_root() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     cache.join("knotless").join("outputs")
+}
+
+/// The folder of one repository's outputs under the default root: its folder's name (letters,
+/// digits, `.`, `_` and `-` kept) and a hash of its path, so that two repositories' workflows
+/// of the same name keep their outputs apart.
+fn repository_folder(root: &std::path::Path, name: &str) -> String {
+    use sha2::Digest as _;
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    let digest = sha2::Sha256::digest(root.as_os_str().as_encoded_bytes());
+    let hash: String = digest.iter().take(6).map(|byte| format!("{byte:02x}")).collect();
+    let name: String = name
+        .chars()
+        .take(64)
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .collect();
+    let name = name.trim_start_matches('.');
+    if name.is_empty() { hash } else { format!("{name}-{hash}") }
 }
 
 fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::workflow::WorkflowError]) {
@@ -280,4 +305,25 @@ fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[StepTai
 
 fn millis(ms: u64) -> String {
     if ms < 1000 { format!("{ms} ms") } else { format!("{:.1} s", ms as f64 / 1000.0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::repository_folder;
+
+    #[test]
+    fn each_repository_has_an_outputs_folder_of_its_own_and_a_safe_name() {
+        let (one, two) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+        let first = repository_folder(one.path(), "app");
+        assert_ne!(first, repository_folder(two.path(), "app"), "two repositories named alike");
+        assert_eq!(first, repository_folder(one.path(), "app"), "the same repository, the same folder");
+        assert!(first.starts_with("app-") && first.len() == "app-".len() + 12, "{first}");
+        for hostile in ["..", "a/b", "x\ny", "\u{1b}[31m", "."] {
+            let folder = repository_folder(one.path(), hostile);
+            assert!(
+                !folder.starts_with('.') && folder.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)),
+                "{hostile:?} gave {folder:?}"
+            );
+        }
+    }
 }

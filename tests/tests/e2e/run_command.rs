@@ -88,6 +88,42 @@ fn a_failed_steps_last_lines_are_repeated_under_the_summary() {
 }
 
 #[test]
+fn two_repositories_keep_their_outputs_apart_and_a_run_without_outputs_makes_no_folder() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let repos = [Repo::new(), Repo::new()];
+    for (number, repo) in repos.iter().enumerate() {
+        repo.workflow(
+            "test",
+            &format!("steps:\n  - name: out\n    run: echo {number} > \"$KNOTLESS_RUN_OUTPUTS/which\"\n"),
+        );
+        repo.workflow("none", "steps:\n  - name: quiet\n    run: 'true'\n");
+    }
+    for repo in &repos {
+        let work = tempfile::tempdir().expect("tempdir");
+        let args = shell_args(repo, work.path());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut command = knotless_run(&args);
+        command.env("XDG_CACHE_HOME", cache.path());
+        let run = ran(command);
+        assert_eq!(run.code, Some(0), "{}", run.both());
+    }
+    let root = cache.path().join("knotless/outputs");
+    let mut folders: Vec<_> = std::fs::read_dir(&root).expect("the outputs root").flatten().map(|e| e.path()).collect();
+    folders.sort();
+    assert_eq!(folders.len(), 2, "one folder a repository: {folders:?}");
+    assert!(folders.iter().all(|folder| folder.join("test").is_dir()), "each holds its workflows: {folders:?}");
+    let mut seen: Vec<String> = folders
+        .iter()
+        .map(|folder| {
+            assert!(!folder.join("none").exists(), "a run without outputs made {}", folder.join("none").display());
+            std::fs::read_to_string(folder.join("test/which")).expect("each repository's own output")
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["0\n", "1\n"]);
+}
+
+#[test]
 fn a_step_past_its_timeout_fails_without_exit_code_and_its_background_sleep_is_gone() {
     let repo = Repo::new();
     repo.workflow("slow", "steps:\n  - name: hang\n    run: sleep 917253 & sleep 917254\n    timeout: 1s\n");
