@@ -36,10 +36,19 @@ async fn exec(
     let mut err_reader = attached.stderr().unwrap();
     let status = attached.take_status().unwrap();
     let input = stdin.to_vec();
+    // kube-rs loses the Status when it sends the end of stdin after the server has closed
+    // the stream (its send fails and its task ends): stdin is closed only for `sh -s` and a
+    // bare `cat`, which cannot end before they have read that end; a command that may end
+    // first keeps it open.
+    let close_stdin = matches!(command, ["sh", "-s"] | ["cat"]);
     let feed = tokio::spawn(async move {
         // A write to an exec that ended without a Status may fail: that is what is tested.
         let _ = writer.write_all(&input).await;
-        let _ = writer.shutdown().await;
+        if close_stdin {
+            let _ = writer.shutdown().await;
+        } else {
+            std::future::pending::<()>().await;
+        }
     });
     // kube-rs closes stdout and stderr only after a Status: read them while waiting for the
     // exec's end, then take what they hold.
@@ -68,6 +77,9 @@ async fn job_pod_watch_exec_and_foreground_delete() {
     let selector = "step=j1";
     let config = watcher::Config::default().labels(selector);
     let mut stream = watcher(pods.clone(), config).boxed();
+    // The watch is established (its initial list done) before the Job exists, so every state
+    // of its pod comes as an event.
+    while !matches!(stream.try_next().await.unwrap(), Some(watcher::Event::InitDone) | None) {}
     let created = server.create_job("t1", job("j1", "echo started; sleep 1000000", json!({}))).await;
     assert_eq!(created.metadata.generation, Some(1));
     assert!(created.metadata.uid.is_some() && created.metadata.resource_version.is_some());

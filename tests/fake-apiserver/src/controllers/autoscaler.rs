@@ -40,6 +40,22 @@ fn event(state: &mut State, pod: &Value, reason: &str, message: &str) {
     events::record(&mut state.store, pod, "Normal", reason, message, "cluster-autoscaler", "", "");
 }
 
+/// A node, real or simulated, and the pods it holds or will take.
+type Room = (Value, Vec<Value>);
+
+/// Puts `pod` on the first room that takes it, as the scheduler's filters say.
+fn place(pod: &Value, rooms: &mut [Room], check_taints: bool) -> bool {
+    for (node, on_node) in rooms.iter_mut() {
+        let labels = node.pointer("/metadata/labels").cloned().unwrap_or_default();
+        let refs: Vec<&Value> = on_node.iter().collect();
+        if scheduler::filter(pod, node, &labels, &refs, check_taints).0.is_empty() {
+            on_node.push(pod.clone());
+            return true;
+        }
+    }
+    false
+}
+
 pub fn sync(state: &mut State, config: &Config) {
     if config.autoscale_max == 0 {
         return;
@@ -49,58 +65,33 @@ pub fn sync(state: &mut State, config: &Config) {
     let nodes = state.store.list("nodes", None);
     let template = template(config);
     let labels = template.pointer("/metadata/labels").cloned().unwrap_or_default();
-    // Pods the upcoming (not yet Ready) nodes will take.
-    let upcoming: Vec<String> =
-        nodes.iter().filter(|n| !nodes::is_ready(n)).map(|n| text(n, "/metadata/name").to_string()).collect();
-    let mut upcoming_room: Vec<Vec<Value>> = upcoming.iter().map(|_| Vec::new()).collect();
     // Pods the scheduler will place on a Ready node once it retries them are left to it
     // (core/podlistprocessor/filter_out_schedulable.go): a node that has just become Ready
     // takes the pod it was added for, however late the scheduler's retry comes.
-    let ready: Vec<&Value> = nodes.iter().filter(|n| nodes::is_ready(n)).collect();
-    let mut ready_room: Vec<Vec<Value>> = ready
+    let mut ready: Vec<Room> = nodes
         .iter()
+        .filter(|n| nodes::is_ready(n))
         .map(|node| {
-            pods.iter()
+            let on_node = pods
+                .iter()
                 .filter(|p| text(p, "/spec/nodeName") == text(node, "/metadata/name"))
                 .filter(|p| !matches!(text(p, "/status/phase"), "Succeeded" | "Failed"))
                 .cloned()
-                .collect()
+                .collect();
+            (node.clone(), on_node)
         })
         .collect();
+    // Pods the upcoming (not yet Ready) nodes will take, simulated on the group's template.
+    let mut upcoming: Vec<Room> =
+        nodes.iter().filter(|n| !nodes::is_ready(n)).map(|_| (template.clone(), Vec::new())).collect();
     let pending: Vec<Value> = pods.iter().filter(|p| unschedulable(p)).cloned().collect();
     state.rt.pending.retain(|uid, _| pending.iter().any(|p| text(p, "/metadata/uid") == uid));
-    let mut new_nodes: Vec<Vec<Value>> = Vec::new();
+    let mut new_nodes: Vec<Room> = Vec::new();
     let mut triggered: Vec<Value> = Vec::new();
     for pod in &pending {
         let uid = text(pod, "/metadata/uid").to_string();
         let (seen, _) = *state.rt.pending.entry(uid.clone()).or_insert((now, false));
-        if now < seen + config.scale_up_delay {
-            continue;
-        }
-        let mut schedulable = false;
-        for (node, room) in ready.iter().zip(ready_room.iter_mut()) {
-            let refs: Vec<&Value> = room.iter().collect();
-            let labels = node.pointer("/metadata/labels").cloned().unwrap_or_default();
-            if scheduler::filter(pod, node, &labels, &refs, true).0.is_empty() {
-                room.push(pod.clone());
-                schedulable = true;
-                break;
-            }
-        }
-        if schedulable {
-            continue;
-        }
-        // An upcoming node will take it?
-        let mut placed = false;
-        for room in upcoming_room.iter_mut() {
-            let refs: Vec<&Value> = room.iter().collect();
-            if scheduler::filter(pod, &template, &labels, &refs, false).0.is_empty() {
-                room.push(pod.clone());
-                placed = true;
-                break;
-            }
-        }
-        if placed {
+        if now < seen + config.scale_up_delay || place(pod, &mut ready, true) || place(pod, &mut upcoming, false) {
             continue;
         }
         let (reasons, _) = scheduler::filter(pod, &template, &labels, &[], false);
@@ -113,22 +104,13 @@ pub fn sync(state: &mut State, config: &Config) {
             state.rt.pending.insert(uid, (now, true));
             continue;
         }
-        let mut placed = false;
-        for room in new_nodes.iter_mut() {
-            let refs: Vec<&Value> = room.iter().collect();
-            if scheduler::filter(pod, &template, &labels, &refs, false).0.is_empty() {
-                room.push(pod.clone());
-                placed = true;
-                break;
-            }
-        }
-        if !placed {
+        if !place(pod, &mut new_nodes, false) {
             if nodes.len() + new_nodes.len() >= config.autoscale_max {
                 event(state, pod, "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached");
                 state.rt.pending.insert(uid, (now, true));
                 continue;
             }
-            new_nodes.push(vec![pod.clone()]);
+            new_nodes.push((template.clone(), vec![pod.clone()]));
         }
         triggered.push(pod.clone());
         state.rt.pending.insert(uid, (now, true));
