@@ -3,7 +3,8 @@
 //! and empty folders; every uploaded entry is vetted on its way
 //! ([`knotless_protocol::tarball::copy_vetted`]), unpacked into a staging folder inside the
 //! destination and merged in only once whole. The exit code comes from the exec's status
-//! channel. The SDK bounds the bytes and the deadline; a missing folder is `NOT_FOUND`.
+//! channel; an unpack also says its own on stdout, which stands in when the Status is lost.
+//! The SDK bounds the bytes and the deadline; a missing folder is `NOT_FOUND`.
 
 use knotless_protocol::sdk::remote::{self, Exec};
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
@@ -20,8 +21,16 @@ const MISSING: i32 = 66;
 /// How much of an exec's stderr is kept for its error.
 const SAID: u64 = 4096;
 
-/// Unpacks stdin into `$1`, created first.
-pub const UNPACK: &str = "mkdir -p -- \"$1\" && exec tar -x -p -f - -C \"$1\"";
+/// Unpacks stdin into `$1`, created first, then says its exit code on stdout (tar x writes
+/// nothing there): kube-rs loses the exec's Status when it sends the end of stdin after the
+/// server has closed the stream, which a `tar x` that ends at its archive's end allows.
+pub const UNPACK: &str =
+    "mkdir -p -- \"$1\" && tar -x -p -f - -C \"$1\"; code=$?; echo \"knotless-unpacked $code\"; exit $code";
+
+/// The exit code an unpack said on its stdout.
+fn unpacked(stdout: &str) -> Option<i32> {
+    stdout.trim().strip_prefix("knotless-unpacked ")?.parse().ok()
+}
 
 /// Packs the contents of `$1` to stdout, or exits 66 when it is no folder.
 pub const PACK: &str = "[ -d \"$1\" ] || { echo \"no folder $1\" >&2; exit 66; }; exec tar -c -f - -C \"$1\" .";
@@ -113,7 +122,10 @@ async fn unpack(
     let Exec { stdin, stdout, stderr, ended } =
         client.exec(&session.namespace, &session.pod, unpack_argv(staging), None).await?;
     // Entries are vetted on their way: `tar x` in the pod would unpack device nodes and `..`.
-    let (fed, said, _, code) = tokio::join!(remote::feed_vetted(data, stdin, path), said(stderr), said(stdout), ended);
+    let (fed, said, out, code) =
+        tokio::join!(remote::feed_vetted(data, stdin, path), said(stderr), said(stdout), ended);
+    // The Status's exit code, or, when the stream ended without one, what the unpack said.
+    let code = code.or_else(|| unpacked(&out));
     fed.map_err(|error| match error.kind {
         ErrorKind::Infrastructure => ExecutorError::infrastructure(format!("{}; {said}", error.message)),
         _ => error,
@@ -172,6 +184,14 @@ pub async fn download(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unpack_says_its_exit_code_on_stdout() {
+        assert_eq!(unpacked("knotless-unpacked 0\n"), Some(0));
+        assert_eq!(unpacked("knotless-unpacked 2"), Some(2));
+        assert_eq!(unpacked("knotless-unpa"), None);
+        assert_eq!(unpacked(""), None);
+    }
 
     #[test]
     fn transfer_argv_keeps_the_path_out_of_the_script() {

@@ -514,6 +514,30 @@ async fn the_end_of_stdin_deletes_every_job_but_kept_ones() {
     cluster.wait_clean();
 }
 
+/// An upload whose exec stream drops without its Status, after `tar x` said it ended, is
+/// whole: the unpack's own exit code stands in for the Status.
+#[tokio::test]
+async fn an_upload_whose_stream_drops_after_the_unpack_ended_is_whole() {
+    let cluster = Cluster::with(FAST);
+    let (host, session) = open(&cluster).await;
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(2);
+    header.set_mode(0o644);
+    builder.append_data(&mut header, "good", &b"ok"[..]).expect("append");
+    let archive = builder.into_inner().expect("finish");
+    // The next exec, the unpack, loses its Status: its output (its exit code) comes whole,
+    // then the connection breaks.
+    cluster.inject(&["drop-exec-status"]);
+    let never = CancellationToken::new();
+    session.upload("/work/in", archive.as_slice(), 1 << 20, Duration::from_secs(60), &never).await.expect("upload");
+    let ran = step(&session, "cat /work/in/good", 30_000, &[]).await;
+    assert_eq!(ran.stdout, "ok", "{}", ran.stderr);
+    stop(session).await.expect("stop");
+    host.shutdown().await;
+    cluster.wait_clean();
+}
+
 #[tokio::test]
 async fn an_upload_with_a_device_node_or_a_climbing_path_is_refused() {
     let cluster = Cluster::with(FAST);

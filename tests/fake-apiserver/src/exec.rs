@@ -38,6 +38,10 @@ use crate::util::text;
 const CHUNK: usize = 32 * 1024;
 const MID_STEP_FAULTS: [&str; 3] = ["drop-exec-stream", "job-deleted-mid-step", "node-lost-mid-step"];
 
+/// The fault that loses the next exec's Status: its output comes whole, then the connection
+/// breaks.
+const DROP_STATUS: &str = "drop-exec-status";
+
 struct Session {
     namespace: String,
     pod: String,
@@ -74,7 +78,16 @@ pub async fn handle(app: Shared, info: RequestInfo, mut parts: Parts, query: Vec
                     .into_response();
                 }
             };
-            if session.command == ["sh", "-s"] {
+            {
+                // A connection that breaks between the command's end and its Status, for any
+                // command: what a client sees when it loses the Status.
+                let mut state = app.lock();
+                if state.rt.faults.contains(DROP_STATUS) && !state.rt.fired.contains(DROP_STATUS) {
+                    state.rt.fired.insert(DROP_STATUS.to_string());
+                    session.fault = Some(DROP_STATUS.to_string());
+                }
+            }
+            if session.command == ["sh", "-s"] && session.fault.is_none() {
                 let mut state = app.lock();
                 let fault =
                     MID_STEP_FAULTS.iter().find(|f| state.rt.faults.contains(**f) && !state.rt.fired.contains(**f));
@@ -274,7 +287,7 @@ async fn run(app: Shared, socket: WebSocket, session: Session) {
         if session.stdout && tx.send(frame(1, &buffer[..n])).await.is_err() {
             break;
         }
-        if let Some(name) = fault.take() {
+        if let Some(name) = fault.take_if(|name| name != DROP_STATUS) {
             if name == "drop-exec-stream" {
                 // Let the byte out, then lose the connection without a status.
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -299,6 +312,16 @@ async fn run(app: Shared, socket: WebSocket, session: Session) {
         return;
     }
     let _ = errors.await;
+    if fault.as_deref() == Some(DROP_STATUS) {
+        let _ = child.wait().await;
+        // Every output frame goes out, then the connection breaks: no Status, no close.
+        drop(tx);
+        let sink = writer.await;
+        reader.abort();
+        let _ = reader.await;
+        drop(sink);
+        return;
+    }
     let code = match child.wait().await {
         Ok(status) => {
             use std::os::unix::process::ExitStatusExt;

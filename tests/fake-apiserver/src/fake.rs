@@ -22,6 +22,7 @@ pub const FAULTS: &[&str] = &[
     "policy-forbidden",
     "token-expired",
     "drop-exec-stream",
+    "drop-exec-status",
     "job-deleted-mid-step",
     "node-lost-mid-step",
 ];
