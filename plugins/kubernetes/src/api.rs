@@ -18,6 +18,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{Request, Status};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
 use crate::exec::{Drained, Ended, Refused};
@@ -246,17 +247,15 @@ impl Client {
         let (stdin, stdout, stderr) =
             (Refused::new(stdin, &exited), Drained::new(stdout, &exited), Drained::new(stderr, &exited));
         let fire = exited.fire_on_drop();
-        let waiting = tokio::spawn(async move {
+        // Dropping the exec before it ended aborts this task, and with it the websocket's.
+        let waiting = AbortOnDropHandle::new(tokio::spawn(async move {
             let status = status.await;
             // The websocket's task is kept until it has ended: dropping it aborts it.
             drop(process);
             drop(fire);
             status
-        });
-        let abort = waiting.abort_handle();
+        }));
         let ended = async move {
-            // Dropping the exec before it ended ends its websocket.
-            let _guard = AbortOnDrop(abort);
             let status = waiting.await.ok().flatten();
             let code = status.as_ref().and_then(exit_code);
             if code.is_none()
@@ -269,15 +268,6 @@ impl Client {
             code
         };
         Ok(Exec { stdin: Box::new(stdin), stdout: Box::new(stdout), stderr: Box::new(stderr), ended: Box::pin(ended) })
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

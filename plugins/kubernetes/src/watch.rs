@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, WatchEvent, WatchParams};
 use kube::core::Status;
 use tokio::sync::{mpsc, watch};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::api::Client;
 
@@ -34,20 +35,11 @@ pub struct Seen {
     pub error: Option<String>,
 }
 
-/// A task that ends when dropped.
-struct Aborting(tokio::task::JoinHandle<()>);
-
-impl Drop for Aborting {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The watch of a session's pod.
 pub struct PodWatch {
     /// The latest of what the watch saw.
     pub seen: watch::Receiver<Seen>,
-    _task: Aborting,
+    _task: AbortOnDropHandle<()>,
 }
 
 impl PodWatch {
@@ -109,7 +101,7 @@ impl PodWatch {
                 }
             }
         });
-        PodWatch { seen, _task: Aborting(task) }
+        PodWatch { seen, _task: AbortOnDropHandle::new(task) }
     }
 }
 
@@ -117,7 +109,7 @@ impl PodWatch {
 pub struct EventWatch {
     /// The events, as they come.
     pub events: mpsc::Receiver<Event>,
-    _task: Aborting,
+    _task: AbortOnDropHandle<()>,
 }
 
 impl EventWatch {
@@ -165,7 +157,7 @@ impl EventWatch {
                 }
             }
         });
-        EventWatch { events, _task: Aborting(task) }
+        EventWatch { events, _task: AbortOnDropHandle::new(task) }
     }
 }
 

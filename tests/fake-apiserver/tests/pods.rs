@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, eventually, job, json};
+use common::{Server, eventually, job};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -346,7 +346,6 @@ async fn image_pulls_and_failed_create() {
             "Error creating: pods \"nosa-\" is forbidden: error looking up service account default/ghost: serviceaccount \"ghost\" not found"
         )
     );
-    let _ = json(&1);
 }
 
 #[tokio::test]

@@ -314,7 +314,6 @@ async fn run_of(host: &std::sync::Arc<ExecutorHost>, session: &str, steps: usize
 /// started, and wall time of runs of 1 and 10 steps on the fake API server, against the same
 /// runs through the shell executor.
 async fn kubernetes(scratch: &Path) -> anyhow::Result<Vec<Row>> {
-    let _ = scratch;
     let cluster = knotless_tests::cluster::FakeCluster::start(&["--grace", "1s"]);
     let options = BTreeMap::from([
         ("kubeconfig".to_string(), cluster.kubeconfig.display().to_string()),
