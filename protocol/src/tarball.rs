@@ -95,7 +95,9 @@ fn skip_reason(root: &Path, path: &Path) -> io::Result<Option<&'static str>> {
 /// Packs the given paths, relative to `root`, in the order given. Folders named are added as
 /// folders (not their contents); parents are not added.
 pub fn pack_paths<W: Write>(root: &Path, relative: &[PathBuf], out: W) -> io::Result<W> {
-    let mut builder = Builder::new(out);
+    // tar writes a header and then a file in 8 KiB pieces: each a syscall, or a wake-up of an
+    // async bridge, without a buffer.
+    let mut builder = Builder::new(io::BufWriter::with_capacity(STREAM_BUFFER, out));
     builder.follow_symlinks(false);
     for path in relative {
         let full = root.join(path);
@@ -110,8 +112,11 @@ pub fn pack_paths<W: Write>(root: &Path, relative: &[PathBuf], out: W) -> io::Re
             builder.append_path_with_name(&full, path)?;
         }
     }
-    builder.into_inner()
+    builder.into_inner()?.into_inner().map_err(io::IntoInnerError::into_error)
 }
+
+/// The buffer between a tar stream and its reader or writer.
+const STREAM_BUFFER: usize = 256 << 10;
 
 fn collect(root: &Path, relative: &Path, into: &mut Vec<PathBuf>) -> io::Result<()> {
     let mut entries = fs::read_dir(root.join(relative))?.collect::<io::Result<Vec<_>>>()?;
@@ -230,7 +235,10 @@ fn merge(from: &Path, to: &Path) -> io::Result<()> {
 
 /// Unpacks into an existing folder (see [`unpack_vetted`]).
 fn unpack_into<R: Read>(input: R, dest: &Path, max_bytes: u64) -> Result<Unpacked, UnpackError> {
-    let counter = CountingReader { inner: input, count: 0, max: max_bytes };
+    // tar reads 512-byte headers: each a syscall, or a wake-up of an async bridge, without a
+    // buffer. The count is of what tar took, then of the rest as it is drained.
+    let counter =
+        CountingReader { inner: io::BufReader::with_capacity(STREAM_BUFFER, input), count: 0, max: max_bytes };
     let mut archive = Archive::new(counter);
     archive.set_preserve_permissions(true);
     archive.set_preserve_mtime(true);

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
+use tokio::io::AsyncRead;
 use tokio::process::Command;
 
 use crate::workflow::{self, Workflow, WorkflowError};
@@ -133,10 +134,11 @@ impl Checkout {
         }
     }
 
-    /// A tar archive of the checkout, or of one folder in it (its contents at the archive's
-    /// root), in a temporary file.
-    pub async fn archive(&self, folder: Option<&str>) -> anyhow::Result<std::fs::File> {
-        let mut file = tempfile::tempfile().context("cannot create a temporary file for the checkout")?;
+    /// A tar stream of the checkout, or of one folder in it (its contents at the archive's
+    /// root), made as it is read: never held whole on disk or in memory. What went wrong
+    /// before the first byte (a missing folder, git refusing) is an error here; what goes
+    /// wrong later ends the stream with an error, never with a clean end.
+    pub async fn archive(&self, folder: Option<&str>) -> anyhow::Result<Archive> {
         match self {
             Checkout::WorkingTree { root, git } => {
                 let base = match folder {
@@ -147,9 +149,12 @@ impl Checkout {
                     bail!("no folder {}", base.display());
                 }
                 let files = if *git { Some(tracked_and_untracked(&base).await?) } else { None };
-                let writer = file.try_clone().context("cannot reopen the checkout archive")?;
-                tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-                    let writer = std::io::BufWriter::new(writer);
+                // A duplex, not a simplex: dropping its writer, however the packing ends, ends
+                // the reader's stream.
+                let (reader, writer) = tokio::io::duplex(ARCHIVE_PIPE);
+                let writer = tokio_util::io::SyncIoBridge::new(writer);
+                let packing = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                    let writer = std::io::BufWriter::with_capacity(ARCHIVE_PIPE, writer);
                     let mut writer = match files {
                         Some(files) => knotless_protocol::tarball::pack_paths(&base, &files, writer),
                         None => knotless_protocol::tarball::pack_dir(&base, writer),
@@ -157,20 +162,44 @@ impl Checkout {
                     .with_context(|| format!("cannot pack {}", base.display()))?;
                     std::io::Write::flush(&mut writer)?;
                     Ok(())
-                })
-                .await??;
+                });
+                let done = async move { packing.await.context("the packing task ended")? };
+                Ok(Archive::new(reader, done))
             }
             Checkout::Revision { repo, commit } => {
                 let tree = match folder {
                     Some(folder) => format!("{commit}:{folder}"),
                     None => commit.clone(),
                 };
-                let bytes = git(repo, &["archive", "--format=tar", &tree]).await?;
-                std::io::Write::write_all(&mut file, &bytes)?;
+                let mut child = Command::new("git")
+                    .arg("-C")
+                    .arg(repo)
+                    .args(["archive", "--format=tar", &tree])
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .with_context(|| format!("cannot run git in {}", repo.display()))?;
+                let stdout = child.stdout.take().context("git archive has no stdout")?;
+                let stderr = child.stderr.take().context("git archive has no stderr")?;
+                let repo = repo.clone();
+                let done = async move {
+                    // Its stderr is read beside its stdout, so a chatty git cannot block.
+                    let (status, said) = tokio::join!(child.wait(), read_bounded(stderr, 64 << 10));
+                    let status = status.with_context(|| format!("cannot wait for git in {}", repo.display()))?;
+                    if !status.success() {
+                        bail!(
+                            "git archive {tree} in {} failed: {}",
+                            repo.display(),
+                            String::from_utf8_lossy(&said).trim()
+                        );
+                    }
+                    Ok(())
+                };
+                Ok(Archive::new(stdout, done))
             }
         }
-        std::io::Seek::rewind(&mut file)?;
-        Ok(file)
     }
 
     /// Whether the checkout has `folder` (relative).
@@ -192,7 +221,7 @@ impl Checkout {
                 let scratch = tempfile::tempdir().context("cannot create a temporary folder")?;
                 let folder = ".knotless/workflows";
                 if self.has_folder(folder).await {
-                    let archive = self.archive(Some(folder)).await?;
+                    let archive = tokio_util::io::SyncIoBridge::new(self.archive(Some(folder)).await?);
                     let dest = scratch.path().join(folder);
                     tokio::task::spawn_blocking(move || {
                         knotless_protocol::tarball::unpack_vetted(archive, &dest, 64 << 20)
@@ -201,6 +230,89 @@ impl Checkout {
                     .context("cannot read the workflows of the commit")?;
                 }
                 Ok(workflow::load_dir(scratch.path()))
+            }
+        }
+    }
+}
+
+/// Everything `reader` says until its end, of which the first `bound` bytes are kept.
+async fn read_bounded(mut reader: impl AsyncRead + Unpin, bound: usize) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let (mut kept, mut buffer) = (Vec::new(), vec![0; 8 << 10]);
+    while let Ok(count @ 1..) = reader.read(&mut buffer).await {
+        let room = bound.saturating_sub(kept.len()).min(count);
+        kept.extend_from_slice(&buffer[..room]);
+    }
+    kept
+}
+
+/// How many bytes of a working tree's tar stream wait between the packing thread and the upload.
+const ARCHIVE_PIPE: usize = 256 << 10;
+
+/// A checkout's tar stream as it is made. It ends cleanly only when its maker (the packing
+/// thread, `git archive`) succeeded; otherwise its end is an error, and
+/// [`Archive::failure`] says what went wrong, so that a failed pack is never taken for a
+/// short checkout, nor blamed on the executor.
+pub struct Archive {
+    reader: std::pin::Pin<Box<dyn AsyncRead + Send>>,
+    done: Option<futures::future::BoxFuture<'static, anyhow::Result<()>>>,
+    failure: Option<String>,
+}
+
+impl Archive {
+    fn new(
+        reader: impl AsyncRead + Send + 'static,
+        done: impl std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) -> Archive {
+        Archive { reader: Box::pin(reader), done: Some(Box::pin(done)), failure: None }
+    }
+
+    /// Why the stream could not be made whole, once it ended with an error.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+}
+
+impl AsyncRead for Archive {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+        buffer: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        let filled = buffer.filled().len();
+        let this = &mut *self;
+        match this.reader.as_mut().poll_read(context, buffer) {
+            Poll::Ready(Ok(())) if buffer.filled().len() == filled => {}
+            Poll::Ready(Err(error)) => {
+                // The maker's own failure says more than a broken pipe.
+                if let Some(Poll::Ready(Err(failure))) = this.done.as_mut().map(|done| done.as_mut().poll(context)) {
+                    this.done = None;
+                    this.failure = Some(format!("{failure:#}"));
+                    return Poll::Ready(Err(std::io::Error::other(format!("{failure:#}"))));
+                }
+                return Poll::Ready(Err(error));
+            }
+            other => return other,
+        }
+        // The end of the stream: clean only if its maker succeeded.
+        let Some(done) = this.done.as_mut() else {
+            return match &this.failure {
+                Some(failure) => Poll::Ready(Err(std::io::Error::other(failure.clone()))),
+                None => Poll::Ready(Ok(())),
+            };
+        };
+        match done.as_mut().poll(context) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(result) => {
+                this.done = None;
+                match result {
+                    Ok(()) => Poll::Ready(Ok(())),
+                    Err(failure) => {
+                        this.failure = Some(format!("{failure:#}"));
+                        Poll::Ready(Err(std::io::Error::other(format!("{failure:#}"))))
+                    }
+                }
             }
         }
     }

@@ -129,16 +129,22 @@ pub struct MaskStream {
 impl MaskStream {
     /// Takes the next chunk and returns the masked bytes that are safe to emit now.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(chunk.len() + self.carry.len());
+        self.push_into(chunk, &mut out);
+        out
+    }
+
+    /// Like [`MaskStream::push`], appending to `out`.
+    pub fn push_into(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
         if self.masker.is_empty() {
-            return chunk.to_vec();
+            out.extend_from_slice(chunk);
+            return;
         }
         let mut bytes = std::mem::take(&mut self.carry);
         bytes.extend_from_slice(chunk);
         let hold = self.masker.hold_from(&bytes);
-        let mut out = Vec::with_capacity(bytes.len());
-        let done = self.masker.mask_into(&bytes, hold, &mut out);
+        let done = self.masker.mask_into(&bytes, hold, out);
         self.carry = bytes.split_off(done);
-        out
     }
 
     /// Ends the stream and returns the rest, masked.

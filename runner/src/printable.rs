@@ -18,7 +18,7 @@ pub fn line(text: &str) -> Cow<'_, str> {
 
 fn escape(text: &str, keep_tabs: bool) -> Cow<'_, str> {
     let unsafe_char = |c: char| c.is_control() && !(keep_tabs && c == '\t');
-    if !text.chars().any(unsafe_char) {
+    if is_plain(text.as_bytes(), keep_tabs) {
         return Cow::Borrowed(text);
     }
     let mut escaped = String::with_capacity(text.len() + 8);
@@ -37,6 +37,28 @@ fn escape(text: &str, keep_tabs: bool) -> Cow<'_, str> {
         }
     }
     Cow::Owned(escaped)
+}
+
+/// Whether `bytes` (UTF-8) hold no control character: no byte below 0x20 but a kept tab, no
+/// DEL, and no C1 control (U+0080 to U+009F, which UTF-8 writes as 0xC2 0x80 to 0xC2 0x9F).
+/// Byte by byte, without decoding: the check every printed line of step output takes.
+fn is_plain(bytes: &[u8], keep_tabs: bool) -> bool {
+    // Printable ASCII, 32 bytes at a time with no early exit, so that it vectorizes; the exact
+    // check below runs only for text with tabs, other controls or non-ASCII.
+    let printable_ascii = |chunk: &[u8]| chunk.iter().fold(true, |plain, &byte| plain & (0x20..0x7f).contains(&byte));
+    let mut chunks = bytes.chunks_exact(32);
+    if chunks.by_ref().all(printable_ascii) && printable_ascii(chunks.remainder()) {
+        return true;
+    }
+    let mut previous = 0u8;
+    for &byte in bytes {
+        let control = byte < 0x20 && !(keep_tabs && byte == b'\t');
+        if control || byte == 0x7f || (previous == 0xc2 && (0x80..0xa0).contains(&byte)) {
+            return false;
+        }
+        previous = byte;
+    }
+    true
 }
 
 /// Bytes of a stored log, for a terminal: lines kept, every other control byte escaped, and
@@ -64,6 +86,19 @@ mod tests {
         assert_eq!(name("csi\u{9b}31m del\u{7f}"), "csi\\u{9b}31m del\\x7f");
         assert_eq!(line("a\tb\u{7}"), "a\tb\\x07");
         assert!(matches!(name("ünïcode -dash"), Cow::Borrowed("ünïcode -dash")));
+        assert!(matches!(line("a\tb"), Cow::Borrowed("a\tb")));
+        // U+0100 is 0xC4 0x80: a continuation byte in the C1 range after another lead is plain.
+        assert!(matches!(name("\u{100}\u{c0}"), Cow::Borrowed(_)));
+        assert_eq!(name("x\u{85}\u{9f}"), "x\\u{85}\\u{9f}");
         assert_eq!(log(b"one\x1b[2J\ntwo\r\n\xff"), "one\\x1b[2J\ntwo\\r\n\u{fffd}");
+    }
+
+    proptest::proptest! {
+        /// The byte check agrees with decoding every character.
+        #[test]
+        fn the_byte_check_agrees_with_the_characters(text in "(?s).*|[\\x00-\\x{ff}]*", keep_tabs: bool) {
+            let control = text.chars().any(|c| c.is_control() && !(keep_tabs && c == '\t'));
+            proptest::prop_assert_eq!(is_plain(text.as_bytes(), keep_tabs), !control);
+        }
     }
 }

@@ -18,6 +18,7 @@ use knotless_protocol::*;
 use tokio::process::{ChildStderr, ChildStdout};
 
 use crate::ShellExecutor;
+use crate::config::Config;
 use crate::processes::GRACE;
 use crate::reaper::{self, Event, Reaper, StepSpec};
 use crate::session::Session;
@@ -58,7 +59,7 @@ pub async fn run(
     let spec = StepSpec {
         program: &executor.reaper_program,
         script: &params.script,
-        env: step_env(&params, &session, &config.path),
+        env: step_env(&params, &session, &config),
         workdir: &workdir,
     };
     let started = Instant::now();
@@ -141,15 +142,18 @@ pub async fn run(
     Ok(CommandResult { exit_code, duration_ms, killed_processes })
 }
 
-/// The step's whole environment: only what the step is given, nothing of the executor's own
-/// but `PATH`.
-fn step_env(params: &CommandParams, session: &Session, path: &str) -> Vec<(String, String)> {
+/// The step's whole environment: of the executor's own, only `PATH` and the user's
+/// ([`crate::config::HOST_VARIABLES`], `LC_*`), then what the step is given. `HOME` is the
+/// session's own folder when the user has none, `LANG` is `C.UTF-8` when unset, and `TMPDIR`
+/// is always the session's.
+fn step_env(params: &CommandParams, session: &Session, config: &Config) -> Vec<(String, String)> {
     let mut env = vec![
-        ("PATH".to_string(), path.to_string()),
+        ("PATH".to_string(), config.path.clone()),
         ("HOME".to_string(), session.folder("home").to_string_lossy().into_owned()),
-        ("TMPDIR".to_string(), session.folder("tmp").to_string_lossy().into_owned()),
         ("LANG".to_string(), "C.UTF-8".to_string()),
     ];
+    env.extend(config.host_env.iter().cloned());
+    env.push(("TMPDIR".to_string(), session.folder("tmp").to_string_lossy().into_owned()));
     env.extend(params.env.iter().map(|(name, value)| (name.clone(), value.clone())));
     env.extend(params.secrets.iter().map(|(name, value)| (name.clone(), value.clone())));
     env

@@ -19,6 +19,24 @@ pub struct Config {
     pub runner_id: String,
     /// `PATH` given to steps: the executor's own, or [`DEFAULT_PATH`].
     pub path: String,
+    /// The variables of the executor's own environment that steps get ([`HOST_VARIABLES`]
+    /// and every `LC_*`), so that a developer's tools find their homes and settings.
+    pub host_env: Vec<(String, String)>,
+}
+
+/// The variables of the user's environment a step gets, besides `PATH` and every `LC_*`:
+/// what tools look for their configuration and caches by (`rustup` and `cargo` under `HOME`,
+/// a shell's settings, the terminal's kind).
+pub const HOST_VARIABLES: &[&str] = &["HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "TZ"];
+
+/// The executor's own values of [`HOST_VARIABLES`] and `LC_*`, the empty ones left out.
+fn host_env() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .filter(|(name, value)| {
+            !value.is_empty() && (HOST_VARIABLES.contains(&name.as_str()) || name.starts_with("LC_"))
+        })
+        .collect()
 }
 
 impl Config {
@@ -54,7 +72,7 @@ impl Config {
         })?;
         let path =
             std::env::var("PATH").ok().filter(|path| !path.is_empty()).unwrap_or_else(|| DEFAULT_PATH.to_string());
-        Ok(Config { work_dir, runner_id: params.runner.id.clone(), path })
+        Ok(Config { work_dir, runner_id: params.runner.id.clone(), path, host_env: host_env() })
     }
 
     /// `<work_dir>/<runner_id>`: this runner's sessions, and nothing else.

@@ -1,19 +1,21 @@
-//! A run's live log file: masked lines appended and flushed as they come, so `logs --follow`
-//! sees them, cut at the cap with a note.
+//! A run's live log file: masked lines appended and written out after each chunk of output and
+//! each note, so `logs --follow` sees them, cut at the cap with a note.
 
 use std::fs::File;
-use std::io::Write as _;
+use std::io::{BufWriter, Write as _};
 use std::path::Path;
 
 use anyhow::Context as _;
 
 use crate::engine::{LogLine, LogSink};
 
-/// A log file written line by line.
+/// A log file written line by line, and out to the file at each flush of the sink.
 pub struct LiveLog {
-    file: Option<File>,
+    file: Option<BufWriter<File>>,
     written: usize,
     cap: usize,
+    /// The line being rendered, reused from line to line.
+    rendered: String,
 }
 
 impl LiveLog {
@@ -23,14 +25,14 @@ impl LiveLog {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
         let file = File::create(path).with_context(|| format!("cannot create the log {}", path.display()))?;
-        Ok(LiveLog { file: Some(file), written: 0, cap })
+        Ok(LiveLog { file: Some(BufWriter::with_capacity(64 << 10, file)), written: 0, cap, rendered: String::new() })
     }
 
     /// Appends one line (already masked).
     pub fn append(&mut self, text: &str) {
         let Some(file) = self.file.as_mut() else { return };
         if self.written + text.len() + 1 > self.cap {
-            let _ = file.write_all(b"==> the log was cut here at its cap of 1 MB\n");
+            let _ = file.write_all(b"==> the log was cut here at its cap of 1 MB\n").and_then(|()| file.flush());
             self.file = None;
             return;
         }
@@ -42,8 +44,20 @@ impl LiveLog {
 }
 
 impl LogSink for LiveLog {
-    fn line(&mut self, line: &LogLine) {
-        self.append(&line.render());
+    fn line(&mut self, line: &LogLine<'_>) {
+        let mut rendered = std::mem::take(&mut self.rendered);
+        rendered.clear();
+        line.render_into(&mut rendered);
+        self.append(&rendered);
+        self.rendered = rendered;
+    }
+
+    fn flush(&mut self) {
+        if let Some(file) = self.file.as_mut()
+            && file.flush().is_err()
+        {
+            self.file = None;
+        }
     }
 }
 
@@ -59,6 +73,7 @@ mod tests {
         log.append("12345");
         log.append("123456789");
         log.append("more");
+        log.flush();
         let text = std::fs::read_to_string(&path).expect("read");
         assert_eq!(text, "12345\n==> the log was cut here at its cap of 1 MB\n");
     }

@@ -34,6 +34,14 @@ pub struct RunArgs {
     /// of this environment (repeatable). Its value is masked in the output.
     #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
+    /// A variable for every step: `NAME=VALUE`, or `NAME` for its value in this environment
+    /// (repeatable). A workflow's or a step's own `env` wins over it.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Variables for every step from FILE: `NAME=VALUE` a line, the value taken as it is;
+    /// blank lines and lines starting with `#` are skipped. `--env` wins over it.
+    #[arg(long = "env-file", value_name = "FILE")]
+    pub env_file: Option<PathBuf>,
     /// The event to run for: workflows not triggered by it are skipped.
     #[arg(long, value_name = "EVENT", default_value = "push")]
     pub event: Event,
@@ -46,12 +54,16 @@ pub struct RunArgs {
     pub executor: ExecutorArgs,
 }
 
-/// Prints a run's lines as they come: `workflow/step | text`.
+/// Prints a run's lines as they come: `workflow/step | text`, written out a chunk of output
+/// at a time.
 struct Terminal {
     workflow: String,
     /// The last lines of the latest step that wrote any, repeated under the summary when
     /// that step failed.
     tail: StepTail,
+    out: std::io::BufWriter<std::io::Stdout>,
+    /// The latest step's name and the prefix its lines are shown with.
+    prefix: Option<(String, String)>,
 }
 
 /// How many lines of a failed step's output are repeated under the summary.
@@ -70,29 +82,41 @@ impl StepTail {
             self.step = Some(step.to_string());
             self.lines.clear();
         }
-        if self.lines.len() == FAILED_TAIL {
-            self.lines.pop_front();
-        }
-        self.lines.push_back(text.to_string());
+        // A full tail reuses the line it drops.
+        let mut line = if self.lines.len() == FAILED_TAIL { self.lines.pop_front() } else { None }.unwrap_or_default();
+        line.clear();
+        line.push_str(text);
+        self.lines.push_back(line);
     }
 }
 
 impl LogSink for Terminal {
-    fn line(&mut self, line: &LogLine) {
-        if let Some(step) = &line.step {
-            self.tail.push(step, &line.text);
+    fn line(&mut self, line: &LogLine<'_>) {
+        if let Some(step) = line.step {
+            self.tail.push(step, line.text);
         }
-        let mut stdout = std::io::stdout().lock();
-        let _ = match &line.step {
-            Some(step) => writeln!(
-                stdout,
-                "{}/{} | {}",
-                printable::name(&self.workflow),
-                printable::name(step),
-                printable::line(&line.text)
-            ),
-            None => writeln!(stdout, "{} ==> {}", printable::name(&self.workflow), printable::name(&line.text)),
+        let _ = match line.step {
+            Some(step) => {
+                let workflow = &self.workflow;
+                let (name, prefix) = match self.prefix.take() {
+                    Some((name, prefix)) if name == step => (name, prefix),
+                    _ => (step.to_string(), format!("{}/{} | ", printable::name(workflow), printable::name(step))),
+                };
+                let text = printable::line(line.text);
+                let written = self
+                    .out
+                    .write_all(prefix.as_bytes())
+                    .and_then(|()| self.out.write_all(text.as_bytes()))
+                    .and_then(|()| self.out.write_all(b"\n"));
+                self.prefix = Some((name, prefix));
+                written
+            }
+            None => writeln!(self.out, "{} ==> {}", printable::name(&self.workflow), printable::name(line.text)),
         };
+    }
+
+    fn flush(&mut self) {
+        let _ = self.out.flush();
     }
 }
 
@@ -133,6 +157,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
         secrets.insert(name.clone(), value);
     }
+    let step_env = step_variables(&args.env, args.env_file.as_deref())?;
     let config = args.executor.host_config("shell", &format!("local-{}", std::process::id()))?;
     if config.process.name == "shell" {
         crate::say_err!("warning: the shell executor isolates nothing: steps run as this user on this host");
@@ -172,12 +197,17 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             event: args.event,
             checkout: checkout.clone(),
             secrets: secrets.clone(),
-            extra_env: BTreeMap::new(),
+            extra_env: step_env.clone(),
             keep: args.executor.keep,
             limits: engine::Limits::default(),
             caches: Vec::new(),
         };
-        let mut terminal = Terminal { workflow: name, tail: StepTail::default() };
+        let mut terminal = Terminal {
+            workflow: name,
+            tail: StepTail::default(),
+            out: std::io::BufWriter::with_capacity(64 << 10, std::io::stdout()),
+            prefix: None,
+        };
         let report = engine::execute(&host, &plan, &mut terminal, &cancel).await;
         tails.push(terminal.tail);
         let mut outputs = plan.outputs_dir;
@@ -201,6 +231,51 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The variables of `--env-file` and then `--env`, checked: a name is letters, digits and `_`,
+/// not starting with a digit, and not one of the run's own (`CI`, `KNOTLESS_*`).
+fn step_variables(given: &[String], file: Option<&std::path::Path>) -> anyhow::Result<BTreeMap<String, String>> {
+    let check = |name: &str, place: &dyn Fn() -> String| -> anyhow::Result<()> {
+        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            bail!("{}: {:?} is not a variable name (letters, digits and _)", place(), printable::name(name));
+        }
+        if name == "CI" || name.starts_with("KNOTLESS_") {
+            bail!("{}: {name} is set by the run itself and cannot be given", place());
+        }
+        Ok(())
+    };
+    let mut variables = BTreeMap::new();
+    if let Some(file) = file {
+        let text = std::fs::read_to_string(file).with_context(|| format!("--env-file {}", file.display()))?;
+        for (index, line) in text.lines().enumerate() {
+            let place = || format!("--env-file {}, line {}", file.display(), index + 1);
+            if line.trim().is_empty() || line.trim_start().starts_with('#') {
+                continue;
+            }
+            let Some((name, value)) = line.split_once('=') else {
+                bail!("{}: expected NAME=VALUE", place());
+            };
+            check(name, &place)?;
+            variables.insert(name.to_string(), value.to_string());
+        }
+    }
+    for entry in given {
+        let place = || format!("--env {}", printable::name(entry));
+        let (name, value) = match entry.split_once('=') {
+            Some((name, value)) => (name, value.to_string()),
+            None => {
+                let value = std::env::var(entry)
+                    .with_context(|| format!("{}: the variable {entry} is not set here", place()))?;
+                (entry.as_str(), value)
+            }
+        };
+        check(name, &place)?;
+        variables.insert(name.to_string(), value);
+    }
+    Ok(variables)
 }
 
 fn default_outputs_root() -> PathBuf {

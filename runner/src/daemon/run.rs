@@ -23,9 +23,10 @@ struct Tee {
 
 impl Tee {
     fn note(&mut self, kept: &mut String, text: &str) {
-        let line = LogLine { step: None, stream: None, text: text.to_string() };
+        let line = LogLine { step: None, stream: None, text };
         if let Some(live) = self.live.as_mut() {
             live.line(&line);
+            live.flush();
         }
         kept.push_str(&line.render());
         kept.push('\n');
@@ -33,9 +34,15 @@ impl Tee {
 }
 
 impl LogSink for Tee {
-    fn line(&mut self, line: &LogLine) {
+    fn line(&mut self, line: &LogLine<'_>) {
         if let Some(live) = self.live.as_mut() {
             live.line(line);
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(live) = self.live.as_mut() {
+            live.flush();
         }
     }
 }

@@ -70,7 +70,8 @@ pub struct RunPlan {
     pub checkout: Checkout,
     /// The secret values granted to this run, by name. A step gets those it asks for.
     pub secrets: BTreeMap<String, String>,
-    /// Extra variables (a rerun's `rerun.env`).
+    /// Variables every step gets (`run --env`), under the workflow's and the step's own
+    /// `env`; never a run variable (`CI`, `KNOTLESS_*`).
     pub extra_env: BTreeMap<String, String>,
     /// Where to unpack the outputs; `None` skips them.
     pub outputs_dir: Option<PathBuf>,
@@ -252,21 +253,17 @@ async fn in_session(
 ) -> Result<(), Ended> {
     let limits = &plan.limits;
     let paths = session.paths().clone();
-    let checkout = plan
+    let mut checkout = plan
         .checkout
         .archive(None)
         .await
         .map_err(|error| Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {error:#}") })?;
-    let bytes = session
-        .upload(
-            &paths.work,
-            tokio::fs::File::from_std(checkout),
-            limits.checkout_max_bytes,
-            limits.transfer_timeout,
-            cancel,
-        )
-        .await
-        .map_err(|error| Ended::from_host("cannot upload the checkout", &error))?;
+    let uploaded =
+        session.upload(&paths.work, &mut checkout, limits.checkout_max_bytes, limits.transfer_timeout, cancel).await;
+    let bytes = uploaded.map_err(|error| match checkout.failure() {
+        Some(failure) => Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {failure}") },
+        None => Ended::from_host("cannot upload the checkout", &error),
+    })?;
     log.note(format!("checked out {bytes} bytes of tar into {}", paths.work));
     cache::restore(session, plan, log, cancel).await?;
     let workflow = &plan.workflow;
@@ -282,21 +279,20 @@ async fn in_session(
                         cause: format!("step {} uses shared step {shared}, but {folder}/ does not exist", step.name),
                     });
                 }
-                let archive = plan.checkout.archive(Some(&folder)).await.map_err(|error| Ended {
+                let packed = |failure: &str| Ended {
                     status: RunStatus::Error,
-                    cause: format!("cannot pack shared step {shared}: {error:#}"),
-                })?;
+                    cause: format!("cannot pack shared step {shared}: {failure}"),
+                };
+                let mut archive =
+                    plan.checkout.archive(Some(&folder)).await.map_err(|error| packed(&format!("{error:#}")))?;
                 let target = format!("{}/{index}", paths.steps);
-                session
-                    .upload(
-                        &target,
-                        tokio::fs::File::from_std(archive),
-                        limits.checkout_max_bytes,
-                        limits.transfer_timeout,
-                        cancel,
-                    )
-                    .await
-                    .map_err(|error| Ended::from_host(&format!("cannot upload shared step {shared}"), &error))?;
+                let uploaded = session
+                    .upload(&target, &mut archive, limits.checkout_max_bytes, limits.transfer_timeout, cancel)
+                    .await;
+                uploaded.map_err(|error| match archive.failure() {
+                    Some(failure) => packed(failure),
+                    None => Ended::from_host(&format!("cannot upload shared step {shared}"), &error),
+                })?;
                 scripts.push(format!("exec '{target}/run'"));
             }
             (None, None) => {
@@ -307,7 +303,7 @@ async fn in_session(
             }
         }
     }
-    let mut base = BTreeMap::new();
+    let mut base = plan.extra_env.clone();
     base.insert("CI".to_string(), "true".to_string());
     base.insert("KNOTLESS_RUN_OUTPUTS".to_string(), paths.outputs.clone());
     base.insert("KNOTLESS_REPOSITORY".to_string(), plan.repository.clone());
@@ -317,7 +313,6 @@ async fn in_session(
     base.insert("KNOTLESS_RUN_ID".to_string(), plan.run_id.clone());
     base.insert("KNOTLESS_WORKFLOW".to_string(), workflow.name.clone());
     base.extend(workflow.env.clone());
-    base.extend(plan.extra_env.clone());
     let deadline = started + workflow.timeout;
     for (index, step) in workflow.steps.iter().enumerate() {
         let mut env = base.clone();

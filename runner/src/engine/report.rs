@@ -1,7 +1,7 @@
 //! What a run produced: its status, each step's outcome, the cause of an error, and its log
 //! (masked, capped at 1 MB, split into lines as it streams).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use knotless_protocol::messages::Stream;
 use serde::{Deserialize, Serialize};
@@ -122,38 +122,62 @@ pub struct RunReport {
 }
 
 /// One line of a run's log, already masked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogLine {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogLine<'a> {
     /// The step it came from; `None` for the runner's own notes.
-    pub step: Option<String>,
+    pub step: Option<&'a str>,
     /// The stream, for step output.
     pub stream: Option<Stream>,
     /// The text, without its newline.
-    pub text: String,
+    pub text: &'a str,
 }
 
-impl LogLine {
+impl LogLine<'_> {
     /// The line as the log file holds it.
     pub fn render(&self) -> String {
-        match (&self.step, self.stream) {
-            (Some(step), Some(Stream::Stderr)) => format!("[{step}!] {}", self.text),
-            (Some(step), _) => format!("[{step}] {}", self.text),
-            (None, _) => format!("==> {}", self.text),
+        let mut rendered = String::with_capacity(self.text.len() + 16);
+        self.render_into(&mut rendered);
+        rendered
+    }
+
+    /// Appends the line as the log file holds it, without its newline, to `out`.
+    pub fn render_into(&self, out: &mut String) {
+        match (self.step, self.stream) {
+            (Some(step), stream) => {
+                out.push('[');
+                out.push_str(step);
+                out.push_str(if stream == Some(Stream::Stderr) { "!] " } else { "] " });
+            }
+            (None, _) => out.push_str("==> "),
         }
+        out.push_str(self.text);
     }
 }
 
 /// Where a run's log lines go as they happen (a terminal, a check's live log).
 pub trait LogSink: Send {
     /// One masked line.
-    fn line(&mut self, line: &LogLine);
+    fn line(&mut self, line: &LogLine<'_>);
+
+    /// Called after each batch of lines (a chunk of output, a note, a step's end): a sink that
+    /// buffers writes them out here, so that what is shown is never behind by more than a chunk.
+    fn flush(&mut self) {}
 }
 
 /// A sink that drops lines (the report keeps them).
 pub struct NoSink;
 
 impl LogSink for NoSink {
-    fn line(&mut self, _: &LogLine) {}
+    fn line(&mut self, _: &LogLine<'_>) {}
+}
+
+/// A line as text, with U+FFFD for bytes that are not UTF-8 (checked with the standard
+/// library's fast path first: almost every line is valid).
+fn text_of(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
+    }
 }
 
 /// Masks, splits into lines, keeps the capped log, and feeds the sink.
@@ -161,30 +185,61 @@ pub(crate) struct RunLog<'a> {
     masker: Masker,
     streams: HashMap<Stream, (MaskStream, Vec<u8>)>,
     step: Option<String>,
+    kept: Kept,
+    sink: &'a mut dyn LogSink,
+}
+
+/// The capped log as it grows.
+#[derive(Default)]
+struct Kept {
     /// The log's head, up to [`LOG_HEAD`] bytes (the whole log while it is short).
     text: String,
-    /// Once the head is full: the latest lines, at most `LOG_CAP - LOG_HEAD` bytes in all.
-    tail: VecDeque<String>,
-    tail_bytes: usize,
+    /// Once the head is full: the latest lines from `tail_start` on, at most
+    /// `LOG_CAP - LOG_HEAD` bytes in all. What is before `tail_start` was cut; it is dropped
+    /// from the buffer once it is as long as what is kept, so each byte moves once on average.
+    tail: String,
+    tail_start: usize,
     /// Bytes of lines dropped between the head and the tail.
     cut_bytes: usize,
     truncated: bool,
-    sink: &'a mut dyn LogSink,
+    /// The line being rendered, reused from line to line.
+    rendered: String,
+}
+
+impl Kept {
+    /// Keeps `line` and feeds it to `sink`.
+    fn emit(&mut self, sink: &mut dyn LogSink, line: &LogLine<'_>) {
+        sink.line(line);
+        self.rendered.clear();
+        line.render_into(&mut self.rendered);
+        self.rendered.push('\n');
+        if !self.truncated && self.text.len() + self.rendered.len() <= LOG_HEAD {
+            self.text.push_str(&self.rendered);
+            return;
+        }
+        self.truncated = true;
+        self.tail.push_str(&self.rendered);
+        let excess = (self.tail.len() - self.tail_start).saturating_sub(LOG_CAP - LOG_HEAD);
+        if excess > 0 {
+            // Whole lines go: the cut moves to the end of the line that holds the excess.
+            let from = self.tail_start + excess - 1;
+            let cut_to = match self.tail.as_bytes()[from..].iter().position(|&byte| byte == b'\n') {
+                Some(offset) => from + offset + 1,
+                None => self.tail.len(),
+            };
+            self.cut_bytes += cut_to - self.tail_start;
+            self.tail_start = cut_to;
+            if self.tail_start >= self.tail.len() - self.tail_start {
+                self.tail.drain(..self.tail_start);
+                self.tail_start = 0;
+            }
+        }
+    }
 }
 
 impl<'a> RunLog<'a> {
     pub(crate) fn new(masker: Masker, sink: &'a mut dyn LogSink) -> RunLog<'a> {
-        RunLog {
-            masker,
-            streams: HashMap::new(),
-            step: None,
-            text: String::new(),
-            tail: VecDeque::new(),
-            tail_bytes: 0,
-            cut_bytes: 0,
-            truncated: false,
-            sink,
-        }
+        RunLog { masker, streams: HashMap::new(), step: None, kept: Kept::default(), sink }
     }
 
     /// `text` with every secret masked: for every string a check stores or prints.
@@ -194,10 +249,11 @@ impl<'a> RunLog<'a> {
 
     /// A note of the runner's, masked too (it may quote an executor's message).
     pub(crate) fn note(&mut self, text: impl AsRef<str>) {
-        let masked = String::from_utf8_lossy(&self.masker.mask(text.as_ref().as_bytes())).into_owned();
-        for line in masked.lines() {
-            self.emit(LogLine { step: None, stream: None, text: line.to_string() });
+        let masked = self.masker.mask(text.as_ref().as_bytes());
+        for line in String::from_utf8_lossy(&masked).lines() {
+            self.kept.emit(self.sink, &LogLine { step: None, stream: None, text: line });
         }
+        self.sink.flush();
     }
 
     /// Starts attributing output to `step`.
@@ -213,29 +269,23 @@ impl<'a> RunLog<'a> {
         // What is pending holds no newline and is shorter than a line: only the new bytes are
         // searched, once, and the lines are drained at the end, so the work is linear.
         let mut searched = pending.len();
-        pending.extend_from_slice(&mask.push(bytes));
-        let mut lines = Vec::new();
+        mask.push_into(bytes, pending);
+        let step = self.step.as_deref();
         let mut start = 0;
         while start < pending.len() {
             let limit = pending.len().min(start + MAX_LINE);
-            match pending[searched.max(start)..limit].iter().position(|&byte| byte == b'\n') {
-                Some(offset) => {
-                    let end = searched.max(start) + offset;
-                    lines.push(String::from_utf8_lossy(&pending[start..end]).into_owned());
-                    start = end + 1;
-                }
-                None if limit - start == MAX_LINE => {
-                    lines.push(String::from_utf8_lossy(&pending[start..limit]).into_owned());
-                    start = limit;
-                }
+            let (end, next) = match pending[searched.max(start)..limit].iter().position(|&byte| byte == b'\n') {
+                Some(offset) => (searched.max(start) + offset, searched.max(start) + offset + 1),
+                None if limit - start == MAX_LINE => (limit, limit),
                 None => break,
-            }
+            };
+            let text = text_of(&pending[start..end]);
+            self.kept.emit(self.sink, &LogLine { step, stream: Some(stream), text: &text });
+            start = next;
             searched = start;
         }
         pending.drain(..start);
-        for text in lines {
-            self.emit(LogLine { step: self.step.clone(), stream: Some(stream), text });
-        }
+        self.sink.flush();
     }
 
     /// Flushes what the current step left without a newline.
@@ -245,52 +295,35 @@ impl<'a> RunLog<'a> {
         for (stream, (mask, mut pending)) in streams {
             pending.extend_from_slice(&mask.finish());
             if !pending.is_empty() {
-                let text = String::from_utf8_lossy(&pending).into_owned();
-                self.emit(LogLine { step: self.step.clone(), stream: Some(stream), text });
+                let text = String::from_utf8_lossy(&pending);
+                self.kept.emit(self.sink, &LogLine { step: self.step.as_deref(), stream: Some(stream), text: &text });
             }
         }
+        self.sink.flush();
         self.step = None;
-    }
-
-    fn emit(&mut self, line: LogLine) {
-        self.sink.line(&line);
-        let mut rendered = line.render();
-        rendered.push('\n');
-        if !self.truncated && self.text.len() + rendered.len() <= LOG_HEAD {
-            self.text.push_str(&rendered);
-            return;
-        }
-        self.truncated = true;
-        self.tail_bytes += rendered.len();
-        self.tail.push_back(rendered);
-        while self.tail_bytes > LOG_CAP - LOG_HEAD {
-            let Some(dropped) = self.tail.pop_front() else { break };
-            self.tail_bytes -= dropped.len();
-            self.cut_bytes += dropped.len();
-        }
     }
 
     /// Whether the log was cut at its cap.
     pub(crate) fn truncated(&self) -> bool {
-        self.truncated && self.cut_bytes > 0
+        self.kept.truncated && self.kept.cut_bytes > 0
     }
 
     /// The log as kept: the whole of it, or its head, a marker saying how much was cut, and
     /// its tail.
     pub(crate) fn take_text(&mut self) -> String {
-        let mut text = std::mem::take(&mut self.text);
-        if self.cut_bytes > 0 {
+        let kept = std::mem::take(&mut self.kept);
+        let mut text = kept.text;
+        if kept.cut_bytes > 0 {
             text.push_str(&format!(
                 "==> {} bytes of log were cut here: a log keeps its first {} KiB and its last {} KiB\n",
-                self.cut_bytes,
+                kept.cut_bytes,
                 LOG_HEAD >> 10,
                 (LOG_CAP - LOG_HEAD) >> 10
             ));
         }
-        for line in self.tail.drain(..) {
-            text.push_str(&line);
-        }
-        self.tail_bytes = 0;
+        text.push_str(&kept.tail[kept.tail_start..]);
+        self.kept.truncated = kept.truncated;
+        self.kept.cut_bytes = kept.cut_bytes;
         text
     }
 }
@@ -304,8 +337,8 @@ mod tests {
     struct Lines(Vec<String>);
 
     impl LogSink for Lines {
-        fn line(&mut self, line: &LogLine) {
-            self.0.push(line.text.clone());
+        fn line(&mut self, line: &LogLine<'_>) {
+            self.0.push(line.text.to_string());
         }
     }
 

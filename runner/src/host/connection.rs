@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use base64::Engine as _;
 use futures::StreamExt;
 use knotless_protocol::framing;
-use knotless_protocol::messages::{LogLevel, LogParams, OutputParams, Stream, method};
+use knotless_protocol::messages::{LogLevel, LogParams, Stream, method};
 use knotless_protocol::{ExecutorError, error::ErrorKind};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize as _, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
@@ -76,6 +76,25 @@ pub enum Reply {
 
 /// An event to deliver to a session's channel.
 type Delivery = Option<(mpsc::Sender<SessionEvent>, SessionEvent)>;
+
+/// An `output` notification's params, its strings borrowed.
+#[derive(serde::Deserialize)]
+struct OutputRef<'a> {
+    session: &'a str,
+    step: u32,
+    stream: Stream,
+    data: &'a str,
+}
+
+/// A whole `output` notification, nothing else in it (a message with an `id` is not one).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutputNotification<'a> {
+    jsonrpc: &'a str,
+    method: &'a str,
+    #[serde(borrow)]
+    params: OutputRef<'a>,
+}
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Answer>>>>;
 type Sessions = Arc<Mutex<HashMap<String, mpsc::Sender<SessionEvent>>>>;
@@ -156,6 +175,15 @@ impl Connection {
     /// Routes one frame; an error describes a protocol violation. Step output is returned with
     /// its session's channel, for the reader to deliver with back-pressure.
     fn handle_frame(&self, frame: &[u8], unrouted: &mpsc::UnboundedSender<LogParams>) -> Result<Delivery, String> {
+        // Step output, most of the frames, parsed straight into its fields with its data
+        // borrowed from the frame; anything else (or output with escapes in a string) takes
+        // the general path below.
+        if let Ok(output) = serde_json::from_slice::<OutputNotification>(frame)
+            && output.jsonrpc == "2.0"
+            && output.method == method::OUTPUT
+        {
+            return self.route_output(output.params, frame);
+        }
         let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
         let message: serde_json::Value =
             serde_json::from_slice(frame).map_err(|_| not_a_message("a line that is not JSON"))?;
@@ -190,35 +218,15 @@ impl Connection {
                 Ok(None)
             }
             (None, Some(name)) => {
-                let params = object.get("params").cloned().unwrap_or(serde_json::Value::Null);
+                let params = object.get("params").unwrap_or(&serde_json::Value::Null);
                 match name.as_str() {
                     Some(method::OUTPUT) => {
-                        let output: OutputParams = serde_json::from_value(params)
+                        let output = OutputRef::deserialize(params)
                             .map_err(|error| not_a_message(&format!("a bad output notification ({error})")))?;
-                        let bytes = base64::engine::general_purpose::STANDARD
-                            .decode(output.data.as_bytes())
-                            .map_err(|error| not_a_message(&format!("output that is not base64 ({error})")))?;
-                        let running = lock(&self.running).get(&output.session).copied();
-                        match running {
-                            Some(step) if step == output.step => {}
-                            Some(step) => {
-                                return Err(not_a_message(&format!(
-                                    "output for step {} of session {} while step {step} runs",
-                                    output.step, output.session
-                                )));
-                            }
-                            None => {
-                                return Err(not_a_message(&format!(
-                                    "output for session {} while it runs no step",
-                                    output.session
-                                )));
-                            }
-                        }
-                        let event = SessionEvent::Output { step: output.step, stream: output.stream, bytes };
-                        Ok(lock(&self.sessions).get(&output.session).map(|sender| (sender.clone(), event)))
+                        self.route_output(output, frame)
                     }
                     Some(method::LOG) => {
-                        let log: LogParams = serde_json::from_value(params)
+                        let log = LogParams::deserialize(params)
                             .map_err(|error| not_a_message(&format!("a bad log notification ({error})")))?;
                         // A session's log line waits its turn while the session runs a step (its
                         // run takes it); otherwise, or when the run is not taking them, it goes to
@@ -244,6 +252,30 @@ impl Connection {
             (Some(_), Some(_)) => Err(not_a_message("a request (executors may only answer and notify)")),
             (None, None) => Err(not_a_message("a message with neither id nor method")),
         }
+    }
+
+    /// Decodes step output and finds the channel of its session, if it is for the step the
+    /// session runs.
+    fn route_output(&self, output: OutputRef<'_>, frame: &[u8]) -> Result<Delivery, String> {
+        let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(output.data.as_bytes())
+            .map_err(|error| not_a_message(&format!("output that is not base64 ({error})")))?;
+        let running = lock(&self.running).get(output.session).copied();
+        match running {
+            Some(step) if step == output.step => {}
+            Some(step) => {
+                return Err(not_a_message(&format!(
+                    "output for step {} of session {} while step {step} runs",
+                    output.step, output.session
+                )));
+            }
+            None => {
+                return Err(not_a_message(&format!("output for session {} while it runs no step", output.session)));
+            }
+        }
+        let event = SessionEvent::Output { step: output.step, stream: output.stream, bytes };
+        Ok(lock(&self.sessions).get(output.session).map(|sender| (sender.clone(), event)))
     }
 
     /// Receives the events of `session` from now on.
@@ -348,6 +380,15 @@ pub fn decode<R: DeserializeOwned>(method: &str, value: serde_json::Value) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_notification_is_parsed_in_place_and_anything_more_is_not_one() {
+        let frame = br#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":3,"stream":"stderr","data":"aGk="}}"#;
+        let parsed = serde_json::from_slice::<OutputNotification>(frame).expect("the fast path takes it");
+        assert_eq!((parsed.params.session, parsed.params.step, parsed.params.data), ("s1", 3, "aGk="));
+        let with_id = br#"{"jsonrpc":"2.0","id":1,"method":"output","params":{"session":"s1","step":3,"stream":"stderr","data":""}}"#;
+        assert!(serde_json::from_slice::<OutputNotification>(with_id).is_err());
+    }
 
     #[tokio::test]
     async fn output_reaches_the_session_before_the_answer_that_follows_it() {

@@ -14,14 +14,16 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-/// Variables an executor inherits from the runner; everything else is withheld.
+/// Variables an executor inherits from the runner, with every `LC_*`; everything else is
+/// withheld.
 pub const INHERITED_VARIABLES: &[&str] = &[
     "PATH",
     "HOME",
     "USER",
     "LOGNAME",
+    "SHELL",
+    "TERM",
     "LANG",
-    "LC_ALL",
     "TZ",
     "TMPDIR",
     "XDG_RUNTIME_DIR",
@@ -83,6 +85,11 @@ impl ExecutorProcess {
         command.env_clear();
         for name in INHERITED_VARIABLES.iter().copied().chain(spec.pass_env.iter().map(String::as_str)) {
             if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
+        for (name, value) in std::env::vars_os() {
+            if name.to_str().is_some_and(|name| name.starts_with("LC_")) {
                 command.env(name, value);
             }
         }

@@ -16,6 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ExecutorHost, HostError, Live, SessionEvent};
 
+/// The buffer an upload is copied through.
+const UPLOAD_BUFFER: usize = 256 << 10;
+
 /// A session: the environment of one run.
 pub struct Session {
     host: Arc<ExecutorHost>,
@@ -119,7 +122,9 @@ impl Session {
         let call = self.host.call_on::<_, TransferResult>(&self.live, method::UPLOAD, &params, timeout, cancel);
         let send = async {
             let mut stream = listener.accept().await?;
-            let sent = tokio::io::copy(&mut source, &mut stream).await?;
+            // Large reads and writes: tokio's `copy` moves 8 KiB at a time.
+            let mut source = tokio::io::BufReader::with_capacity(UPLOAD_BUFFER, &mut source);
+            let sent = tokio::io::copy_buf(&mut source, &mut stream).await?;
             drop(stream);
             io::Result::Ok(sent)
         };

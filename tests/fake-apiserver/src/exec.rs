@@ -279,6 +279,7 @@ async fn run(app: Shared, socket: WebSocket, session: Session) {
     let mut fault = session.fault.clone();
     let mut buffer = vec![0u8; CHUNK];
     let mut dropped = false;
+    let mut unreachable = false;
     while let Some(pipe) = stdout.as_mut() {
         let n = match pipe.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
@@ -295,7 +296,27 @@ async fn run(app: Shared, socket: WebSocket, session: Session) {
                 break;
             }
             fire(&app, &session, &name);
+            if name == "node-lost-mid-step" {
+                // The API server proxies an exec to the node's kubelet; with the node gone the
+                // stream hangs, open and silent, whatever becomes of the processes.
+                unreachable = true;
+                break;
+            }
         }
+    }
+    if unreachable {
+        // Open until the client closes it; nothing more is sent.
+        let _ = reader.await;
+        drop(tx);
+        writer.abort();
+        errors.abort();
+        tokio::spawn(async move {
+            if let Some(mut pipe) = stdout {
+                let _ = tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await;
+            }
+            let _ = child.wait().await;
+        });
+        return;
     }
     if dropped {
         drop(tx);

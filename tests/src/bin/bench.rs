@@ -43,12 +43,18 @@ fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
     Ok(std::fs::canonicalize(path)?)
 }
 
-/// `bench [GROUP...]`: every group (`protocol`, `memory`, `kubernetes`), or those named.
+/// `bench [GROUP...]`: every group (`protocol`, `masking`, `transfer`, `runs`, `memory`,
+/// `kubernetes`), or those named.
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let groups: Vec<String> = std::env::args().skip(1).collect();
     let wanted = |group: &str| groups.is_empty() || groups.iter().any(|g| g == group);
-    let work = tempfile::tempdir()?;
+    // On a tmpfs when there is one: the transfers then measure the code, not the disk's
+    // writeback, which moved the same figure by 3x from run to run here.
+    let work = match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm")?,
+        false => tempfile::tempdir()?,
+    };
     let shell = release_bin("knotless-executor-shell")?;
     let runner =
         RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: "bench".into() };
@@ -59,12 +65,21 @@ async fn main() -> anyhow::Result<()> {
     if wanted("protocol") {
         rows.push(round_trip(&host).await?);
         let session = open(&host).await?;
-        rows.push(trivial_step(&session).await?);
-        rows.push(upload(&session, work.path()).await?);
+        rows.extend(trivial_steps(&session).await?);
         session.stop(false, Duration::from_secs(60)).await?;
-        rows.push(masking()?);
+    }
+    if wanted("masking") {
+        rows.extend(masking()?);
+    }
+    if wanted("transfer") {
+        let session = open(&host).await?;
+        rows.extend(transfers(&session, work.path()).await?);
+        session.stop(false, Duration::from_secs(600)).await?;
     }
     host.shutdown().await;
+    if wanted("runs") {
+        rows.extend(runs(work.path())?);
+    }
     if wanted("memory") {
         rows.extend(memory(work.path())?);
     }
@@ -132,11 +147,29 @@ async fn open(host: &std::sync::Arc<ExecutorHost>) -> anyhow::Result<knotless_ru
     Ok(host.open(params, &CancellationToken::new()).await?)
 }
 
-/// One step `true` through the shell executor, against spawning `sh -c true`.
-async fn trivial_step(session: &knotless_run::host::Session) -> anyhow::Result<Row> {
+/// One step `true` through the shell executor, against spawning `sh -c true`: on the host as
+/// it is, then with 300 more sleeping processes on it (a step's cost must not grow with the
+/// host's process count).
+async fn trivial_steps(session: &knotless_run::host::Session) -> anyhow::Result<Vec<Row>> {
+    let quiet = trivial_step(session, "").await?;
+    let mut sleepers = Vec::with_capacity(300);
+    for _ in 0..300 {
+        sleepers.push(std::process::Command::new("sleep").arg("600").stdin(Stdio::null()).spawn()?);
+    }
+    let crowded = trivial_step(session, ", with 300 more sleeping processes on the host").await;
+    for mut sleeper in sleepers {
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+    }
+    Ok(vec![quiet, crowded?])
+}
+
+async fn trivial_step(session: &knotless_run::host::Session, host: &str) -> anyhow::Result<Row> {
     const STEPS: usize = 300;
     let never = CancellationToken::new();
     let mut ours = Vec::with_capacity(STEPS);
+    let mut reference = Vec::with_capacity(STEPS);
+    // Interleaved, so that both see the same load.
     for index in 0..STEPS {
         let params = CommandParams {
             session: session.id().to_string(),
@@ -154,9 +187,6 @@ async fn trivial_step(session: &knotless_run::host::Session) -> anyhow::Result<R
         if result.exit_code != 0 {
             bail!("`true` exited with {}", result.exit_code);
         }
-    }
-    let mut reference = Vec::with_capacity(STEPS);
-    for _ in 0..STEPS {
         let started = Instant::now();
         let status = tokio::process::Command::new("sh").args(["-c", "true"]).status().await?;
         reference.push(started.elapsed());
@@ -166,65 +196,158 @@ async fn trivial_step(session: &knotless_run::host::Session) -> anyhow::Result<R
     }
     let (ours, reference) = (median(&mut ours), median(&mut reference));
     Ok(Row {
-        what: format!("one trivial step through the shell executor, median of {STEPS} (reference: `sh -c true`)"),
+        what: format!("one trivial step through the shell executor{host}, median of {STEPS} (reference: `sh -c true`)"),
         ours: millis(ours),
         reference: millis(reference),
         ratio: ours.as_secs_f64() / reference.as_secs_f64(),
     })
 }
 
-fn make_tree(root: &Path, megabytes: usize) -> anyhow::Result<()> {
+/// A git repository at `root` with `megabytes` MiB of incompressible data in files of 1 MiB
+/// across 10 folders, 1,000 small text files in 50 more, and a one-step workflow; committed.
+fn make_repo(root: &Path, megabytes: usize) -> anyhow::Result<()> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ megabytes as u64;
     let mut block = vec![0u8; 1 << 20];
     for file in 0..megabytes {
         let folder = root.join(format!("dir{}", file % 10));
         std::fs::create_dir_all(&folder)?;
-        for (index, byte) in block.iter_mut().enumerate() {
-            *byte = (index.wrapping_mul(31) ^ file.wrapping_mul(7919)) as u8;
+        for word in block.chunks_exact_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            word.copy_from_slice(&state.to_le_bytes());
         }
         std::fs::write(folder.join(format!("file{file}.bin")), &block)?;
+    }
+    for file in 0..1000 {
+        let folder = root.join(format!("src/module{}", file % 50));
+        std::fs::create_dir_all(&folder)?;
+        std::fs::write(folder.join(format!("part{file}.rs")), format!("// line of source {file}\n").repeat(40))?;
+    }
+    std::fs::create_dir_all(root.join(".knotless/workflows"))?;
+    std::fs::write(root.join(".knotless/workflows/quiet.yml"), "steps:\n  - name: quiet\n    run: 'true'\n")?;
+    let git = |args: &[&str]| -> anyhow::Result<()> {
+        let status = std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(["-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "core.compression=1"])
+            .args(args)
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("git {args:?} failed in {}", root.display());
+        }
+        Ok(())
+    };
+    git(&["init", "-q"])?;
+    git(&["add", "-A"])?;
+    git(&["commit", "-q", "-m", "bench"])?;
+    Ok(())
+}
+
+/// The bench's repository of `megabytes` MiB under `scratch`, made the first time.
+fn repo_of(scratch: &Path, megabytes: usize) -> anyhow::Result<PathBuf> {
+    let repo = scratch.join(format!("checkout-{megabytes}"));
+    if !repo.join(".git").exists() {
+        make_repo(&repo, megabytes)?;
+    }
+    Ok(repo)
+}
+
+/// Writes every dirty page out, so that a measured transfer does not pay for the previous
+/// one's writeback.
+fn settle() -> anyhow::Result<()> {
+    if !std::process::Command::new("sync").status()?.success() {
+        bail!("sync failed");
     }
     Ok(())
 }
 
-/// A 100 MiB tree up into a session and back, against `tar c | tar x` twice.
-async fn upload(session: &knotless_run::host::Session, scratch: &Path) -> anyhow::Result<Row> {
-    let source = scratch.join("tree");
-    make_tree(&source, 100)?;
-    let never = CancellationToken::new();
+/// The time a shell command takes, or an error if it fails.
+fn timed_sh(script: &str) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let archive_source = source.clone();
-    let archive =
-        tokio::task::spawn_blocking(move || knotless_protocol::tarball::pack_dir(&archive_source, Vec::new()))
-            .await??;
-    let target = format!("{}/bench-tree", session.paths().work);
-    session.upload(&target, archive.as_slice(), 1 << 30, Duration::from_secs(300), &never).await?;
-    let back = scratch.join("back");
-    session.download(&target, &back, 1 << 30, Duration::from_secs(300), &never).await?;
-    let ours = started.elapsed();
-    let started = Instant::now();
-    for (from, to) in [(source.clone(), scratch.join("ref1")), (scratch.join("ref1"), scratch.join("ref2"))] {
-        std::fs::create_dir_all(&to)?;
-        let script = format!("tar -C '{}' -cf - . | tar -C '{}' -xf -", from.display(), to.display());
-        let status = tokio::process::Command::new("sh").args(["-c", &script]).status().await?;
-        if !status.success() {
-            bail!("the reference tar pipe failed");
-        }
+    let status = std::process::Command::new("sh").args(["-c", script]).status()?;
+    if !status.success() {
+        bail!("`{script}` failed");
     }
-    let reference = started.elapsed();
-    Ok(Row {
-        what: "a 100 MiB tree uploaded into a shell session and downloaded back (reference: a `tar c` piped into `tar x`, there and back)"
-            .into(),
-        ours: millis(ours),
-        reference: millis(reference),
-        ratio: ours.as_secs_f64() / reference.as_secs_f64(),
-    })
+    Ok(started.elapsed())
 }
 
-/// Masking 64 MiB of output with 100 secrets in 64 KiB chunks, against copying the same bytes.
-fn masking() -> anyhow::Result<Row> {
+/// The checkout uploads and the download a run makes, through the functions the engine calls
+/// (the checkout's tar stream made as it is sent; the vetted unpack on the way back), against
+/// `git archive | tar x` of the same commit and `tar c | tar x` of the same tree.
+async fn transfers(session: &knotless_run::host::Session, scratch: &Path) -> anyhow::Result<Vec<Row>> {
+    use knotless_run::checkout::Checkout;
+    let never = CancellationToken::new();
+    let mut rows = Vec::new();
+    for megabytes in [100, 1024] {
+        let repo = repo_of(scratch, megabytes)?;
+        let size = if megabytes >= 1024 { format!("{} GiB", megabytes / 1024) } else { format!("{megabytes} MiB") };
+        for rev in [None, Some("HEAD")] {
+            let target = format!("{}/checkout-{megabytes}-{}", session.paths().work, rev.is_some());
+            settle()?;
+            let started = Instant::now();
+            let (checkout, _) = Checkout::resolve(&repo, rev).await?;
+            let mut archive = checkout.archive(None).await?;
+            session.upload(&target, &mut archive, 4 << 30, Duration::from_secs(600), &never).await?;
+            let ours = started.elapsed();
+            std::fs::remove_dir_all(&target)?;
+            let copy = scratch.join("reference-checkout");
+            std::fs::create_dir_all(&copy)?;
+            settle()?;
+            let reference = timed_sh(&format!(
+                "git -C '{}' archive --format=tar HEAD | tar -C '{}' -xf -",
+                repo.display(),
+                copy.display()
+            ))?;
+            std::fs::remove_dir_all(&copy)?;
+            let what = match rev {
+                None => "the working tree (`run`)",
+                Some(_) => "a commit (`run --rev HEAD`)",
+            };
+            rows.push(Row {
+                what: format!(
+                    "checkout upload of {size} from a git repository, {what}, into a shell session (reference: `git archive | tar x` of the same commit)"
+                ),
+                ours: millis(ours),
+                reference: millis(reference),
+                ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+            });
+        }
+        if megabytes == 100 {
+            let target = format!("{}/outputs", session.paths().work);
+            let (checkout, _) = Checkout::resolve(&repo, None).await?;
+            session
+                .upload(&target, &mut checkout.archive(None).await?, 1 << 30, Duration::from_secs(600), &never)
+                .await?;
+            let back = scratch.join("downloaded");
+            settle()?;
+            let started = Instant::now();
+            session.download(&target, &back, 1 << 30, Duration::from_secs(600), &never).await?;
+            let ours = started.elapsed();
+            let copy = scratch.join("reference-download");
+            std::fs::create_dir_all(&copy)?;
+            settle()?;
+            let reference = timed_sh(&format!("tar -C '{target}' -cf - . | tar -C '{}' -xf -", copy.display()))?;
+            for folder in [back, copy, PathBuf::from(&target)] {
+                std::fs::remove_dir_all(folder)?;
+            }
+            rows.push(Row {
+                what: "download of 100 MiB of outputs from a shell session, vetted (reference: `tar c | tar x` of the same tree)".into(),
+                ours: millis(ours),
+                reference: millis(reference),
+                ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Masking 64 MiB of output in 64 KiB chunks with 100 secrets and with none, against copying
+/// the same chunks.
+fn masking() -> anyhow::Result<Vec<Row>> {
     let secrets: Vec<String> =
         (0..100).map(|index| format!("secret-value-{index:03}-{}", "x".repeat(index % 17))).collect();
-    let masker = Masker::new(&secrets)?;
     let mut text = Vec::with_capacity(64 << 20);
     let mut line = 0usize;
     while text.len() < 64 << 20 {
@@ -238,29 +361,48 @@ fn masking() -> anyhow::Result<Row> {
         }
     }
     let megabytes = text.len() as f64 / (1 << 20) as f64;
-    let started = Instant::now();
-    let mut stream = masker.stream();
-    let mut masked = 0usize;
-    for chunk in text.chunks(64 << 10) {
-        masked += stream.push(chunk).len();
+    let mut rows = Vec::new();
+    for (values, what) in [(&secrets[..], "100 secrets"), (&[][..], "no secret")] {
+        let masker = Masker::new(values)?;
+        // Best of five each, interleaved.
+        let (mut ours, mut reference) = (Duration::MAX, Duration::MAX);
+        let (mut masked, mut copied) = (0, 0);
+        for _ in 0..5 {
+            let started = Instant::now();
+            let mut stream = masker.stream();
+            let mut out = Vec::with_capacity(128 << 10);
+            masked = 0;
+            for chunk in text.chunks(64 << 10) {
+                out.clear();
+                stream.push_into(chunk, &mut out);
+                masked += std::hint::black_box(&out).len();
+            }
+            masked += stream.finish().len();
+            ours = ours.min(started.elapsed());
+            let started = Instant::now();
+            let mut out = Vec::with_capacity(128 << 10);
+            copied = 0;
+            for chunk in text.chunks(64 << 10) {
+                out.clear();
+                out.extend_from_slice(chunk);
+                copied += std::hint::black_box(&out).len();
+            }
+            reference = reference.min(started.elapsed());
+        }
+        let expected = if values.is_empty() { masked == text.len() } else { masked < text.len() };
+        if !expected || copied != text.len() {
+            bail!("masking with {what} changed the wrong bytes, or the copy lost bytes");
+        }
+        rows.push(Row {
+            what: format!(
+                "masking 64 MiB of step output with {what}, 64 KiB chunks, best of 5 (reference: copying the chunks)"
+            ),
+            ours: format!("{:.0} MiB/s", megabytes / ours.as_secs_f64()),
+            reference: format!("{:.0} MiB/s", megabytes / reference.as_secs_f64()),
+            ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+        });
     }
-    masked += stream.finish().len();
-    let ours = started.elapsed();
-    let started = Instant::now();
-    let mut copied = 0usize;
-    for chunk in text.chunks(64 << 10) {
-        copied += std::hint::black_box(chunk.to_vec()).len();
-    }
-    let reference = started.elapsed();
-    if masked >= text.len() || copied != text.len() {
-        bail!("masking replaced nothing, or the copy lost bytes");
-    }
-    Ok(Row {
-        what: "masking 64 MiB of step output with 100 secrets, 64 KiB chunks (reference: copying the chunks)".into(),
-        ours: format!("{:.0} MiB/s", megabytes / ours.as_secs_f64()),
-        reference: format!("{:.0} MiB/s", megabytes / reference.as_secs_f64()),
-        ratio: ours.as_secs_f64() / reference.as_secs_f64(),
-    })
+    Ok(rows)
 }
 
 /// Starts an executor for the bench.
@@ -398,22 +540,36 @@ struct Measured {
     peak_mib: f64,
 }
 
-/// Runs `knotless-run run` on `repo`'s workflow `workflow` with the executor `executor`
-/// (`--executor-plugin`), its stdout discarded as a terminal would show it, and samples its
-/// peak resident memory (`VmHWM`, which only grows) every 10 ms until it ends.
-fn measure_run(repo: &Path, workflow: &str, executor: &Path, work: &Path) -> anyhow::Result<Measured> {
+/// Where a measured command's stdout goes.
+#[derive(Clone, Copy)]
+enum Sink<'a> {
+    /// Discarded.
+    Null,
+    /// A file.
+    File(&'a Path),
+    /// A pipe that a thread of the bench reads and drops, as a terminal would take it.
+    Pipe,
+}
+
+impl Sink<'_> {
+    fn stdio(self) -> anyhow::Result<Stdio> {
+        Ok(match self {
+            Sink::Null => Stdio::null(),
+            Sink::File(path) => Stdio::from(std::fs::File::create(path)?),
+            Sink::Pipe => Stdio::piped(),
+        })
+    }
+}
+
+/// Runs `command` to its end with its stdout going to `sink`, sampling its peak resident
+/// memory (`VmHWM`, which only grows) every 10 ms.
+fn measure(mut command: std::process::Command, sink: Sink<'_>) -> anyhow::Result<Measured> {
     let started = Instant::now();
-    let mut child = std::process::Command::new(release_bin("knotless-run")?)
-        .arg("run")
-        .arg(repo)
-        .args(["--workflow", workflow, "--executor-plugin"])
-        .arg(executor)
-        .arg("--executor-option")
-        .arg(format!("work-dir={}", work.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut child = command.stdin(Stdio::null()).stdout(sink.stdio()?).stderr(Stdio::null()).spawn()?;
+    let drain = child
+        .stdout
+        .take()
+        .map(|mut stdout| std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()).unwrap_or(0)));
     let status = format!("/proc/{}/status", child.id());
     let mut peak_kib = 0u64;
     let code = loop {
@@ -429,10 +585,114 @@ fn measure_run(repo: &Path, workflow: &str, executor: &Path, work: &Path) -> any
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    if let Some(drain) = drain {
+        let _ = drain.join();
+    }
     if code != Some(0) {
-        bail!("knotless-run run of {workflow} exited with {code:?}");
+        bail!("{command:?} exited with {code:?}");
     }
     Ok(Measured { elapsed: started.elapsed(), peak_mib: peak_kib as f64 / 1024.0 })
+}
+
+/// `knotless-run run` on `repo`'s workflow `workflow` with the executor `executor`
+/// (`--executor-plugin`), its stdout to `sink`.
+fn measure_run_to(
+    repo: &Path,
+    workflow: &str,
+    executor: &Path,
+    work: &Path,
+    sink: Sink<'_>,
+) -> anyhow::Result<Measured> {
+    let mut command = std::process::Command::new(release_bin("knotless-run")?);
+    command
+        .arg("run")
+        .arg(repo)
+        .args(["--workflow", workflow, "--executor-plugin"])
+        .arg(executor)
+        .arg("--executor-option")
+        .arg(format!("work-dir={}", work.display()));
+    measure(command, sink)
+}
+
+fn measure_run(repo: &Path, workflow: &str, executor: &Path, work: &Path) -> anyhow::Result<Measured> {
+    measure_run_to(repo, workflow, executor, work, Sink::Null)
+}
+
+/// A git repository at `repo` with one workflow per `(name, script)`, each one step.
+fn workflows_repo(repo: &Path, workflows: &[(&str, String)]) -> anyhow::Result<()> {
+    let folder = repo.join(".knotless/workflows");
+    std::fs::create_dir_all(&folder)?;
+    let git = std::process::Command::new("git").args(["init", "-q"]).arg(repo).status()?;
+    if !git.success() {
+        bail!("git init failed");
+    }
+    for (name, yaml) in workflows {
+        std::fs::write(folder.join(format!("{name}.yml")), yaml)?;
+    }
+    Ok(())
+}
+
+/// Whole runs through `knotless-run run` and the shell executor: 100 trivial steps against
+/// one step's run plus 99 `sh -c true`; 200 MB of 60-byte lines of step output to a file and
+/// to a pipe, against the step's script writing to the same.
+fn runs(scratch: &Path) -> anyhow::Result<Vec<Row>> {
+    const LINES: &str = "yes \"$(printf '%059d' 0)\" | head -c 200000000";
+    const OUTPUT_MB: f64 = 200.0;
+    let repo = scratch.join("runs-repo");
+    let hundred: String = (0..100).map(|step| format!("  - name: s{step}\n    run: 'true'\n")).collect();
+    workflows_repo(
+        &repo,
+        &[
+            ("one", "steps:\n  - name: s0\n    run: 'true'\n".to_string()),
+            ("hundred", format!("steps:\n{hundred}")),
+            ("lines", format!("steps:\n  - name: lines\n    run: {LINES}\n")),
+        ],
+    )?;
+    let shell = release_bin("knotless-executor-shell")?;
+    let work = scratch.join("runs-work");
+    let mut rows = Vec::new();
+    // Medians of five, interleaved.
+    let (mut ours, mut reference) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        ours.push(measure_run(&repo, "hundred", &shell, &work)?.elapsed);
+        let fixed = measure_run(&repo, "one", &shell, &work)?.elapsed;
+        let started = Instant::now();
+        for _ in 0..99 {
+            let status = std::process::Command::new("sh").args(["-c", "true"]).status()?;
+            if !status.success() {
+                bail!("sh -c true failed");
+            }
+        }
+        reference.push(fixed + started.elapsed());
+    }
+    let (ours, reference) = (median(&mut ours), median(&mut reference));
+    rows.push(Row {
+        what: "a run of 100 trivial steps through `knotless-run run` and the shell executor, median of 5 (reference: a run of one such step plus 99 `sh -c true`)".into(),
+        ours: millis(ours),
+        reference: millis(reference),
+        ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+    });
+    let file = scratch.join("runs-output.txt");
+    for (sink, what) in [(Sink::File(&file), "a file"), (Sink::Pipe, "a pipe")] {
+        let (mut ours, mut reference) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            ours.push(measure_run_to(&repo, "lines", &shell, &work, sink)?.elapsed);
+            let mut script = std::process::Command::new("sh");
+            script.args(["-c", LINES]);
+            reference.push(measure(script, sink)?.elapsed);
+        }
+        let (ours, reference) = (median(&mut ours), median(&mut reference));
+        rows.push(Row {
+            what: format!(
+                "200 MB of step output in 60-byte lines through `knotless-run run` to {what}, whole run, median of 3 (reference: the step's script to {what})"
+            ),
+            ours: format!("{:.0} MB/s", OUTPUT_MB / ours.as_secs_f64()),
+            reference: format!("{:.0} MB/s", OUTPUT_MB / reference.as_secs_f64()),
+            ratio: ours.as_secs_f64() / reference.as_secs_f64(),
+        });
+    }
+    let _ = std::fs::remove_file(&file);
+    Ok(rows)
 }
 
 /// The runner's peak memory for a flood of short lines, one huge line, and a huge line of
@@ -469,6 +729,7 @@ fn memory(scratch: &Path) -> anyhow::Result<Vec<Row>> {
     let lines = measure_run(&repo, "lines", &shell, &work)?;
     let long_line = measure_run(&repo, "long-line", &shell, &work)?;
     let stderr = measure_run(&repo, "quiet", &noisy, &work)?;
+    let checkout = measure_run(&repo_of(scratch, 1024)?, "quiet", &shell, &work)?;
     let started = Instant::now();
     let status = std::process::Command::new("sh").args(["-c", LONG_LINE]).stdout(Stdio::null()).status()?;
     if !status.success() {
@@ -486,6 +747,7 @@ fn memory(scratch: &Path) -> anyhow::Result<Vec<Row>> {
         row("1 GB of step output in 60-byte lines", &lines),
         row("one 100 MB line of step output", &long_line),
         row("an executor writing 300 MB on stderr in one line", &stderr),
+        row("a checkout of 1 GiB from a git repository's working tree", &checkout),
     ];
     rows.push(Row {
         what: format!(

@@ -269,6 +269,87 @@ fn rev_runs_the_commit_not_the_working_tree_and_outputs_come_back() {
     assert!(tree.stdout.contains("show/cat | edited, not committed"), "{}", tree.both());
 }
 
+#[test]
+fn a_commit_that_cannot_be_packed_whole_is_an_error_and_no_step_runs() {
+    let repo = Repo::new();
+    repo.workflow("ci", "steps:\n  - name: look\n    run: ls -la; echo ran\n");
+    // 1 MiB that git sends before it reaches the blob it cannot read.
+    repo.write("a.txt", &"first file\n".repeat(100_000));
+    repo.write("z.txt", "a blob that will be lost\n");
+    repo.commit("first");
+    let blob = repo.git(&["rev-parse", "HEAD:z.txt"]);
+    let blob = blob.trim();
+    std::fs::remove_file(repo.path().join(".git/objects").join(&blob[..2]).join(&blob[2..])).expect("remove the blob");
+    let run = run_shell(&repo, &["--rev", "HEAD"]);
+    assert_eq!(run.code, Some(1), "{}", run.both());
+    assert_eq!(row(&run.stdout, "ci", "look")[..4], ["ci", "skipped", "look", "-"], "{}", run.both());
+    assert!(run.stdout.contains("\nci: error: cannot pack the checkout: git archive"), "{}", run.both());
+    assert!(!run.stdout.contains("ran"), "the step ran on a partial checkout\n{}", run.both());
+}
+
+#[test]
+fn a_rust_crates_tests_pass_through_the_shell_executor_with_no_environment_workaround() {
+    let repo = Repo::new();
+    repo.write("Cargo.toml", "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n");
+    repo.write(
+        "src/lib.rs",
+        "/// Adds.\n///\n/// ```\n/// assert_eq!(tiny::add(2, 2), 4);\n/// ```\npub fn add(a: u32, b: u32) -> u32 {\n    a + b\n}\n\n#[test]\nfn adds() {\n    assert_eq!(add(1, 2), 3);\n}\n",
+    );
+    repo.write(".gitignore", "target/\n");
+    repo.workflow("test", "steps:\n  - name: cargo\n    run: cargo test --offline\n");
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    assert_eq!(row(&run.stdout, "test", "cargo")[..4], ["test", "success", "cargo", "0"], "{}", run.both());
+    assert!(run.stdout.contains("test adds ... ok"), "{}", run.both());
+    assert!(run.stdout.contains("src/lib.rs - add (line 3) ... ok"), "the doc test ran\n{}", run.both());
+}
+
+#[test]
+fn env_and_env_file_reach_every_step_under_the_workflows_own_env() {
+    let repo = Repo::new();
+    repo.workflow(
+        "show",
+        "env:\n  FROM_WORKFLOW: workflow\nsteps:\n  - name: print\n    run: echo \"$FROM_FILE/$FROM_FLAG/$FROM_HERE/$FROM_WORKFLOW/$HOME\"\n",
+    );
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let file = scratch.path().join("vars.env");
+    std::fs::write(&file, "# settings\n\nFROM_FILE=file=value\nFROM_FLAG=overridden\nFROM_WORKFLOW=file\n")
+        .expect("write");
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut args = shell_args(&repo, work.path());
+    args.extend(["--env-file".into(), file.display().to_string(), "--env".into(), "FROM_FLAG=flag".into()]);
+    args.extend(["--env".into(), "FROM_HERE".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut command = knotless_run(&args);
+    command.env("FROM_HERE", "here").env("HOME", scratch.path());
+    let run = ran(command);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    let expected = format!("show/print | file=value/flag/here/workflow/{}", scratch.path().display());
+    assert!(run.stdout.contains(&expected), "{expected}\n{}", run.both());
+    for (flags, said) in [
+        (vec!["--env", "KNOTLESS_COMMIT=x"], "--env KNOTLESS_COMMIT=x: KNOTLESS_COMMIT is set by the run itself"),
+        (
+            vec!["--env", "NOT_SET_ANYWHERE_42"],
+            "--env NOT_SET_ANYWHERE_42: the variable NOT_SET_ANYWHERE_42 is not set",
+        ),
+        (vec!["--env", "1BAD=x"], "is not a variable name"),
+    ] {
+        let mut args = shell_args(&repo, work.path());
+        args.extend(flags.iter().map(|flag| flag.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let refused = ran(knotless_run(&args));
+        assert_eq!(refused.code, Some(2), "{}", refused.both());
+        assert!(refused.stderr.contains(said), "{said}\n{}", refused.both());
+    }
+    std::fs::write(&file, "GOOD=1\nno equals sign\n").expect("write");
+    let mut args = shell_args(&repo, work.path());
+    args.extend(["--env-file".into(), file.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = ran(knotless_run(&args));
+    assert_eq!(refused.code, Some(2), "{}", refused.both());
+    assert!(refused.stderr.contains(", line 2: expected NAME=VALUE"), "{}", refused.both());
+}
+
 /// Every live process on the host whose environment or command line holds `value`.
 fn holding(value: &str) -> Vec<String> {
     let mut found = Vec::new();
