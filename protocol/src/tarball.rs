@@ -326,7 +326,8 @@ fn write_sparse<R: Read>(entry: &mut Entry<'_, R>, dest: &Path) -> io::Result<()
 /// entries written. The stream is read to its end; bound it before, if it needs a bound.
 pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, UnpackError> {
     let mut archive = Archive::new(input);
-    let mut builder = Builder::new(output);
+    // Buffered: tar writes headers and 8 KiB pieces, each a write of a pipe otherwise.
+    let mut builder = Builder::new(io::BufWriter::with_capacity(STREAM_BUFFER, output));
     builder.follow_symlinks(false);
     let mut written = 0;
     let mut vetter = Vetter::default();
