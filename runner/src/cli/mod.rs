@@ -54,7 +54,7 @@ pub enum Command {
 /// Parses the command line, runs it, and gives the process's exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(matches!(cli.command, Some(Command::Run(_))));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -83,24 +83,32 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Whether `NO_COLOR` asks for no colour (set and not empty, as no-color.org says).
+pub fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty())
+}
+
 /// Logs to stderr: human lines on a terminal, JSON lines otherwise; `KNOTLESS_LOG_FORMAT`
-/// (`json`, or `human` alias `text`) overrides. The filter comes from `KNOTLESS_LOG` (default `info`).
-fn init_tracing() {
+/// (`json`, or `human` alias `text`) overrides. The filter comes from `KNOTLESS_LOG` (default
+/// `info`). For `run` (`local`), which speaks to a person, the default filter is `warn` and the
+/// format text, JSON only when asked. Colour only on a terminal and without `NO_COLOR`.
+fn init_tracing(local: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let default = if local { "warn" } else { "info" };
+    let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // A closed stderr drops log lines: reporting that on stderr would panic the runner.
     let builder =
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).log_internal_errors(false);
     let json = match std::env::var("KNOTLESS_LOG_FORMAT").as_deref() {
         Ok("json") => true,
         Ok("human" | "text") => false,
-        _ => !std::io::stderr().is_terminal(),
+        _ => !local && !std::io::stderr().is_terminal(),
     };
     if json {
         builder.json().init();
     } else {
-        builder.with_ansi(std::io::stderr().is_terminal()).with_target(false).init();
+        builder.with_ansi(std::io::stderr().is_terminal() && !no_color()).with_target(false).init();
     }
 }
 

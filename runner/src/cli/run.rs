@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// The event to run for: workflows not triggered by it are skipped.
     #[arg(long, value_name = "EVENT", default_value = "push")]
     pub event: Event,
+    /// Colour the status words and the runner's notes: on a terminal without `NO_COLOR`
+    /// (`auto`), `always`, or `never`.
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
     /// Where each workflow's outputs go, in a folder named after it (default: a folder of this
     /// repository's own under ~/.cache/knotless/outputs).
     #[arg(long, value_name = "DIR")]
@@ -52,6 +56,54 @@ pub struct RunArgs {
     /// The executor (shell unless --executor or --executor-plugin says otherwise).
     #[command(flatten)]
     pub executor: ExecutorArgs,
+}
+
+/// When `run` colours its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    /// On a terminal, unless `NO_COLOR` is set.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+impl ColorChoice {
+    fn enabled(self) -> bool {
+        use std::io::IsTerminal as _;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => std::io::stdout().is_terminal() && !super::no_color(),
+        }
+    }
+}
+
+/// Colours for what `run` prints, or none.
+#[derive(Debug, Clone, Copy)]
+struct Paint(bool);
+
+impl Paint {
+    /// `text` in the colour of a status word: green for a success, red for a failure or an
+    /// error, yellow for the rest (skipped, cancelled).
+    fn status(self, text: &str) -> String {
+        let code = match text.trim_end() {
+            "success" => "32",
+            "failure" | "error" | "timed out" => "31",
+            _ => "33",
+        };
+        self.wrap(code, text)
+    }
+
+    /// A runner's note, set apart from step output (cyan).
+    fn note(self, text: &str) -> String {
+        self.wrap("36", text)
+    }
+
+    fn wrap(self, code: &str, text: &str) -> String {
+        if self.0 { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_string() }
+    }
 }
 
 /// Prints a run's lines as they come: `workflow/step | text`, written out a chunk of output
@@ -64,6 +116,7 @@ struct Terminal {
     out: std::io::BufWriter<std::io::Stdout>,
     /// The latest step's name and the prefix its lines are shown with.
     prefix: Option<(String, String)>,
+    paint: Paint,
 }
 
 /// How many lines of a failed step's output are repeated under the summary.
@@ -111,7 +164,10 @@ impl LogSink for Terminal {
                 self.prefix = Some((name, prefix));
                 written
             }
-            None => writeln!(self.out, "{} ==> {}", printable::name(&self.workflow), printable::name(line.text)),
+            None => {
+                let note = format!("{} ==> {}", printable::name(&self.workflow), printable::name(line.text));
+                writeln!(self.out, "{}", self.paint.note(&note))
+            }
         };
     }
 
@@ -158,6 +214,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         secrets.insert(name.clone(), value);
     }
     let step_env = step_variables(&args.env, args.env_file.as_deref())?;
+    let paint = Paint(args.color.enabled());
     let config = args.executor.host_config("shell", &format!("local-{}", std::process::id()))?;
     if config.process.name == "shell" {
         crate::say_err!("warning: the shell executor isolates nothing: steps run as this user on this host");
@@ -207,6 +264,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             tail: StepTail::default(),
             out: std::io::BufWriter::with_capacity(64 << 10, std::io::stdout()),
             prefix: None,
+            paint,
         };
         let report = engine::execute(&host, &plan, &mut terminal, &cancel).await;
         tails.push(terminal.tail);
@@ -220,7 +278,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         reports.push((report, outputs));
     }
     Arc::clone(&host).shutdown().await;
-    print_summary(&reports, &errors);
+    print_summary(&reports, &errors, paint);
     print_failed_tails(&reports, &tails);
     let cancelled = reports.iter().any(|(report, _)| report.status == RunStatus::Cancelled);
     let all_passed = errors.is_empty() && reports.iter().all(|(report, _)| report.status == RunStatus::Success);
@@ -303,7 +361,7 @@ fn repository_folder(root: &std::path::Path, name: &str) -> String {
     if name.is_empty() { hash } else { format!("{name}-{hash}") }
 }
 
-fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::workflow::WorkflowError]) {
+fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::workflow::WorkflowError], paint: Paint) {
     let mut rows = vec![["workflow".to_string(), "status".into(), "step".into(), "exit".into(), "time".into()]];
     for error in errors {
         rows.push([printable::name(&error.file).into_owned(), "error".into(), "-".into(), "-".into(), "-".into()]);
@@ -341,12 +399,15 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
     let widths: Vec<usize> =
         (0..5).map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0)).collect();
     crate::say!();
-    for row in &rows {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+    for (index, row) in rows.iter().enumerate() {
+        let mut cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        if index > 0 {
+            cells[1] = paint.status(&cells[1]);
+        }
         crate::say!("{}", cells.join("  ").trim_end());
     }
     for (report, outputs) in reports {
-        let status = report.status.as_str();
+        let status = paint.status(report.status.as_str());
         let workflow = printable::name(&report.workflow);
         match &report.cause {
             Some(cause) => crate::say!("{workflow}: {status}: {}", printable::name(cause)),

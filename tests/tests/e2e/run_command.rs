@@ -350,6 +350,47 @@ fn env_and_env_file_reach_every_step_under_the_workflows_own_env() {
     assert!(refused.stderr.contains(", line 2: expected NAME=VALUE"), "{}", refused.both());
 }
 
+#[test]
+fn on_a_terminal_statuses_are_coloured_unless_no_color_and_logs_are_one_text_warning() {
+    let repo = Repo::new();
+    repo.workflow("ci", "steps:\n  - name: pass\n    run: echo fine\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    let args = shell_args(&repo, work.path());
+    let line = std::iter::once(knotless_tests::bin("knotless-run").display().to_string())
+        .chain(args.iter().map(|arg| format!("'{arg}'")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    // `script` gives the run a terminal (a pty) for stdout and stderr.
+    let on_terminal = |no_color: Option<&str>| {
+        let mut command = std::process::Command::new("script");
+        command.args(["-qec", &line, "/dev/null"]).env_remove("NO_COLOR").env_remove("KNOTLESS_LOG");
+        if let Some(value) = no_color {
+            command.env("NO_COLOR", value);
+        }
+        ran(command)
+    };
+    let coloured = on_terminal(None);
+    assert_eq!(coloured.code, Some(0), "{}", coloured.both());
+    assert!(coloured.stdout.contains("\x1b[32msuccess"), "{:?}", coloured.stdout);
+    assert!(coloured.stdout.contains("\x1b[36mci ==> "), "notes stand apart: {:?}", coloured.stdout);
+    let plain = on_terminal(Some("1"));
+    assert_eq!(plain.code, Some(0), "{}", plain.both());
+    assert!(!plain.stdout.contains('\x1b'), "an escape under NO_COLOR: {:?}", plain.stdout);
+    assert!(plain.stdout.contains("ci: success in "), "{}", plain.both());
+    // Not on a terminal, with the default log filter: no JSON log lines among the output, and
+    // the shell warning once.
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut command = knotless_run(&arg_refs);
+    command.env_remove("KNOTLESS_LOG");
+    let piped = ran(command);
+    assert_eq!(piped.code, Some(0), "{}", piped.both());
+    assert!(!piped.stdout.contains('\x1b') && !piped.stderr.contains('\x1b'), "{:?}", piped.both());
+    assert!(!piped.stderr.contains("{\"timestamp\""), "JSON logs in a run's output:\n{}", piped.stderr);
+    assert_eq!(piped.stderr.matches("isolates nothing").count(), 1, "{}", piped.stderr);
+    let forced = run_shell(&repo, &["--color", "always"]);
+    assert!(forced.stdout.contains("\x1b[32msuccess"), "{:?}", forced.stdout);
+}
+
 /// Every live process on the host whose environment or command line holds `value`.
 fn holding(value: &str) -> Vec<String> {
     let mut found = Vec::new();
