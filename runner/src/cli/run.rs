@@ -42,6 +42,10 @@ pub struct RunArgs {
     /// blank lines and lines starting with `#` are skipped. `--env` wins over it.
     #[arg(long = "env-file", value_name = "FILE")]
     pub env_file: Option<PathBuf>,
+    /// Run as if on branch NAME: the workflows' branch filters see it, and the steps see
+    /// `KNOTLESS_REF=refs/heads/NAME` (default: the checkout's own branch).
+    #[arg(long, value_name = "NAME")]
+    pub branch: Option<String>,
     /// The event to run for: workflows not triggered by it are skipped.
     #[arg(long, value_name = "EVENT", default_value = "push")]
     pub event: Event,
@@ -198,11 +202,20 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         workflows.retain(|workflow| args.workflows.contains(&workflow.name));
     }
+    let mut info = info;
+    if let Some(branch) = &args.branch {
+        let valid = git_check_ref_format(branch).await;
+        if !valid {
+            bail!("--branch {}: not a valid branch name", printable::name(branch));
+        }
+        info.git_ref = format!("refs/heads/{branch}");
+    }
     let branch = info.git_ref.strip_prefix("refs/heads/");
     let (selected, skipped): (Vec<_>, Vec<_>) =
         workflows.into_iter().partition(|workflow| workflow.on.matches(args.event, branch));
     for workflow in &skipped {
-        crate::say!("{} ==> skipped: not triggered by {}", workflow.name, args.event.as_str());
+        let why = workflow.on.refusal(args.event, branch).unwrap_or_default();
+        crate::say!("{} ==> skipped: {}", printable::name(&workflow.name), printable::name(&why));
     }
     if selected.is_empty() && errors.is_empty() {
         crate::say!("no workflow to run in {}", args.path.display());
@@ -289,6 +302,17 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Whether git takes `branch` as a branch name (`git check-ref-format --branch`).
+async fn git_check_ref_format(branch: &str) -> bool {
+    tokio::process::Command::new("git")
+        .args(["check-ref-format", "--branch", branch])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|status| status.success())
 }
 
 /// The variables of `--env-file` and then `--env`, checked: a name is letters, digits and `_`,

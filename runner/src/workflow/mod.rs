@@ -128,6 +128,32 @@ impl Triggers {
             Event::Queue => self.queue,
         }
     }
+
+    /// Why `event` on `branch` starts no run (the filter that refused it), or `None` when it
+    /// starts one.
+    pub fn refusal(&self, event: Event, branch: Option<&str>) -> Option<String> {
+        if self.matches(event, branch) {
+            return None;
+        }
+        let filter = match event {
+            Event::Push => self.push.as_ref(),
+            Event::Pull => self.pull.as_ref(),
+            Event::Queue => None,
+        };
+        let key = event.as_str();
+        Some(match (filter.and_then(|filter| filter.branches.as_ref()), branch) {
+            (Some(patterns), Some(branch)) => {
+                format!("on.{key}.branches is [{}], and this is branch {branch}", patterns.join(", "))
+            }
+            (Some(patterns), None) => {
+                format!(
+                    "on.{key}.branches is [{}], and this is no branch (name one with --branch)",
+                    patterns.join(", ")
+                )
+            }
+            (None, _) => format!("not triggered by {key}"),
+        })
+    }
 }
 
 /// Branch patterns of a trigger (`branches:`).

@@ -399,3 +399,20 @@ fn load_dir_refuses_dot_stems() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(files, [".knotless/workflows/...yml", ".knotless/workflows/..yml"], "{errors:?}");
     Ok(())
 }
+
+#[test]
+fn a_refusal_names_the_filter_that_refused() {
+    let filter = BranchFilter { branches: Some(vec!["main".into(), "release/*".into()]) };
+    let triggers = Triggers { push: Some(filter), pull: None, queue: false };
+    assert_eq!(triggers.refusal(Event::Push, Some("release/1")), None);
+    assert_eq!(
+        triggers.refusal(Event::Push, Some("feature")).as_deref(),
+        Some("on.push.branches is [main, release/*], and this is branch feature")
+    );
+    assert_eq!(
+        triggers.refusal(Event::Push, None).as_deref(),
+        Some("on.push.branches is [main, release/*], and this is no branch (name one with --branch)")
+    );
+    assert_eq!(triggers.refusal(Event::Pull, Some("main")).as_deref(), Some("not triggered by pull"));
+    assert_eq!(triggers.refusal(Event::Queue, None).as_deref(), Some("not triggered by queue"));
+}

@@ -391,6 +391,32 @@ fn on_a_terminal_statuses_are_coloured_unless_no_color_and_logs_are_one_text_war
     assert!(forced.stdout.contains("\x1b[32msuccess"), "{:?}", forced.stdout);
 }
 
+#[test]
+fn branch_runs_as_if_on_that_branch_and_a_skip_names_the_filter() {
+    let repo = Repo::new();
+    repo.workflow(
+        "release",
+        "on:\n  push: { branches: [main, \"release/*\"] }\nsteps:\n  - name: ref\n    run: echo \"ref=$KNOTLESS_REF\"\n",
+    );
+    repo.commit("first");
+    repo.git(&["checkout", "-q", "-b", "feature"]);
+    let skipped = run_shell(&repo, &[]);
+    assert_eq!(skipped.code, Some(0), "{}", skipped.both());
+    assert!(
+        skipped
+            .stdout
+            .contains("release ==> skipped: on.push.branches is [main, release/*], and this is branch feature"),
+        "{}",
+        skipped.both()
+    );
+    let as_main = run_shell(&repo, &["--branch", "release/2.0"]);
+    assert_eq!(as_main.code, Some(0), "{}", as_main.both());
+    assert!(as_main.stdout.contains("release/ref | ref=refs/heads/release/2.0"), "{}", as_main.both());
+    let bad = run_shell(&repo, &["--branch", "two..dots"]);
+    assert_eq!(bad.code, Some(2), "{}", bad.both());
+    assert!(bad.stderr.contains("--branch two..dots: not a valid branch name"), "{}", bad.both());
+}
+
 /// Every live process on the host whose environment or command line holds `value`.
 fn holding(value: &str) -> Vec<String> {
     let mut found = Vec::new();
