@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use nix::fcntl::{Flock, FlockArg};
 use tokio_util::sync::CancellationToken;
 
 use super::ExecutorArgs;
@@ -228,11 +229,15 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let step_env = step_variables(&args.env, args.env_file.as_deref())?;
     let paint = Paint(args.color.enabled());
-    let config = args.executor.host_config("shell", &format!("local-{}", std::process::id()))?;
+    let runner_id = local_runner_id();
+    let config = args.executor.host_config("shell", &runner_id)?;
     if config.process.name == "shell" {
         crate::say_err!("warning: the shell executor isolates nothing: steps run as this user on this host");
     }
     let host = ExecutorHost::start(config).await?;
+    // Alone, this run sweeps what earlier runs left (a killed run's container or folder);
+    // beside a live run of the same user, it sweeps nothing, never that run's sessions.
+    let _live = lock_and_sweep(&runner_id, &host).await;
     let cancel = CancellationToken::new();
     let interrupt = cancel.clone();
     tokio::spawn(async move {
@@ -302,6 +307,67 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The runner id of `run` for this user on this machine, the same from run to run, so that a
+/// run can sweep what a killed one left: `local-UID-HASH`, HASH a hash of the machine's id (or
+/// its host name), so that two machines sharing a cluster or an engine keep apart.
+fn local_runner_id() -> String {
+    use sha2::Digest as _;
+    let machine = std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
+        .or_else(|| nix::unistd::gethostname().ok().map(|name| name.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    let hash = sha2::Sha256::digest(machine.as_bytes());
+    let short: String = hash.iter().take(4).map(|byte| format!("{byte:02x}")).collect();
+    format!("local-{}-{short}", nix::unistd::getuid())
+}
+
+/// Sweeps what earlier runs of `runner_id` left when no other is alive, and returns the lock
+/// this run then holds for its life.
+///
+/// Every live run holds `ID.lock` shared; a run that gets it exclusive is alone, sweeps, and
+/// then holds it shared too. `ID.gate` is held exclusive around that, so that no run starts
+/// (and no other sweeps) while one sweeps or changes its lock. The kernel drops both when a
+/// process ends, however it ends. When the locks cannot be made, nothing is swept.
+async fn lock_and_sweep(runner_id: &str, host: &ExecutorHost) -> Option<Flock<std::fs::File>> {
+    let dir = default_outputs_root().parent()?.to_path_buf();
+    let open = |name: String| std::fs::create_dir_all(&dir).and_then(|()| std::fs::File::create(dir.join(name))).ok();
+    let (gate, live) = (open(format!("{runner_id}.gate"))?, open(format!("{runner_id}.lock"))?);
+    let gate = tokio::task::spawn_blocking(move || Flock::lock(gate, FlockArg::LockExclusive)).await.ok()?.ok()?;
+    let live = match Flock::lock(live, FlockArg::LockExclusiveNonblock) {
+        Ok(alone) => {
+            sweep(host).await;
+            alone.relock(FlockArg::LockSharedNonblock).ok()?;
+            alone
+        }
+        Err((live, _)) => Flock::lock(live, FlockArg::LockSharedNonblock).ok()?,
+    };
+    drop(gate);
+    Some(live)
+}
+
+/// Sends `cleanup` and says what it removed, if anything.
+async fn sweep(host: &ExecutorHost) {
+    match host.cleanup(std::time::Duration::from_secs(120)).await {
+        Ok(result) if result.removed.is_empty() && result.failures.is_empty() => {}
+        Ok(result) => {
+            let removed: Vec<String> =
+                result.removed.iter().map(|resource| format!("{} {}", resource.kind, resource.name)).collect();
+            if !removed.is_empty() {
+                crate::say_err!(
+                    "knotless-run: swept what an earlier run left: {}",
+                    printable::name(&removed.join(", "))
+                );
+            }
+            for failure in &result.failures {
+                crate::say_err!("knotless-run: warning: could not sweep: {}", printable::name(failure));
+            }
+        }
+        Err(error) => crate::say_err!("knotless-run: warning: the sweep of earlier runs failed: {error}"),
+    }
 }
 
 /// Whether git takes `branch` as a branch name (`git check-ref-format --branch`).

@@ -172,6 +172,62 @@ fn ctrl_c_cancels_the_run_and_leaves_no_process_behind() {
 }
 
 #[test]
+fn what_a_killed_run_left_is_swept_by_the_next_run_and_never_a_live_runs() {
+    let repo = Repo::new();
+    repo.workflow("long", "steps:\n  - name: wait\n    run: echo started; sleep 918275\n");
+    repo.workflow("quick", "steps:\n  - name: hi\n    run: echo hi\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    // A cache folder of this test's own: the runs' locks are not shared with other tests'.
+    let cache = tempfile::tempdir().expect("tempdir");
+    let start_long = || {
+        let mut args = shell_args(&repo, work.path());
+        args.extend(["--workflow".into(), "long".into()]);
+        let mut child = knotless_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .env("XDG_CACHE_HOME", cache.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let started = lines.by_ref().map_while(Result::ok).any(|line| line.contains("long/wait | started"));
+        assert!(started, "the step never started");
+        (child, lines)
+    };
+    let quick = || {
+        let mut args = shell_args(&repo, work.path());
+        args.extend(["--workflow".into(), "quick".into()]);
+        let mut command = knotless_run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        command.env("XDG_CACHE_HOME", cache.path());
+        ran(command)
+    };
+    // A live run's session is never swept by a run beside it.
+    let (mut live, _lines) = start_long();
+    let beside = quick();
+    assert_eq!(beside.code, Some(0), "{}", beside.both());
+    assert!(!beside.stderr.contains("swept"), "{}", beside.both());
+    assert_eq!(walk(work.path()).len(), 1, "the live run's session is still there");
+    // The runner and its executor killed outright: the session folder stays behind.
+    let executor = std::fs::read_to_string(format!("/proc/{}/task/{}/children", live.id(), live.id()))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|pid| pid.parse::<i32>().ok())
+        .collect::<Vec<_>>();
+    assert!(!executor.is_empty(), "the runner has no executor child");
+    for pid in executor.iter().copied().chain([live.id() as i32]) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+    live.wait().expect("wait");
+    let left = walk(work.path());
+    assert_eq!(left.len(), 1, "a killed run leaves its session: {left:?}");
+    let next = quick();
+    assert_eq!(next.code, Some(0), "{}", next.both());
+    assert!(next.stderr.contains("swept what an earlier run left: folder "), "{}", next.both());
+    assert!(walk(work.path()).is_empty(), "swept: {:?}", walk(work.path()));
+    assert!(wait_until(Duration::from_secs(5), || !process_running("sleep 918275")), "the step outlived its run");
+}
+
+#[test]
 fn a_secret_is_in_no_command_line_and_masked_even_split_across_writes() {
     let repo = Repo::new();
     let scratch = tempfile::tempdir().expect("tempdir");
