@@ -148,9 +148,9 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
             let exit = step.exit_code.map(|code| format!("exit {code}")).unwrap_or_else(|| "no exit code".into());
             writeln!(
                 stdout,
-                "    step {}: {:?}, {exit}, {} ms",
+                "    step {}: {}, {exit}, {} ms",
                 printable::name(&step.name),
-                step.status,
+                step.status.as_str(),
                 step.duration_ms
             )?;
         }

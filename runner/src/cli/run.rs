@@ -48,7 +48,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     pub branch: Option<String>,
     /// The event to run for: workflows not triggered by it are skipped.
-    #[arg(long, value_name = "EVENT", default_value = "push")]
+    #[arg(long, value_name = "EVENT", default_value = "push", value_enum)]
     pub event: Event,
     /// Colour the status words and the runner's notes: on a terminal without `NO_COLOR`
     /// (`auto`), `always`, or `never`.
@@ -61,6 +61,17 @@ pub struct RunArgs {
     /// The executor (shell unless --executor or --executor-plugin says otherwise).
     #[command(flatten)]
     pub executor: ExecutorArgs,
+}
+
+/// `--event`'s values, listed by `--help`.
+impl clap::ValueEnum for Event {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Event::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.as_str()))
+    }
 }
 
 /// When `run` colours its output.
@@ -467,14 +478,7 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
             ]);
         }
         for step in &report.steps {
-            let status = match step.status {
-                StepStatus::Success => "success",
-                StepStatus::Failure => "failure",
-                StepStatus::TimedOut => "timed out",
-                StepStatus::Error => "error",
-                StepStatus::Cancelled => "cancelled",
-                StepStatus::Skipped => "skipped",
-            };
+            let status = step.status.as_str();
             let exit = step.exit_code.map(|code| code.to_string()).unwrap_or_else(|| "-".into());
             let time = if step.status == StepStatus::Skipped { "-".into() } else { millis(step.duration_ms) };
             rows.push([

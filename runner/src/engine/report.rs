@@ -74,6 +74,20 @@ pub enum StepStatus {
     Skipped,
 }
 
+impl StepStatus {
+    /// The status as people read it, the same in `run`'s summary and in `checks`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Success => "success",
+            StepStatus::Failure => "failure",
+            StepStatus::TimedOut => "timed out",
+            StepStatus::Error => "error",
+            StepStatus::Cancelled => "cancelled",
+            StepStatus::Skipped => "skipped",
+        }
+    }
+}
+
 /// One step of a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepReport {
