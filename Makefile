@@ -48,8 +48,9 @@ bench: release
 	target/release/bench
 	if docker version >/dev/null 2>&1; then target/release/examples/bench; else echo "(no Docker engine: Docker rows skipped)"; fi
 
-# The runner into $(PREFIX)/bin, the executors into /usr/libexec/knotless, the systemd units, and
-# /etc/knotless and /var/lib/knotless (deploy/install.sh says what, and keeps a manifest).
+# The runner into $(PREFIX)/bin, its manual pages into $(PREFIX)/share/man/man1, the executors
+# into /usr/libexec/knotless, the systemd units, and /etc/knotless and /var/lib/knotless
+# (deploy/install.sh says what, and keeps a manifest); DESTDIR stages it all.
 install: release
 	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' bash deploy/install.sh --bin-dir '$(TARGET_DIR)/release'
 

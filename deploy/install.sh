@@ -9,6 +9,7 @@
 #   /etc/systemd/system/knotless-refresh-kubeconfig.{service,timer}
 #   /etc/systemd/system/knotless-run.service.d/docker.conf  with --docker, or a docker group
 #   $PREFIX/share/doc/knotless/                           the guide and env.example
+#   $PREFIX/share/man/man1/knotless-run*.1                the manual pages (knotless-run manpage)
 #   $PREFIX/share/knotless/installed-files                the manifest
 #   /etc/knotless/env                          0600  from env.example, only when there is none
 #   /etc/knotless/tenant.kubeconfig            0600  with --kubeconfig FILE (replaced atomically)
@@ -129,6 +130,17 @@ installed "$here/scoped-kubeconfig.sh" "$prefix/libexec/knotless/scoped-kubeconf
 installed "$here/refresh-kubeconfig.sh" "$prefix/libexec/knotless/refresh-kubeconfig" 0755
 installed "$source_root/docs/guide/kubernetes-runner.md" "$prefix/share/doc/knotless/kubernetes-runner.md" 0644
 installed "$here/env.example" "$prefix/share/doc/knotless/env.example" 0644
+# The manual pages, made by the runner from the definitions its --help shows.
+pages=$(mktemp -d)
+if ! "$bin_dir/knotless-run" manpage --dir "$pages" > /dev/null; then
+  rm -rf "$pages"
+  echo "install.sh: $bin_dir/knotless-run manpage failed" >&2
+  exit 1
+fi
+for page in "$pages"/*.1; do
+  installed "$page" "$prefix/share/man/man1/${page##*/}" 0644
+done
+rm -rf "$pages"
 
 # The units name /usr/local and the user knotless: rewritten for this PREFIX and user.
 unit() {

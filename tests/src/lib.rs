@@ -257,6 +257,9 @@ impl Default for Repo {
 pub fn knotless_run(args: &[&str]) -> Command {
     let mut command = Command::new(bin("knotless-run"));
     command.args(args).env("KNOTLESS_LOG", "info");
+    // No defaults file of the machine's user changes what a test runs; a test that wants one
+    // sets its own.
+    command.env("XDG_CONFIG_HOME", std::env::temp_dir().join("knotless-tests-no-config"));
     command
 }
 

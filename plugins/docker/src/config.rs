@@ -49,8 +49,7 @@ impl Config {
     pub fn from_params(params: &InitializeParams) -> Result<Config, ExecutorError> {
         if let Some(unknown) = params.config.keys().find(|key| !OPTIONS.contains(&key.as_str())) {
             return Err(ExecutorError::configuration(format!(
-                "unknown option {unknown} for the docker executor (given as --{unknown} or --executor-option \
-                 {unknown}=...): it takes {}",
+                "unknown option --{unknown} for the docker executor: it takes {}",
                 OPTIONS.iter().map(|option| flag(option)).collect::<Vec<_>>().join(", ")
             )));
         }
@@ -184,7 +183,9 @@ mod tests {
     #[test]
     fn bad_options_are_named() {
         let error = Config::from_params(&params(&[("namespace", "x")])).expect_err("refused");
-        assert!(error.message.starts_with("unknown option namespace for the docker executor"), "{}", error.message);
+        // Named as a flag: the runner names it as the operator gave it (`--namespace`, or
+        // `--executor-option namespace=...`).
+        assert!(error.message.starts_with("unknown option --namespace for the docker executor"), "{}", error.message);
         let error = Config::from_params(&params(&[("pids-limit", "lots")])).expect_err("refused");
         assert!(error.message.contains("--executor-option pids-limit="), "{}", error.message);
         let error = Config::from_params(&params(&[("image", " ")])).expect_err("refused");

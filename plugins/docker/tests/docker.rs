@@ -17,7 +17,7 @@ async fn initialize_refuses_unknown_options_and_a_missing_engine_naming_the_flag
     let mut harness = Harness::uninitialized("knotless-test-init").await;
     let (code, message) = harness.initialize(json!({"namespace": "x"})).await.expect_err("refused");
     assert_eq!(code, i64::from(code::CONFIGURATION));
-    assert!(message.contains("unknown option namespace"), "{message}");
+    assert!(message.contains("unknown option --namespace"), "{message}");
 
     let mut harness = Harness::uninitialized("knotless-test-init").await;
     let (code, message) = harness.initialize(json!({"docker": "/nonexistent/docker"})).await.expect_err("refused");

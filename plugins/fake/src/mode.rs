@@ -33,6 +33,8 @@ pub enum Mode {
     IgnoreTimeout,
     /// `download` answers one byte more than it wrote.
     BadTransfer,
+    /// `upload` reads the tar stream at 1 MiB a second, as a slow link would.
+    SlowUpload,
     /// `command` does not enforce `timeout_ms`, and answers `cancel` with a normal result,
     /// exit code 0, as if the step had passed.
     CancelAnswersOk,
@@ -53,6 +55,7 @@ pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::DropOutput, "drop-output", "run steps for real but send no output notifications"),
     (Mode::IgnoreTimeout, "ignore-timeout", "run steps without enforcing timeout_ms"),
     (Mode::BadTransfer, "bad-transfer", "answer download with one byte more than was written"),
+    (Mode::SlowUpload, "slow-upload", "read uploads at 1 MiB a second, as a slow link would"),
     (Mode::CancelAnswersOk, "cancel-answers-ok", "ignore timeout_ms and answer cancel with exit code 0"),
 ];
 

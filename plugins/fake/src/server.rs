@@ -236,9 +236,24 @@ fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> R
     }
     let params: InitializeParams = params(raw)?;
     let config = &params.config;
-    if let Some(key) = config.keys().find(|key| !matches!(key.as_str(), "work-dir" | "ledger" | "mode")) {
-        return Err(Fault::configuration(format!("unknown option {key}; the fake takes work-dir, ledger and mode")));
+    const KEYS: [&str; 6] = ["work-dir", "ledger", "mode", "isolation", "secrets", "outputs"];
+    if let Some(key) = config.keys().find(|key| !KEYS.contains(&key.as_str())) {
+        return Err(Fault::configuration(format!("unknown option --{key}; the fake takes {}", KEYS.join(", "))));
     }
+    let declared = |key: &str| -> Result<bool, Fault> {
+        match config.get(key).map(String::as_str) {
+            None | Some("true") => Ok(true),
+            Some("false") => Ok(false),
+            Some(other) => Err(Fault::configuration(format!("--{key} {other:?}: true or false"))),
+        }
+    };
+    let isolation = match config.get("isolation").map(String::as_str) {
+        None | Some("none") => Isolation::None,
+        Some("container") => Isolation::Container,
+        Some("vm") => Isolation::Vm,
+        Some(other) => return Err(Fault::configuration(format!("--isolation {other:?}: none, container or vm"))),
+    };
+    let (secrets, outputs) = (declared("secrets")?, declared("outputs")?);
     let mode = match (cli_mode, config.get("mode")) {
         (Some(mode), _) => mode,
         (None, None) => Mode::Ok,
@@ -272,13 +287,9 @@ fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> R
     if mode != Mode::Ok {
         eprintln!("fake: running in mode {mode}");
     }
-    let capabilities = Capabilities {
-        isolation: Isolation::None,
-        outputs: true,
-        caches: true,
-        secrets: true,
-        ..Capabilities::default()
-    };
+    // What it declares is what the options say (default: no isolation, secrets and outputs);
+    // it behaves the same whatever it declares, so that tests see what the runner does with it.
+    let capabilities = Capabilities { isolation, outputs, caches: true, secrets, ..Capabilities::default() };
     result(&InitializeResult {
         protocol_version: if mode == Mode::WrongVersion { 99 } else { version },
         executor: ExecutorInfo { name: "fake".to_string(), version: env!("CARGO_PKG_VERSION").to_string() },

@@ -22,8 +22,10 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
     let stream = connect(params).await?;
     let max_bytes = params.max_bytes;
     let handle = tokio::runtime::Handle::current();
+    let slow_upload = setup.mode == Mode::SlowUpload;
     let bytes = blocking(move || {
-        let mut input = Counting { inner: SyncIoBridge::new_with_handle(stream, handle), bytes: 0 };
+        let stream = SyncIoBridge::new_with_handle(stream, handle);
+        let mut input = Counting { inner: Paced { inner: stream, slow: slow_upload }, bytes: 0 };
         let unpacked = tarball::unpack_vetted(&mut input, &dest, max_bytes);
         if let Err(error) = unpacked {
             return Err(match error {
@@ -97,6 +99,23 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Fault> + S
 }
 
 /// Counts the bytes that pass.
+/// A reader that, when `slow`, takes a second for each MiB it gives (`slow-upload`).
+struct Paced<T> {
+    inner: T,
+    slow: bool,
+}
+
+impl<T: Read> Read for Paced<T> {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        let limit = if self.slow { buffer.len().min(64 << 10) } else { buffer.len() };
+        let read = self.inner.read(&mut buffer[..limit])?;
+        if self.slow {
+            std::thread::sleep(std::time::Duration::from_secs_f64(read as f64 / f64::from(1u32 << 20)));
+        }
+        Ok(read)
+    }
+}
+
 struct Counting<T> {
     inner: T,
     bytes: u64,

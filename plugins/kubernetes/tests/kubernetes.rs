@@ -183,6 +183,27 @@ async fn concurrent_runs_wait_for_the_autoscaler_and_the_nodes_go_back_to_zero()
     assert_eq!((before, during), (0, 2), "the required anti-affinity puts each run on its own node");
 }
 
+/// However soon the autoscaler removes an empty node, it never removes the node it added for a
+/// pending pod before the scheduler places that pod (upstream's DisableScaleDownForLoop while a
+/// pending pod fits a node): the run starts, and the node goes once the run ended.
+#[tokio::test]
+async fn a_node_added_for_a_pending_pod_outlives_its_emptiness_until_the_pod_is_placed() {
+    let flags = [FAST, &["--nodes", "0", "--autoscale-max", "1", "--scale-down-after", "0s"]].concat();
+    let cluster = Cluster::with(&flags);
+    let nodes = |cluster: &Cluster| cluster.control("GET", "/fake/nodes", None).as_array().map_or(0, Vec::len);
+    let host = cluster.host(&Cluster::runner_id()).await;
+    let session = host.open(start_params("eager"), &CancellationToken::new()).await.expect("the run starts");
+    assert_eq!(step(&session, "echo placed", 30_000, &[]).await.stdout, "placed\n");
+    stop(session).await.expect("stop");
+    host.shutdown().await;
+    cluster.wait_clean();
+    let until = Instant::now() + Duration::from_secs(30);
+    while nodes(&cluster) > 0 {
+        assert!(Instant::now() < until, "the autoscaler kept {} nodes", nodes(&cluster));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A run of N steps takes at most N + 6 API requests, counted by the fake API server (a watch
 /// once): the policy, the Job, the watches, one exec a step, the delete.
 #[tokio::test]

@@ -1,18 +1,16 @@
 //! `knotless-run checks REPO [REV]` lists a repository's checks (`--queue BRANCH`: its merge
-//! queue and the batches' checks); `knotless-run logs RUN [--follow]` prints a run's log,
-//! following it while the run goes.
+//! queue and the batches' checks).
 
-use std::io::{Read as _, Seek as _, Write as _};
+use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use clap::Args;
 
 use super::daemon::StateArgs;
 use crate::checks::{CheckRecord, CheckStore};
-use crate::forge::{normalize_url, repository_key};
+use crate::forge::{normalize_url, repository_key, repository_name};
 use crate::printable;
 use crate::queue::{QueueState, QueueStore, render};
 
@@ -36,37 +34,37 @@ pub struct ChecksArgs {
     pub state: StateArgs,
 }
 
-/// `logs` flags.
-#[derive(Debug, Args)]
-pub struct LogsArgs {
-    /// The run's id.
-    #[arg(value_name = "RUN")]
-    pub run: String,
-    /// Keep printing until the run ends.
-    #[arg(long, short)]
-    pub follow: bool,
-    /// The state folder.
-    #[command(flatten)]
-    pub state: StateArgs,
-}
-
-/// Finds a repository's key among the stored ones.
+/// Finds a repository's key among the stored ones: `given` as a key; as the daemon watches it
+/// (a path or URL), with or without `.git` (a bare repository goes by either); else by its
+/// name (`origin` and `origin.git` both name the repository of key `origin-1a2b3c4d`).
 fn resolve_key(store: &CheckStore, given: &str) -> anyhow::Result<String> {
     let keys = store.repository_keys();
     if keys.iter().any(|key| key == given) {
         return Ok(given.to_string());
     }
-    let key = repository_key(&normalize_url(given));
-    if keys.contains(&key) {
-        return Ok(key);
+    let stem = given.trim_end_matches('/');
+    let other = match stem.strip_suffix(".git") {
+        Some(bare) => bare.to_string(),
+        None => format!("{stem}.git"),
+    };
+    for watched in [given, other.as_str()] {
+        let key = repository_key(&normalize_url(watched));
+        if keys.contains(&key) {
+            return Ok(key);
+        }
     }
+    let name = repository_name(given);
     let named: Vec<&String> =
-        keys.iter().filter(|key| key.rsplit_once('-').is_some_and(|(name, _)| name == given)).collect();
+        keys.iter().filter(|key| key.rsplit_once('-').is_some_and(|(key_name, _)| key_name == name)).collect();
     match named.as_slice() {
         [one] => Ok((*one).clone()),
-        [] => bail!("no checks of repository {given} (known: {})", keys.join(", ")),
+        [] if keys.is_empty() => bail!("no checks of repository {}: no repository has any", printable::name(given)),
+        [] => {
+            bail!("no checks of repository {} (known: {})", printable::name(given), printable::name(&keys.join(", ")))
+        }
         _ => bail!(
-            "repository {given} is ambiguous: {}",
+            "repository {} is ambiguous: {}; give one of these keys",
+            printable::name(given),
             named.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
         ),
     }
@@ -163,6 +161,9 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
                 printable::name(&cache.outcome)
             )?;
         }
+        if let Some(dir) = record.outputs_dir.as_ref().filter(|_| !record.outputs.is_empty()) {
+            writeln!(stdout, "    outputs: {}", printable::name(&dir.display().to_string()))?;
+        }
         for output in &record.outputs {
             let image = if output.image { " (image)" } else { "" };
             writeln!(stdout, "    output {}: {} bytes{image}", printable::name(&output.path), output.bytes)?;
@@ -174,32 +175,50 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs `logs`.
-pub async fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
-    let store = CheckStore::new(&args.state.state);
-    let Some(record) = store.find(&args.run) else {
-        bail!("no run {} under {}", args.run, args.state.state.display());
-    };
-    let path = store.log_path(&record.repository_key, &record.run_id);
-    let mut offset = 0u64;
-    let mut stdout = std::io::stdout();
-    loop {
-        // Read by path each time: the final log replaces the live file by a rename.
-        let finished = store.get(&record.repository_key, &record.run_id).map(|r| r.status.is_final()).unwrap_or(true);
-        if let Ok(mut file) = std::fs::File::open(&path) {
-            file.seek(std::io::SeekFrom::Start(offset)).with_context(|| format!("cannot read {}", path.display()))?;
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
-            // Only whole lines are shown, escaped; the rest waits for its newline.
-            let whole =
-                if finished { bytes.len() } else { bytes.iter().rposition(|&b| b == b'\n').map_or(0, |end| end + 1) };
-            offset += whole as u64;
-            stdout.write_all(printable::log(&bytes[..whole]).as_bytes())?;
-            stdout.flush()?;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store with checks of the repositories watched as `watched`.
+    fn store_of(state: &Path, watched: &[&str]) -> CheckStore {
+        for url in watched {
+            std::fs::create_dir_all(state.join("checks").join(repository_key(&normalize_url(url)))).expect("mkdir");
         }
-        if !args.follow || finished {
-            return Ok(ExitCode::SUCCESS);
+        CheckStore::new(state)
+    }
+
+    #[test]
+    fn a_bare_repository_is_found_with_or_without_dot_git() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bare = dir.path().join("origin.git");
+        std::fs::create_dir(&bare).expect("mkdir");
+        let bare = bare.display().to_string();
+        let store = store_of(&dir.path().join("state"), &[&bare]);
+        let key = repository_key(&normalize_url(&bare));
+        let without = bare.strip_suffix(".git").expect("a .git path").to_string();
+        for given in [bare.as_str(), &format!("{bare}/"), &without, "origin", "origin.git", &key, "file:///x/origin"] {
+            assert_eq!(resolve_key(&store, given).expect(given), key, "{given}");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Watched without `.git` (a file:// URL git completes), found by the path with it.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_of(&dir.path().join("state"), &["file:///srv/git/origin"]);
+        assert!(resolve_key(&store, "/srv/git/origin.git").is_ok_and(|found| found.starts_with("origin-")));
+    }
+
+    #[test]
+    fn an_unknown_or_ambiguous_name_is_refused_escaped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let empty = CheckStore::new(&dir.path().join("nothing"));
+        let error = resolve_key(&empty, "a\nb\x1b").expect_err("none").to_string();
+        assert_eq!(error, "no checks of repository a\\nb\\x1b: no repository has any");
+        let error = resolve_key(&empty, "evil\n\u{1b}[2J").expect_err("none").to_string();
+        assert!(!error.contains('\n') && !error.contains('\u{1b}'), "{error}");
+        let store = store_of(&dir.path().join("state"), &["/one/demo", "/two/demo.git"]);
+        let error = resolve_key(&store, "demo").expect_err("two").to_string();
+        assert!(error.starts_with("repository demo is ambiguous: demo-"), "{error}");
+        let error = resolve_key(&store, "other").expect_err("none").to_string();
+        assert!(error.starts_with("no checks of repository other (known: demo-"), "{error}");
+        // Exactly as watched, each of the two is found.
+        assert_ne!(resolve_key(&store, "/one/demo").expect("one"), resolve_key(&store, "/two/demo.git").expect("two"));
     }
 }

@@ -12,6 +12,7 @@ use crate::cache::CacheStore;
 use crate::daemon::{Daemon, DaemonConfig};
 use crate::forge::{GitForge, GitForgeConfig};
 use crate::host::ExecutorHost;
+use knotless_protocol::messages::Isolation;
 
 /// The state folder's default.
 pub const DEFAULT_STATE: &str = "/var/lib/knotless";
@@ -45,7 +46,8 @@ pub struct DaemonArgs {
     /// lander of: pre-flights, batches, landing.
     #[arg(long)]
     pub queue: bool,
-    /// Allow the shell executor, which isolates nothing, to run pulls and queue batches.
+    /// Allow an executor that isolates nothing (one that declares isolation `none` or one this
+    /// runner does not know, as the shell executor does) to run pulls and queue batches.
     #[arg(long)]
     pub force_shell: bool,
     /// Seconds between fetches of each repository (`knotless-run notify` wakes it at once).
@@ -58,6 +60,14 @@ pub struct DaemonArgs {
     /// values win over sealed ones.
     #[arg(long, value_name = "PATH")]
     pub secrets_file: Option<PathBuf>,
+    /// A variable for every step of every run: `NAME=VALUE`, or `NAME` for its value in the
+    /// daemon's environment (repeatable). Not a secret: use --secrets-file for those.
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Variables for every step from FILE: `NAME=VALUE` a line; blank lines and `#` lines are
+    /// skipped. `--env` wins over it.
+    #[arg(long = "env-file", value_name = "FILE")]
+    pub env_file: Option<PathBuf>,
     /// The largest cache archive kept, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
     pub cache_max: u64,
@@ -80,20 +90,42 @@ fn host_runner_id() -> String {
     if safe.is_empty() { "knotless".to_string() } else { safe }
 }
 
-/// The subcommands, named when a REPO looks like a mistyped one.
-const SUBCOMMANDS: &str = "run, plugin, checks, logs, notify, secrets, kubeconfig";
-
 /// Refuses a REPO that is neither a URL (`scheme://`, or `host:path` as git takes it) nor a
-/// path that exists: most often a mistyped subcommand, which must not start the daemon.
+/// path that exists: most often a mistyped subcommand, which must not start the daemon. The
+/// error names the nearest subcommand, or lists them all.
 fn check_repository(repository: &str) -> anyhow::Result<()> {
     let url = repository.contains("://") || repository.split_once(':').is_some_and(|(host, _)| !host.contains('/'));
     if url || std::path::Path::new(repository).exists() {
         return Ok(());
     }
+    let command = <super::Cli as clap::CommandFactory>::command();
+    let subcommands: Vec<&str> =
+        command.get_subcommands().filter(|sub| !sub.is_hide_set()).map(|sub| sub.get_name()).collect();
+    // A typo: at most two edits (a swap of neighbours is one), fewer than half the name's.
+    let nearest = subcommands
+        .iter()
+        .map(|name| (strsim::damerau_levenshtein(repository, name), *name))
+        .filter(|(edits, name)| *edits <= 2 && *edits * 2 < name.len())
+        .min_by_key(|(edits, _)| *edits);
+    let hint = match (repository, nearest) {
+        ("version", _) => "for the version, knotless-run --version".to_string(),
+        (_, Some((_, name))) => format!("did you mean knotless-run {name}?"),
+        (_, None) => format!("the subcommands are {} (knotless-run --help)", subcommands.join(", ")),
+    };
     bail!(
-        "{repository:?} is not a repository (no such path, and not a URL) nor a subcommand: \
-         the subcommands are {SUBCOMMANDS} (knotless-run --help)"
+        "\"{}\" is not a repository (no such path, and not a URL) nor a subcommand: {hint}",
+        crate::printable::name(repository)
     )
+}
+
+/// An isolation as the protocol names it.
+pub(super) fn isolation_name(isolation: Isolation) -> &'static str {
+    match isolation {
+        Isolation::None => "none",
+        Isolation::Container => "container",
+        Isolation::Vm => "vm",
+        Isolation::Unknown => "unknown",
+    }
 }
 
 /// Runs the daemon.
@@ -110,16 +142,11 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     for repository in &args.repositories {
         check_repository(repository)?;
     }
+    let step_env = super::run::step_variables(&args.env, args.env_file.as_deref(), &Default::default())?;
     let state = &args.state.state;
     std::fs::create_dir_all(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;
     let state = std::fs::canonicalize(state).with_context(|| format!("--state {}", state.display()))?;
     let name = args.executor.executor_name("kubernetes");
-    if name == "shell" && args.pulls && !args.force_shell {
-        bail!("--executor shell isolates nothing: it runs pulls (untrusted code) only with --force-shell");
-    }
-    if name == "shell" && args.queue && !args.force_shell {
-        bail!("--executor shell isolates nothing: it runs merge queues (untrusted code) only with --force-shell");
-    }
     if name == "shell" && !args.executor.executor_options.iter().any(|option| option.starts_with("work-dir=")) {
         args.executor.executor_options.push(format!("work-dir={}", state.join("work").display()));
         std::fs::create_dir_all(state.join("work"))
@@ -127,10 +154,28 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     }
     let config = args.executor.host_config("kubernetes", &host_runner_id())?;
     let runner_id = config.runner.id.clone();
-    if name == "shell" {
-        tracing::warn!("the shell executor isolates nothing: steps run as this user on this host");
-    }
     let host = ExecutorHost::start(config).await?;
+    // The trust policy follows what the executor declares, whatever its name.
+    let isolation = host.info().await?.capabilities.isolation;
+    if !matches!(isolation, Isolation::Container | Isolation::Vm) {
+        let untrusted = match (args.pulls, args.queue) {
+            (true, _) => Some("pulls"),
+            (false, true) => Some("merge queues"),
+            (false, false) => None,
+        };
+        if let Some(what) = untrusted.filter(|_| !args.force_shell) {
+            host.shutdown().await;
+            bail!(
+                "executor {name} declares isolation {}, which isolates nothing: it runs {what} (untrusted code) \
+                 only with --force-shell",
+                isolation_name(isolation)
+            );
+        }
+        tracing::warn!(
+            "executor {name} declares isolation {}: it isolates nothing, steps run as this user on this host",
+            isolation_name(isolation)
+        );
+    }
     let forge = GitForge::new(GitForgeConfig {
         state: state.clone(),
         repositories: args.repositories.clone(),
@@ -148,6 +193,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         secrets_file: args.secrets_file.clone(),
         disk_floor: args.disk_floor,
         keep: args.executor.keep,
+        step_env,
     };
     if let Some(path) = &args.secrets_file {
         crate::secrets::read_operator_file(path)?;

@@ -141,6 +141,14 @@ impl ExecutorArgs {
             RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: runner_id };
         let process = ProcessSpec { name, path, pass_env: self.executor_env.clone() };
         let mut config = HostConfig::new(process, runner, self.options().context("bad executor options")?);
+        // An option from --executor-option is named so in the executor's refusal; one from its
+        // own flag is `--KEY`, as executors name options.
+        config.option_flags = self
+            .executor_options
+            .iter()
+            .filter_map(|option| option.split_once('='))
+            .map(|(key, _)| (key.to_string(), crate::host::executor_option_flag(key)))
+            .collect();
         config.grace = Duration::from_secs(self.executor_grace.max(1));
         Ok(config)
     }

@@ -2,9 +2,12 @@
 //! file per subcommand.
 
 mod checks;
+mod completions;
 mod daemon;
 mod executor_args;
 mod kubeconfig;
+mod logs;
+mod manpage;
 mod notify;
 mod plugin;
 mod run;
@@ -40,7 +43,7 @@ pub enum Command {
     /// List a repository's checks.
     Checks(checks::ChecksArgs),
     /// Print a run's log.
-    Logs(checks::LogsArgs),
+    Logs(logs::LogsArgs),
     /// Wake the daemon to look at a repository now (for a post-receive hook).
     Notify(notify::NotifyArgs),
     /// The runner's secrets key: print its recipient, seal a value to it.
@@ -49,6 +52,11 @@ pub enum Command {
     /// The Kubernetes executor's scoped credential: make it, check it.
     #[command(subcommand)]
     Kubeconfig(kubeconfig::KubeconfigCommand),
+    /// Print the completion script of SHELL for knotless-run.
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page (roff), or write every page into --dir (for packagers).
+    #[command(hide = true)]
+    Manpage(manpage::ManpageArgs),
 }
 
 /// Parses the command line, runs it, and gives the process's exit code.
@@ -67,10 +75,12 @@ pub fn main() -> ExitCode {
             Some(Command::Run(args)) => run::main(args).await,
             Some(Command::Plugin(command)) => plugin::main(command).await,
             Some(Command::Checks(args)) => checks::checks(args).await,
-            Some(Command::Logs(args)) => checks::logs(args).await,
+            Some(Command::Logs(args)) => logs::main(args).await,
             Some(Command::Notify(args)) => notify::main(args).await,
             Some(Command::Secrets(command)) => secrets::main(command).await,
             Some(Command::Kubeconfig(command)) => kubeconfig::main(command).await,
+            Some(Command::Completions(args)) => completions::main(args),
+            Some(Command::Manpage(args)) => manpage::main(args),
             None => daemon::main(cli.daemon).await,
         }
     });

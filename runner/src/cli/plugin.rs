@@ -1,13 +1,14 @@
-//! `knotless-run plugin check PATH`: the conformance suite against an executor binary.
+//! `knotless-run plugin check PATH` (or `--executor NAME`, `--executor-plugin PATH`): the
+//! conformance suite against an executor binary.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::bail;
-use clap::{Args, Subcommand};
+use clap::{ArgGroup, Args, Subcommand};
 
 use super::ExecutorArgs;
-use crate::conformance;
+use crate::{conformance, printable};
 
 /// `plugin` subcommands.
 #[derive(Debug, Subcommand)]
@@ -16,11 +17,13 @@ pub enum PluginCommand {
     Check(CheckArgs),
 }
 
-/// `plugin check` flags.
+/// `plugin check` flags: the executor is PATH, `--executor NAME` or `--executor-plugin PATH`.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("program").required(true).args(["path", "executor", "executor_plugin"])))]
 pub struct CheckArgs {
-    /// The executor program.
-    pub path: PathBuf,
+    /// The executor program (or name one with --executor or --executor-plugin).
+    #[arg(value_name = "PATH")]
+    pub path: Option<PathBuf>,
     /// Options for the executor under test.
     #[command(flatten)]
     pub executor: ExecutorArgs,
@@ -29,15 +32,19 @@ pub struct CheckArgs {
 /// Runs the subcommand.
 pub async fn main(command: PluginCommand) -> anyhow::Result<ExitCode> {
     let PluginCommand::Check(mut args) = command;
-    if args.executor.executor.is_some() || args.executor.executor_plugin.is_some() {
-        bail!("plugin check takes the executor as PATH, not --executor or --executor-plugin");
+    if let Some(path) = args.path.take() {
+        if !crate::host::is_executable(&path) {
+            bail!("{}: not an executable file", printable::name(&path.display().to_string()));
+        }
+        args.executor.executor_plugin = Some(path);
     }
-    args.executor.executor_plugin = Some(args.path.clone());
+    // The group makes PATH, --executor and --executor-plugin one choice, and one is given.
     let config = args.executor.host_config("", &format!("check-{}", std::process::id()))?;
-    crate::say!("plugin check {}", args.path.display());
+    crate::say!("plugin check {}", printable::name(&config.process.path.display().to_string()));
     let checks = conformance::run(config, |check| match &check.outcome {
-        Ok(detail) => crate::say!("  ok    {}: {detail}", check.name),
-        Err(why) => crate::say!("  FAIL  {}: {why}", check.name),
+        // What the executor under test answered is shown escaped: it is its text.
+        Ok(detail) => crate::say!("  ok    {}: {}", check.name, printable::name(detail)),
+        Err(why) => crate::say!("  FAIL  {}: {}", check.name, printable::name(why)),
     })
     .await;
     let failed = checks.iter().filter(|check| check.outcome.is_err()).count();

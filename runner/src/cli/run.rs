@@ -2,7 +2,7 @@
 //! summary table.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,12 +12,16 @@ use clap::Args;
 use nix::fcntl::{Flock, FlockArg};
 use tokio_util::sync::CancellationToken;
 
+mod defaults;
+
 use super::ExecutorArgs;
-use crate::checkout::Checkout;
-use crate::engine::{self, LogLine, LogSink, RunPlan, RunReport, RunStatus, StepStatus};
+use crate::cache::{CacheStore, check_disk_floor};
+use crate::checkout::{Checkout, CheckoutInfo};
+use crate::engine::{self, LogLine, LogSink, Progress, RunPlan, RunReport, RunStatus, StepStatus};
 use crate::host::ExecutorHost;
 use crate::printable;
 use crate::workflow::Event;
+use knotless_protocol::messages::Isolation;
 
 /// `run` flags.
 #[derive(Debug, Args)]
@@ -58,6 +62,13 @@ pub struct RunArgs {
     /// repository's own under ~/.cache/knotless/outputs).
     #[arg(long, value_name = "DIR")]
     pub outputs: Option<PathBuf>,
+    /// Run up to N workflows at once, their lines prefixed with their names (default: `jobs`
+    /// in run.toml, or 1).
+    #[arg(long, short = 'j', value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: Option<u16>,
+    /// Run without caches: no workflow's `cache:` is restored or kept.
+    #[arg(long)]
+    pub no_cache: bool,
     /// The executor (shell unless --executor or --executor-plugin says otherwise).
     #[command(flatten)]
     pub executor: ExecutorArgs,
@@ -123,16 +134,49 @@ impl Paint {
 }
 
 /// Prints a run's lines as they come: `workflow/step | text`, written out a chunk of output
-/// at a time.
+/// at a time, whole lines only, so that workflows running side by side never split each
+/// other's lines.
 struct Terminal {
     workflow: String,
     /// The last lines of the latest step that wrote any, repeated under the summary when
     /// that step failed.
     tail: StepTail,
-    out: std::io::BufWriter<std::io::Stdout>,
+    out: Vec<u8>,
     /// The latest step's name and the prefix its lines are shown with.
     prefix: Option<(String, String)>,
     paint: Paint,
+    /// Whether a transfer's progress is shown, on a line of its own that the next line
+    /// overwrites: only on a terminal, one workflow at a time.
+    live_progress: bool,
+    /// The characters of the progress line shown now, if any.
+    progress_shown: usize,
+}
+
+/// What a terminal buffers before it writes.
+const TERMINAL_BUFFER: usize = 64 << 10;
+
+impl Terminal {
+    fn new(workflow: String, paint: Paint, live_progress: bool) -> Terminal {
+        Terminal {
+            workflow,
+            tail: StepTail::default(),
+            out: Vec::with_capacity(TERMINAL_BUFFER),
+            prefix: None,
+            paint,
+            live_progress,
+            progress_shown: 0,
+        }
+    }
+
+    /// Blanks the progress line, so that what follows starts on a clean line.
+    fn clear_progress(&mut self) {
+        if self.progress_shown > 0 {
+            self.out.push(b'\r');
+            self.out.resize(self.out.len() + self.progress_shown, b' ');
+            self.out.push(b'\r');
+            self.progress_shown = 0;
+        }
+    }
 }
 
 /// How many lines of a failed step's output are repeated under the summary.
@@ -161,40 +205,84 @@ impl StepTail {
 
 impl LogSink for Terminal {
     fn line(&mut self, line: &LogLine<'_>) {
+        self.clear_progress();
         if let Some(step) = line.step {
             self.tail.push(step, line.text);
         }
-        let _ = match line.step {
+        match line.step {
             Some(step) => {
                 let workflow = &self.workflow;
                 let (name, prefix) = match self.prefix.take() {
                     Some((name, prefix)) if name == step => (name, prefix),
                     _ => (step.to_string(), format!("{}/{} | ", printable::name(workflow), printable::name(step))),
                 };
-                let text = printable::line(line.text);
-                let written = self
-                    .out
-                    .write_all(prefix.as_bytes())
-                    .and_then(|()| self.out.write_all(text.as_bytes()))
-                    .and_then(|()| self.out.write_all(b"\n"));
+                self.out.extend_from_slice(prefix.as_bytes());
+                self.out.extend_from_slice(printable::line(line.text).as_bytes());
+                self.out.push(b'\n');
                 self.prefix = Some((name, prefix));
-                written
             }
             None => {
                 let note = format!("{} ==> {}", printable::name(&self.workflow), printable::name(line.text));
-                writeln!(self.out, "{}", self.paint.note(&note))
+                self.out.extend_from_slice(self.paint.note(&note).as_bytes());
+                self.out.push(b'\n');
             }
-        };
+        }
+        if self.out.len() >= TERMINAL_BUFFER {
+            self.flush();
+        }
     }
 
     fn flush(&mut self) {
-        let _ = self.out.flush();
+        if !self.out.is_empty() {
+            // One locked write of whole lines: no other workflow's line lands inside one.
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(&self.out).and_then(|()| stdout.flush());
+            self.out.clear();
+        }
     }
+
+    fn progress(&mut self, progress: Option<&Progress<'_>>) {
+        if !self.live_progress {
+            return;
+        }
+        self.clear_progress();
+        if let Some(progress) = progress {
+            // From the line's start, whatever the terminal's cursor was left at.
+            self.out.push(b'\r');
+            let seconds = progress.elapsed.as_secs_f64().max(0.001);
+            let text = format!(
+                "{} ==> {}: {} ({}/s)",
+                printable::name(&self.workflow),
+                printable::name(progress.what),
+                size(progress.bytes),
+                size((progress.bytes as f64 / seconds) as u64)
+            );
+            self.out.extend_from_slice(text.as_bytes());
+            self.progress_shown = text.chars().count();
+        }
+        self.flush();
+    }
+}
+
+/// A byte count as people read it: `512 B`, `3.4 MiB`.
+fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// Runs the subcommand.
 pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let (checkout, info) = Checkout::resolve(&args.path, args.rev.as_deref()).await?;
+    let defaults = defaults::load(defaults::user_file().as_deref(), checkout.root())?;
     let (mut workflows, errors) = checkout.workflows().await?;
     if workflows.is_empty() && errors.is_empty() {
         // Nothing ran is no pass: a script must not read it as one.
@@ -238,14 +326,28 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
         secrets.insert(name.clone(), value);
     }
-    let step_env = step_variables(&args.env, args.env_file.as_deref())?;
+    let step_env = step_variables(&args.env, args.env_file.as_deref(), &defaults.env)?;
+    let jobs = args.jobs.map(usize::from).or(defaults.jobs).unwrap_or(1);
+    let mut executor = args.executor.clone();
+    if executor.executor.is_none() && executor.executor_plugin.is_none() {
+        executor.executor = defaults.executor.clone();
+    }
+    if executor.image.is_none() {
+        executor.image = defaults.image.clone();
+    }
     let paint = Paint(args.color.enabled());
     let runner_id = local_runner_id();
-    let config = args.executor.host_config("shell", &runner_id)?;
-    if config.process.name == "shell" {
-        crate::say_err!("warning: the shell executor isolates nothing: steps run as this user on this host");
-    }
+    let config = executor.host_config("shell", &runner_id)?;
+    let name = config.process.name.clone();
     let host = ExecutorHost::start(config).await?;
+    let isolation = host.info().await?.capabilities.isolation;
+    if !matches!(isolation, Isolation::Container | Isolation::Vm) {
+        crate::say_err!(
+            "warning: executor {} declares isolation {}: it isolates nothing, steps run as this user on this host",
+            printable::name(&name),
+            super::daemon::isolation_name(isolation)
+        );
+    }
     // Alone, this run sweeps what earlier runs left (a killed run's container or folder);
     // beside a live run of the same user, it sweeps nothing, never that run's sessions.
     let _live = lock_and_sweep(&runner_id, &host).await;
@@ -260,53 +362,36 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
         }
     });
-    let outputs_root = match &args.outputs {
+    let repository_folder = repository_folder(checkout.root(), &info.repository);
+    let outputs_root = match args.outputs.as_ref().or(defaults.outputs.as_ref()) {
         Some(dir) => dir.clone(),
-        None => default_outputs_root().join(repository_folder(checkout.root(), &info.repository)),
+        None => default_outputs_root().join(&repository_folder),
     };
-    let mut reports = Vec::new();
-    let mut tails = Vec::new();
-    for workflow in selected {
-        if cancel.is_cancelled() {
-            break;
-        }
-        let run_id = crate::daemon::new_run_id(&workflow.name);
-        let name = workflow.name.clone();
-        let plan = RunPlan {
-            outputs_dir: Some(outputs_root.join(&name)),
-            check_key: format!("{}/{}/{}", info.repository, info.commit, name),
-            workflow,
-            run_id,
-            repository: info.repository.clone(),
-            commit: info.commit.clone(),
-            git_ref: info.git_ref.clone(),
-            event: args.event,
-            checkout: checkout.clone(),
-            secrets: secrets.clone(),
-            extra_env: step_env.clone(),
-            keep: args.executor.keep,
-            limits: engine::Limits::default(),
-            caches: Vec::new(),
-        };
-        let mut terminal = Terminal {
-            workflow: name,
-            tail: StepTail::default(),
-            out: std::io::BufWriter::with_capacity(64 << 10, std::io::stdout()),
-            prefix: None,
-            paint,
-        };
-        let report = engine::execute(&host, &plan, &mut terminal, &cancel).await;
-        tails.push(terminal.tail);
-        let mut outputs = plan.outputs_dir;
-        if report.outputs.is_empty()
-            && let Some(dir) = outputs.take()
-        {
-            // No folder for a run without outputs (the last run's were cleared for this one).
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        reports.push((report, outputs));
-    }
-    Arc::clone(&host).shutdown().await;
+    let context = Context {
+        host: Arc::clone(&host),
+        checkout,
+        info,
+        event: args.event,
+        secrets,
+        step_env,
+        keep: executor.keep,
+        outputs_root,
+        caches: (!args.no_cache).then(|| CacheStore::new(&cache_home(), CACHE_MAX)),
+        repository_folder,
+        paint,
+        live_progress: jobs == 1 && std::io::stdout().is_terminal(),
+        cancel,
+    };
+    use futures::StreamExt as _;
+    let ran: Vec<(RunReport, Option<PathBuf>, StepTail)> =
+        futures::stream::iter(selected.into_iter().map(|workflow| context.run(workflow)))
+            .buffered(jobs)
+            .filter_map(|ran| async move { ran })
+            .collect()
+            .await;
+    host.shutdown().await;
+    let (reports, tails): (Vec<_>, Vec<_>) =
+        ran.into_iter().map(|(report, outputs, tail)| ((report, outputs), tail)).unzip();
     print_summary(&reports, &errors, paint);
     print_failed_tails(&reports, &tails);
     let cancelled = reports.iter().any(|(report, _)| report.status == RunStatus::Cancelled);
@@ -318,6 +403,102 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The largest cache archive `run` keeps, as the daemon's default `--cache-max`.
+const CACHE_MAX: u64 = 1 << 30;
+
+/// Below this many free bytes in the cache folder, no cache is kept (the daemon's default
+/// `--disk-floor`).
+const CACHE_DISK_FLOOR: u64 = 256 << 20;
+
+/// What every workflow of one `run` shares.
+struct Context {
+    host: Arc<ExecutorHost>,
+    checkout: Checkout,
+    info: CheckoutInfo,
+    event: Event,
+    secrets: BTreeMap<String, String>,
+    step_env: BTreeMap<String, String>,
+    keep: bool,
+    outputs_root: PathBuf,
+    /// `None` under `--no-cache`.
+    caches: Option<CacheStore>,
+    /// The repository's folder name under the cache and outputs folders.
+    repository_folder: String,
+    paint: Paint,
+    live_progress: bool,
+    cancel: CancellationToken,
+}
+
+impl Context {
+    /// Runs one workflow, unless the run was cancelled before it started: its report, its
+    /// outputs folder when it has outputs, and its failed step's last lines.
+    async fn run(&self, workflow: crate::workflow::Workflow) -> Option<(RunReport, Option<PathBuf>, StepTail)> {
+        if self.cancel.is_cancelled() {
+            return None;
+        }
+        let run_id = crate::daemon::new_run_id(&workflow.name);
+        let name = workflow.name.clone();
+        let mut terminal = Terminal::new(name.clone(), self.paint, self.live_progress);
+        // A push keeps its caches when it passes, as the daemon does; a pull or a queue batch
+        // reads the apart base and keeps nothing.
+        let trusted = self.event == Event::Push;
+        let leases = match &self.caches {
+            Some(store) => store.lease(&self.repository_folder, &name, &workflow.cache, trusted, &run_id),
+            None => {
+                if !workflow.cache.is_empty() {
+                    note(&mut terminal, "caches off (--no-cache): none restored, none kept");
+                }
+                Vec::new()
+            }
+        };
+        let plan = RunPlan {
+            outputs_dir: Some(self.outputs_root.join(&name)),
+            check_key: format!("{}/{}/{}", self.info.repository, self.info.commit, name),
+            workflow,
+            run_id: run_id.clone(),
+            repository: self.info.repository.clone(),
+            commit: self.info.commit.clone(),
+            git_ref: self.info.git_ref.clone(),
+            event: self.event,
+            checkout: self.checkout.clone(),
+            secrets: self.secrets.clone(),
+            extra_env: self.step_env.clone(),
+            keep: self.keep,
+            limits: engine::Limits::default(),
+            caches: leases,
+        };
+        let report = engine::execute(&self.host, &plan, &mut terminal, &self.cancel).await;
+        if let Some(store) = &self.caches
+            && !plan.caches.is_empty()
+        {
+            let mut promote = trusted && report.status == RunStatus::Success;
+            if promote && let Err(cause) = check_disk_floor(&cache_home(), CACHE_DISK_FLOOR) {
+                note(&mut terminal, &format!("caches not kept: {cause}"));
+                promote = false;
+            }
+            let notes = store.settle(&self.repository_folder, &name, &run_id, &plan.caches, promote).await;
+            for cache in notes {
+                let warm = if cache.warm { "warm" } else { "cold" };
+                note(&mut terminal, &format!("cache {} (started {warm}): {}", cache.path, cache.outcome));
+            }
+        }
+        terminal.flush();
+        let mut outputs = plan.outputs_dir;
+        if report.outputs.is_empty()
+            && let Some(dir) = outputs.take()
+        {
+            // No folder for a run without outputs (the last run's were cleared for this one).
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Some((report, outputs, terminal.tail))
+    }
+}
+
+/// Shows a note of `run`'s own as the engine's notes are shown.
+fn note(terminal: &mut Terminal, text: &str) {
+    terminal.line(&LogLine { step: None, stream: None, text });
 }
 
 /// The runner id of `run` for this user on this machine, the same from run to run, so that a
@@ -344,13 +525,15 @@ fn local_runner_id() -> String {
 /// (and no other sweeps) while one sweeps or changes its lock. The kernel drops both when a
 /// process ends, however it ends. When the locks cannot be made, nothing is swept.
 async fn lock_and_sweep(runner_id: &str, host: &ExecutorHost) -> Option<Flock<std::fs::File>> {
-    let dir = default_outputs_root().parent()?.to_path_buf();
+    let dir = cache_home();
     let open = |name: String| std::fs::create_dir_all(&dir).and_then(|()| std::fs::File::create(dir.join(name))).ok();
     let (gate, live) = (open(format!("{runner_id}.gate"))?, open(format!("{runner_id}.lock"))?);
     let gate = tokio::task::spawn_blocking(move || Flock::lock(gate, FlockArg::LockExclusive)).await.ok()?.ok()?;
     let live = match Flock::lock(live, FlockArg::LockExclusiveNonblock) {
         Ok(alone) => {
             sweep(host).await;
+            // The cache layers a killed run was bringing back.
+            let _ = std::fs::remove_dir_all(dir.join("caches").join(".upper"));
             alone.relock(FlockArg::LockSharedNonblock).ok()?;
             alone
         }
@@ -392,21 +575,32 @@ async fn git_check_ref_format(branch: &str) -> bool {
         .is_ok_and(|status| status.success())
 }
 
-/// The variables of `--env-file` and then `--env`, checked: a name is letters, digits and `_`,
-/// not starting with a digit, and not one of the run's own (`CI`, `KNOTLESS_*`).
-fn step_variables(given: &[String], file: Option<&std::path::Path>) -> anyhow::Result<BTreeMap<String, String>> {
+/// Whether `name` may be given to steps: letters, digits and `_`, not starting with a digit,
+/// and not one of the run's own (`CI`, `KNOTLESS_*`).
+pub(crate) fn check_variable_name(name: &str) -> Result<(), String> {
+    let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!("{:?} is not a variable name (letters, digits and _)", printable::name(name)));
+    }
+    if name == "CI" || name.starts_with("KNOTLESS_") {
+        return Err(format!("{name} is set by the run itself and cannot be given"));
+    }
+    Ok(())
+}
+
+/// The variables of the defaults files, then `--env-file`, then `--env`, each over the one
+/// before, their names checked.
+pub(crate) fn step_variables(
+    given: &[String],
+    file: Option<&std::path::Path>,
+    defaults: &BTreeMap<String, (String, PathBuf)>,
+) -> anyhow::Result<BTreeMap<String, String>> {
     let check = |name: &str, place: &dyn Fn() -> String| -> anyhow::Result<()> {
-        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            bail!("{}: {:?} is not a variable name (letters, digits and _)", place(), printable::name(name));
-        }
-        if name == "CI" || name.starts_with("KNOTLESS_") {
-            bail!("{}: {name} is set by the run itself and cannot be given", place());
-        }
-        Ok(())
+        check_variable_name(name).map_err(|error| anyhow::anyhow!("{}: {error}", place()))
     };
-    let mut variables = BTreeMap::new();
+    let mut variables: BTreeMap<String, String> =
+        defaults.iter().map(|(name, (value, _))| (name.clone(), value.clone())).collect();
     if let Some(file) = file {
         let text = std::fs::read_to_string(file).with_context(|| format!("--env-file {}", file.display()))?;
         for (index, line) in text.lines().enumerate() {
@@ -437,12 +631,21 @@ fn step_variables(given: &[String], file: Option<&std::path::Path>) -> anyhow::R
     Ok(variables)
 }
 
-fn default_outputs_root() -> PathBuf {
+/// `run`'s own folder: `$XDG_CACHE_HOME/knotless`, or `~/.cache/knotless`. Its caches are
+/// under `caches/`, its outputs under `outputs/`, its lock files at its top.
+fn cache_home() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|dir| !dir.is_empty())
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .or_else(|| {
+            std::env::var_os("HOME").filter(|home| !home.is_empty()).map(|home| PathBuf::from(home).join(".cache"))
+        })
         .unwrap_or_else(std::env::temp_dir);
-    cache.join("knotless").join("outputs")
+    cache.join("knotless")
+}
+
+fn default_outputs_root() -> PathBuf {
+    cache_home().join("outputs")
 }
 
 /// The folder of one repository's outputs under the default root: its folder's name (letters,

@@ -54,6 +54,8 @@ pub struct DaemonConfig {
     pub disk_floor: u64,
     /// Keep environments (`--keep`).
     pub keep: bool,
+    /// Variables for every step of every run (`--env`, `--env-file`).
+    pub step_env: std::collections::BTreeMap<String, String>,
 }
 
 /// The running daemon.

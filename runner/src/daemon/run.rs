@@ -105,7 +105,7 @@ impl<F: Forge> Daemon<F> {
                 event,
                 checkout: prepared.checkout.clone(),
                 secrets,
-                extra_env: BTreeMap::new(),
+                extra_env: self.config.step_env.clone(),
                 outputs_dir: Some(outputs_dir),
                 keep: self.config.keep,
                 limits: engine::Limits::default(),

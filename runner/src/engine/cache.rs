@@ -57,7 +57,8 @@ pub(super) async fn restore(
             }
         };
         let limits = &plan.limits;
-        match session.upload(&target, file, limits.checkout_max_bytes, limits.transfer_timeout, cancel).await {
+        let upload = session.upload(&target, file, limits.checkout_max_bytes, limits.transfer_timeout, cancel);
+        match super::watched(log, session, &format!("cache {}", lease.path), upload).await {
             Ok(bytes) => log.note(format!("cache {}: warm ({bytes} bytes into {target})", lease.path)),
             Err(error) if cancel.is_cancelled() => return Err(Ended::from_host("cannot restore a cache", &error)),
             Err(error) => log.note(format!("cache {}: cold (the upload failed: {error})", lease.path)),
@@ -78,7 +79,8 @@ pub(super) async fn save(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>
             log.note(format!("cache {}: cannot create {}: {error}", lease.path, upper.display()));
             continue;
         }
-        let result = session.download(&source, upper, lease.max_bytes, plan.limits.transfer_timeout, &never).await;
+        let download = session.download(&source, upper, lease.max_bytes, plan.limits.transfer_timeout, &never);
+        let result = super::watched(log, session, &format!("cache {}", lease.path), download).await;
         match result {
             Ok(unpacked) => log.note(format!("cache {}: saved {} bytes of tar", lease.path, unpacked.bytes)),
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::NotFound => {

@@ -15,7 +15,9 @@ use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
 pub use cache::{CacheLease, resolve as resolve_cache_path};
-pub use report::{LOG_CAP, LogLine, LogSink, NoSink, OutputFile, RunReport, RunStatus, StepReport, StepStatus};
+pub use report::{
+    LOG_CAP, LogLine, LogSink, NoSink, OutputFile, Progress, RunReport, RunStatus, StepReport, StepStatus,
+};
 
 use crate::checkout::Checkout;
 use crate::host::{ExecutorHost, HostError, Session, SessionEvent};
@@ -162,39 +164,54 @@ pub async fn execute(
         keep: plan.keep,
     };
     let mut outputs = Vec::new();
-    let ended = match host.open(start, cancel).await {
-        Err(error) => Some(Ended::from_host("cannot start the environment", &error)),
-        Ok(session) => {
-            if let Some(description) = session.description() {
-                log.note(format!("environment: {description}"));
-            }
-            notes(&mut log, session.drain_events().await);
-            let mut ended = in_session(&session, plan, &mut log, &mut steps, cancel, started).await.err();
-            if ended.is_none() && session.is_alive() && !plan.caches.is_empty() {
-                cache::save(&session, plan, &mut log).await;
-            }
-            if session.is_alive() && ended.as_ref().is_none_or(|ended| ended.status != RunStatus::Cancelled) {
-                match fetch_outputs(&session, plan, &mut log).await {
-                    Ok(files) => outputs = files,
-                    Err(failed) if ended.is_none() => ended = Some(failed),
-                    Err(failed) => log.note(failed.cause),
+    // What the executor declared in its handshake decides what the run may ask of it.
+    let capabilities = host.info().await.ok().map(|info| info.capabilities);
+    let refused = capabilities.as_ref().and_then(|capabilities| refusal(plan, capabilities, host.name()));
+    let ended = match refused {
+        Some(refused) => Some(refused),
+        None => match host.open(start, cancel).await {
+            Err(error) => Some(Ended::from_host("cannot start the environment", &error)),
+            Ok(session) => {
+                if let Some(description) = session.description() {
+                    log.note(format!("environment: {description}"));
                 }
-            }
-            if !session.is_alive() {
-                log.note("the executor is gone: a fresh executor process sweeps what it left");
-            }
-            match session.stop(plan.keep, plan.limits.stop_timeout).await {
-                Ok(stopped) if plan.keep => log.note("kept the environment (--keep)".to_string() + &removed(&stopped)),
-                Ok(stopped) => log.note(format!("environment removed{}", removed(&stopped))),
-                Err(error) => {
-                    log.note(format!("could not remove the environment: {error}; the next cleanup sweeps it"));
-                    if ended.is_none() {
-                        ended = Some(Ended::from_host("cannot remove the environment", &error));
+                notes(&mut log, session.drain_events().await);
+                let mut ended = in_session(&session, plan, &mut log, &mut steps, cancel, started).await.err();
+                if ended.is_none() && session.is_alive() && !plan.caches.is_empty() {
+                    cache::save(&session, plan, &mut log).await;
+                }
+                let no_outputs = capabilities.as_ref().is_some_and(|capabilities| !capabilities.outputs);
+                if no_outputs && plan.outputs_dir.is_some() {
+                    log.note(format!("executor {} declares outputs: false: no outputs are brought back", host.name()));
+                }
+                if session.is_alive()
+                    && !no_outputs
+                    && ended.as_ref().is_none_or(|ended| ended.status != RunStatus::Cancelled)
+                {
+                    match fetch_outputs(&session, plan, &mut log).await {
+                        Ok(files) => outputs = files,
+                        Err(failed) if ended.is_none() => ended = Some(failed),
+                        Err(failed) => log.note(failed.cause),
                     }
                 }
+                if !session.is_alive() {
+                    log.note("the executor is gone: a fresh executor process sweeps what it left");
+                }
+                match session.stop(plan.keep, plan.limits.stop_timeout).await {
+                    Ok(stopped) if plan.keep => {
+                        log.note("kept the environment (--keep)".to_string() + &removed(&stopped))
+                    }
+                    Ok(stopped) => log.note(format!("environment removed{}", removed(&stopped))),
+                    Err(error) => {
+                        log.note(format!("could not remove the environment: {error}; the next cleanup sweeps it"));
+                        if ended.is_none() {
+                            ended = Some(Ended::from_host("cannot remove the environment", &error));
+                        }
+                    }
+                }
+                ended
             }
-            ended
-        }
+        },
     };
     let (status, cause) = match ended {
         None => (RunStatus::Success, None),
@@ -224,6 +241,25 @@ pub async fn execute(
         log_truncated: log.truncated(),
         log: log.take_text(),
     }
+}
+
+/// Why the run cannot go through an executor with `capabilities`, if it cannot: a step that
+/// asks for a secret when the executor declares `secrets: false` (it cannot keep a secret to
+/// one step) is a configuration error, found before any environment starts.
+fn refusal(plan: &RunPlan, capabilities: &Capabilities, executor: &str) -> Option<Ended> {
+    if capabilities.secrets {
+        return None;
+    }
+    let step = plan.workflow.steps.iter().find(|step| !step.secrets.is_empty())?;
+    Some(Ended {
+        status: RunStatus::Error,
+        cause: format!(
+            "step {} asks for secrets ({}), but executor {executor} declares secrets: false, so no secret goes \
+             through it: run the workflow with an executor that keeps secrets, or drop the step's secrets",
+            step.name,
+            step.secrets.join(", ")
+        ),
+    })
 }
 
 fn removed(result: &StopResult) -> String {
@@ -258,8 +294,8 @@ async fn in_session(
         .archive(None)
         .await
         .map_err(|error| Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {error:#}") })?;
-    let uploaded =
-        session.upload(&paths.work, &mut checkout, limits.checkout_max_bytes, limits.transfer_timeout, cancel).await;
+    let upload = session.upload(&paths.work, &mut checkout, limits.checkout_max_bytes, limits.transfer_timeout, cancel);
+    let uploaded = watched(log, session, "checkout", upload).await;
     let bytes = uploaded.map_err(|error| match checkout.failure() {
         Some(failure) => Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {failure}") },
         None => Ended::from_host("cannot upload the checkout", &error),
@@ -414,8 +450,9 @@ async fn fetch_outputs(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) 
     }
     let paths = session.paths();
     let never = CancellationToken::new();
-    session
-        .download(&paths.outputs, dir, plan.limits.outputs_max_bytes, plan.limits.transfer_timeout, &never)
+    let download =
+        session.download(&paths.outputs, dir, plan.limits.outputs_max_bytes, plan.limits.transfer_timeout, &never);
+    watched(log, session, "outputs", download)
         .await
         .map_err(|error| Ended::from_host("cannot download the outputs", &error))?;
     // What the executor said of the download (entries it left out) came before its answer.
@@ -425,6 +462,36 @@ async fn fetch_outputs(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) 
         log.note(format!("{} output file(s) in {}", files.len(), dir.display()));
     }
     Ok(files)
+}
+
+/// Awaits `transfer` on `session`, telling the sink how far it has got every half second once
+/// it has taken a second.
+pub(crate) async fn watched<T>(
+    log: &mut RunLog<'_>,
+    session: &Session,
+    what: &str,
+    transfer: impl std::future::Future<Output = T>,
+) -> T {
+    const FIRST: Duration = Duration::from_secs(1);
+    const EVERY: Duration = Duration::from_millis(500);
+    tokio::pin!(transfer);
+    let started = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval_at(started + FIRST, EVERY);
+    let mut shown = false;
+    loop {
+        tokio::select! {
+            ended = &mut transfer => {
+                if shown {
+                    log.progress(None);
+                }
+                return ended;
+            }
+            _ = ticks.tick() => {
+                shown = true;
+                log.progress(Some(Progress { what, bytes: session.transferred(), elapsed: started.elapsed() }));
+            }
+        }
+    }
 }
 
 /// The regular files under `dir`, images flagged by their extension.

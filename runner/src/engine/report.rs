@@ -176,6 +176,21 @@ pub trait LogSink: Send {
     /// Called after each batch of lines (a chunk of output, a note, a step's end): a sink that
     /// buffers writes them out here, so that what is shown is never behind by more than a chunk.
     fn flush(&mut self) {}
+
+    /// How far a transfer that has taken more than a second has got; `None` once it ended.
+    /// Not part of the log.
+    fn progress(&mut self, _progress: Option<&Progress<'_>>) {}
+}
+
+/// A transfer under way.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress<'a> {
+    /// What is moving: `checkout`, `outputs`, `cache PATH`.
+    pub what: &'a str,
+    /// The bytes of tar stream moved so far.
+    pub bytes: u64,
+    /// Since the transfer started.
+    pub elapsed: std::time::Duration,
 }
 
 /// A sink that drops lines (the report keeps them).
@@ -268,6 +283,17 @@ impl<'a> RunLog<'a> {
             self.kept.emit(self.sink, &LogLine { step: None, stream: None, text: line });
         }
         self.sink.flush();
+    }
+
+    /// How far a transfer has got (`None`: it ended), for the sink alone; masked as a note is.
+    pub(crate) fn progress(&mut self, progress: Option<Progress<'_>>) {
+        match progress {
+            Some(progress) => {
+                let what = self.mask_text(progress.what);
+                self.sink.progress(Some(&Progress { what: &what, ..progress }));
+            }
+            None => self.sink.progress(None),
+        }
     }
 
     /// Starts attributing output to `step`.

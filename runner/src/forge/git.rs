@@ -46,6 +46,13 @@ pub struct GitForge {
 
 /// A repository's key: its name and a hash of its URL (`demo-1a2b3c4d`).
 pub fn repository_key(url: &str) -> String {
+    format!("{}-{:08x}", repository_name(url), fnv(url.as_bytes()) as u32)
+}
+
+/// The name a repository's key starts with: the last part of its URL or path, without `.git`
+/// (`demo` for `/srv/git/demo.git`, `/srv/git/demo/.git` and `ssh://host/demo`), in letters,
+/// digits, `-` and `_`, at most 40.
+pub fn repository_name(url: &str) -> String {
     let trimmed = url.trim_end_matches('/').trim_end_matches(".git").trim_end_matches('/');
     let name = trimmed.rsplit(['/', ':']).next().unwrap_or("repository");
     let safe: String = name
@@ -53,8 +60,7 @@ pub fn repository_key(url: &str) -> String {
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
         .take(40)
         .collect();
-    let safe = if safe.is_empty() { "repository".to_string() } else { safe };
-    format!("{safe}-{:08x}", fnv(url.as_bytes()) as u32)
+    if safe.is_empty() { "repository".to_string() } else { safe }
 }
 
 /// A command-line repository as the runner watches it: an existing local path made absolute,

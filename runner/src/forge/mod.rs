@@ -12,7 +12,7 @@ use std::future::Future;
 use serde::{Deserialize, Serialize};
 
 pub use discover::{RECORD_FILE, RepositoryRecord};
-pub use git::{GitForge, GitForgeConfig, normalize_url, repository_key};
+pub use git::{GitForge, GitForgeConfig, normalize_url, repository_key, repository_name};
 pub use merge::Batch;
 
 use crate::checkout::Checkout;

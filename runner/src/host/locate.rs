@@ -6,6 +6,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 
+use crate::printable;
+
+/// The executors `make install` puts in `/usr/libexec/knotless`.
+const INSTALLED: &[&str] = &["kubernetes", "docker", "shell"];
+
 /// Where to look for executors.
 #[derive(Debug, Clone)]
 pub struct PluginSearch {
@@ -48,11 +53,37 @@ impl PluginSearch {
         if let Some(found) = candidates.iter().find(|candidate| is_executable(candidate)) {
             return Ok(found.clone());
         }
-        let tried = candidates.iter().take(3).map(|path| path.display().to_string()).collect::<Vec<_>>().join(", ");
-        bail!(
-            "no executor {name:?}: looked for knotless-executor-{name} at {tried} and on PATH; \
-             install it, pass --plugin-dir, or give its path with --executor-plugin"
-        )
+        let shown = |path: &Path| printable::name(&path.display().to_string()).into_owned();
+        let program = format!("knotless-executor-{}", printable::name(name));
+        let mut places = Vec::new();
+        if let Some(beside) = &self.beside {
+            places.push(format!("beside knotless-run in {}", shown(beside)));
+        }
+        places.push(format!("in --plugin-dir {} (as {} or {program})", shown(&self.plugin_dir), printable::name(name)));
+        let path: Vec<String> = self
+            .path_variable
+            .iter()
+            .flat_map(std::env::split_paths)
+            // An empty entry is the current folder, as `candidates` reads it.
+            .map(|folder| if folder.as_os_str().is_empty() { ".".to_string() } else { shown(&folder) })
+            .collect();
+        places.push(if path.is_empty() {
+            "on PATH (empty)".to_string()
+        } else {
+            format!("on PATH ({})", path.join(":"))
+        });
+        let install = if INSTALLED.contains(&name) {
+            format!(
+                "`make install` (from the source) puts it in /usr/libexec/knotless, the default --plugin-dir; \
+                 or copy {program} beside knotless-run, pass --plugin-dir DIR, or give its path with --executor-plugin PATH"
+            )
+        } else {
+            format!(
+                "install {program} in one of those folders, pass --plugin-dir DIR, or give its path with \
+                 --executor-plugin PATH"
+            )
+        };
+        bail!("no executor {:?}: looked for {program} {}; {install}", name, places.join(", "))
     }
 }
 
@@ -91,5 +122,27 @@ mod tests {
         let search = PluginSearch { beside: None, plugin_dir: "/nonexistent".into(), path_variable: None };
         let error = search.find("nomad").expect_err("not found").to_string();
         assert!(error.contains("--executor-plugin") && error.contains("knotless-executor-nomad"), "{error}");
+        assert!(!error.contains("make install"), "make install has no nomad executor: {error}");
+    }
+
+    #[test]
+    fn a_missing_shell_executor_names_every_folder_searched_and_make_install() {
+        let search = PluginSearch {
+            beside: Some("/opt/alone".into()),
+            plugin_dir: "/usr/libexec/knotless".into(),
+            path_variable: Some("/usr/local/bin::/bin\nfake".into()),
+        };
+        let error = search.find("shell").expect_err("not found").to_string();
+        assert_eq!(
+            error,
+            "no executor \"shell\": looked for knotless-executor-shell beside knotless-run in /opt/alone, \
+             in --plugin-dir /usr/libexec/knotless (as shell or knotless-executor-shell), \
+             on PATH (/usr/local/bin:.:/bin\\nfake); `make install` (from the source) puts it in \
+             /usr/libexec/knotless, the default --plugin-dir; or copy knotless-executor-shell beside \
+             knotless-run, pass --plugin-dir DIR, or give its path with --executor-plugin PATH"
+        );
+        let search = PluginSearch { beside: None, plugin_dir: "/x\u{1b}[2J".into(), path_variable: None };
+        let error = search.find("docker").expect_err("not found").to_string();
+        assert!(error.contains("--plugin-dir /x\\x1b[2J") && error.contains("on PATH (empty)"), "{error}");
     }
 }

@@ -4,6 +4,7 @@
 
 mod connection;
 mod locate;
+mod options;
 mod process;
 mod session;
 
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use connection::{Closed, Connection, Reply, SessionEvent};
 pub use locate::{PluginSearch, is_executable};
+pub use options::executor_option_flag;
 pub use process::{ExecutorProcess, INHERITED_VARIABLES, ProcessSpec, StderrTail, describe_status};
 pub use session::Session;
 
@@ -33,6 +35,9 @@ pub struct HostConfig {
     pub runner: RunnerInfo,
     /// Executor options, sent in `initialize`.
     pub options: BTreeMap<String, String>,
+    /// How the operator gave an option, by its key, when not by its own flag `--KEY`
+    /// (`--executor-option KEY=...`): the executor's refusal names it so.
+    pub option_flags: BTreeMap<String, String>,
     /// The protocol versions offered.
     pub offer_versions: Vec<u32>,
     /// How long `initialize` may take.
@@ -49,6 +54,7 @@ impl HostConfig {
             process,
             runner,
             options,
+            option_flags: BTreeMap::new(),
             offer_versions: SUPPORTED_VERSIONS.to_vec(),
             handshake_timeout: Duration::from_secs(30),
             grace: Duration::from_secs(10),
@@ -225,7 +231,9 @@ impl ExecutorHost {
                 return Err(refused(message).await);
             }
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Configuration => {
-                return Err(refused(format!("executor {name} refused its configuration: {}", error.message)).await);
+                let message = options::as_given(&error.message, &self.config.option_flags);
+                let message = crate::printable::name(&message);
+                return Err(refused(format!("executor {name} refused its configuration: {message}")).await);
             }
             Err(HostError::Answered { error, .. }) => {
                 return Err(refused(format!("executor {name} failed its handshake: {}", error.message)).await);

@@ -4,6 +4,7 @@
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use knotless_protocol::channel::ChannelListener;
@@ -26,6 +27,8 @@ pub struct Session {
     id: String,
     start: StartResult,
     events: tokio::sync::Mutex<mpsc::Receiver<SessionEvent>>,
+    /// The bytes of tar stream the latest transfer has moved so far.
+    moved: Arc<AtomicU64>,
 }
 
 impl Session {
@@ -36,7 +39,7 @@ impl Session {
         start: StartResult,
         events: mpsc::Receiver<SessionEvent>,
     ) -> Session {
-        Session { host, live, id, start, events: tokio::sync::Mutex::new(events) }
+        Session { host, live, id, start, events: tokio::sync::Mutex::new(events), moved: Arc::default() }
     }
 
     /// The session id.
@@ -52,6 +55,20 @@ impl Session {
     /// The executor's description of the environment.
     pub fn description(&self) -> Option<&str> {
         self.start.description.as_deref()
+    }
+
+    /// The bytes of tar stream the latest (or the running) upload or download has moved.
+    pub fn transferred(&self) -> u64 {
+        self.moved.load(Ordering::Relaxed)
+    }
+
+    /// A reader that counts what `reader` gives into [`Session::transferred`], from zero.
+    fn counted<R: AsyncRead>(&self, reader: R) -> tokio_util::io::InspectReader<R, impl FnMut(&[u8]) + use<R>> {
+        self.moved.store(0, Ordering::Relaxed);
+        let moved = Arc::clone(&self.moved);
+        tokio_util::io::InspectReader::new(reader, move |bytes: &[u8]| {
+            moved.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        })
     }
 
     /// Whether the executor serving this session is still connected.
@@ -123,7 +140,7 @@ impl Session {
         let send = async {
             let mut stream = listener.accept().await?;
             // Large reads and writes: tokio's `copy` moves 8 KiB at a time.
-            let mut source = tokio::io::BufReader::with_capacity(UPLOAD_BUFFER, &mut source);
+            let mut source = tokio::io::BufReader::with_capacity(UPLOAD_BUFFER, self.counted(&mut source));
             let sent = tokio::io::copy_buf(&mut source, &mut stream).await?;
             drop(stream);
             io::Result::Ok(sent)
@@ -152,10 +169,10 @@ impl Session {
         let (listener, params) = self.transfer(path, max_bytes, timeout)?;
         let call = self.host.call_on::<_, TransferResult>(&self.live, method::DOWNLOAD, &params, timeout, cancel);
         let dest = dest.to_path_buf();
-        let receive = async move {
+        let receive = async {
             let stream = listener.accept().await?;
             // Bound what is read even if the executor ignores `max_bytes`.
-            let bounded = stream.take(max_bytes + 1);
+            let bounded = self.counted(stream.take(max_bytes + 1));
             let bridge = tokio_util::io::SyncIoBridge::new(bounded);
             tokio::task::spawn_blocking(move || tarball::unpack_vetted(bridge, &dest, max_bytes))
                 .await

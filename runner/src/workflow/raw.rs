@@ -40,10 +40,10 @@ fn options() -> serde_saphyr::Options {
 
 /// Reads and checks a workflow (see [`super::parse`]).
 pub(crate) fn parse(name: &str, file: &str, text: &str) -> Result<Workflow, WorkflowError> {
-    match serde_saphyr::from_str_with_options::<Spanned<Option<WorkflowRaw>>>(text, options()) {
+    match serde_saphyr::from_str_with_options::<Spanned<Option<TopLevel>>>(text, options()) {
         Ok(raw) => {
             let start = Position { line: 1, column: 1 };
-            let Some(workflow) = raw.value else {
+            let Some(TopLevel(workflow)) = raw.value else {
                 return Err(at_position(file, start, "", "the file is empty, expected a mapping with steps"));
             };
             let root = Position::of(raw.referenced).unwrap_or(start);
@@ -56,6 +56,54 @@ pub(crate) fn parse(name: &str, file: &str, text: &str) -> Result<Workflow, Work
             let index = PathIndex::build(text, index_options);
             Err(yaml_error(file, &error, index.as_ref()))
         }
+    }
+}
+
+/// The top level of a workflow file: the fields of [`WorkflowRaw`], and extension keys, which
+/// start with `x-` and are skipped (as in docker compose: a place for YAML anchors).
+#[derive(Debug)]
+struct TopLevel(WorkflowRaw);
+
+/// The prefix of the top-level keys a workflow file may hold for its own use.
+const EXTENSION_PREFIX: &str = "x-";
+
+impl<'de> Deserialize<'de> for TopLevel {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TopLevelVisitor;
+        impl<'de> Visitor<'de> for TopLevelVisitor {
+            type Value = TopLevel;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a mapping with steps")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<TopLevel, A::Error> {
+                // The derived reader, refusing unknown fields, sees every key but the extensions.
+                let fields = de::value::MapAccessDeserializer::new(SkipExtensions(map));
+                WorkflowRaw::deserialize(fields).map(TopLevel)
+            }
+        }
+        deserializer.deserialize_map(TopLevelVisitor)
+    }
+}
+
+/// A mapping without its `x-` keys and their values.
+struct SkipExtensions<A>(A);
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipExtensions<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        while let Some(key) = self.0.next_key::<String>()? {
+            if key.starts_with(EXTENSION_PREFIX) {
+                self.0.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
+            return seed.deserialize(de::value::StringDeserializer::<A::Error>::new(key)).map(Some);
+        }
+        Ok(None)
+    }
+
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.0.next_value_seed(seed)
     }
 }
 

@@ -416,3 +416,40 @@ fn a_refusal_names_the_filter_that_refused() {
     assert_eq!(triggers.refusal(Event::Pull, Some("main")).as_deref(), Some("not triggered by pull"));
     assert_eq!(triggers.refusal(Event::Queue, None).as_deref(), Some("not triggered by queue"));
 }
+
+#[test]
+fn top_level_x_keys_are_extensions_and_skipped() {
+    let text = "x-defaults: &defaults\n  run: echo shared\n  timeout: 5m\nx-list: [1, {a: b}]\n\"x-\": ~\nsteps:\n  - name: a\n    <<: *defaults\n  - {name: b, run: echo b}\nx-last: {nested: {steps: []}}\n";
+    let workflow = parse_ok(text);
+    assert_eq!(workflow.steps.len(), 2);
+    assert_eq!(workflow.steps[0].run.as_deref(), Some("echo shared"));
+    assert_eq!(workflow.steps[0].timeout, Some(Duration::from_secs(300)));
+    assert_eq!(workflow.steps[1].run.as_deref(), Some("echo b"));
+    // The example of docs/reference/workflows.md.
+    let example = "x-rust: &rust\n  timeout: 20m\n  env: { CARGO_TERM_COLOR: always }\nsteps:\n  - name: build\n    run: cargo build\n    <<: *rust\n  - name: test\n    run: cargo test\n    <<: *rust\n";
+    let workflow = parse_ok(example);
+    for step in &workflow.steps {
+        assert_eq!(step.timeout, Some(Duration::from_secs(1200)), "{step:?}");
+        assert_eq!(step.env.get("CARGO_TERM_COLOR").map(String::as_str), Some("always"), "{step:?}");
+    }
+    // Only at the top level, and only with the prefix: anything else is still refused, located.
+    check(
+        "x-ok: 1\nX-no: 1\nsteps:\n  - {name: a, run: x}\n",
+        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, steps",
+    );
+    check(
+        "x-ok: 1\nsteps:\n  - name: a\n    run: x\n    x-note: y\n",
+        "5:5: steps[0].x-note: unknown field `x-note`, expected one of name, run, uses, timeout, secrets, env",
+    );
+    check(
+        "x-ok: &a 1\nstepz: []\n",
+        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, steps",
+    );
+    check("x-only: 1\n", "1:1: missing field `steps`");
+    // An extension's key is still a key: duplicates are refused, and so is a broken value.
+    check(
+        "x-a: 1\nx-a: 2\nsteps:\n  - {name: a, run: x}\n",
+        "2:1: x-a: duplicate mapping key `x-a` is not allowed here",
+    );
+    check("x-a: [\nsteps: []\n", "1:6: unclosed bracket '['");
+}

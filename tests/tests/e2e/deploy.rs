@@ -135,6 +135,13 @@ fn install_lays_out_the_fixed_paths_and_uninstall_removes_exactly_what_it_added(
     ] {
         assert_eq!(mode(&at(path)), 0o644, "{path}");
     }
+    // The manual pages, the runner's own and one per subcommand, as roff naming the subcommands.
+    for page in ["knotless-run.1", "knotless-run-run.1", "knotless-run-completions.1", "knotless-run-plugin-check.1"] {
+        assert_eq!(mode(&at(&format!("usr/local/share/man/man1/{page}"))), 0o644, "{page}");
+    }
+    let page = std::fs::read_to_string(at("usr/local/share/man/man1/knotless-run.1")).expect("the page");
+    assert!(page.contains(".TH knotless-run 1") && page.contains("knotless\\-run\\-checks(1)"), "{page}");
+    assert!(!at("usr/local/share/man/man1/knotless-run-manpage.1").exists(), "the hidden subcommand has a page");
     let unit = std::fs::read_to_string(at("etc/systemd/system/knotless-run.service")).expect("unit");
     assert!(unit.contains(&format!("\nUser={user}\n")), "{unit}");
     assert!(

@@ -3,13 +3,17 @@
 //! deadline.
 
 mod caches;
+mod capabilities;
+mod checks_and_logs;
 mod closed_pipes;
+mod command_line;
 mod deadlines;
 mod deploy;
 mod executor_faults;
 mod hostile_names;
 mod kubernetes_proof;
 mod leftovers;
+mod local_runs;
 mod plugin_check;
 mod pulls;
 mod pushes;

@@ -55,7 +55,7 @@ fn a_pull_runs_merged_without_secrets_or_the_trusted_cache() {
     assert_eq!(check["head"], head.as_str());
     assert_ne!(check["commit"], head.as_str(), "a pull runs a merge, not its head");
     let log = runner.run_log(check["run_id"].as_str().expect("id"));
-    assert!(log.contains("[look] merged"), "{log}");
+    assert!(log.contains("/look | merged"), "{log}");
     assert!(log.contains("secret TOKEN is not granted"), "{log}");
     assert!(log.contains("token=[]") && !log.contains("operator-token-value"), "{log}");
     assert!(log.contains("cache c: cold") && log.contains("cache=[]"), "{log}");

@@ -34,7 +34,7 @@ fn a_push_gives_one_check_per_workflow_and_notify_starts_it_at_once() {
     let listing = String::from_utf8_lossy(&runner.command(&["checks", &repo.url(), &second]).stdout).into_owned();
     assert!(listing.contains("pass") && listing.contains("exit 3"), "{listing}");
     let log = runner.run_log(pass_run(&checks));
-    assert!(log.contains("[two] two"), "{log}");
+    assert!(log.contains("pass/two | two"), "{log}");
 }
 
 fn pass_run(checks: &[serde_json::Value]) -> &str {
@@ -182,4 +182,34 @@ fn two_named_runners_give_one_check_a_workflow_on_its_owner() {
     let on_two = two.final_checks(&url, &commit, 1);
     assert_eq!(by_workflow(&on_one, "plain")["status"], "success", "{on_one:#?}");
     assert_eq!(by_workflow(&on_two, "pinned")["status"], "success", "{on_two:#?}");
+}
+
+#[test]
+fn the_daemons_env_file_and_env_reach_every_steps_under_the_workflows_own_env() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workflow =
+        "env: { OWN: workflow }\nsteps:\n  - name: show\n    run: echo \"file=$FROM_FILE flag=$FROM_FLAG own=$OWN\"\n";
+    let (repo, first) = repo_with(dir.path(), &[("show", workflow)]);
+    let env_file = dir.path().join("steps.env");
+    std::fs::write(&env_file, "# for every step\nFROM_FILE=file value\nFROM_FLAG=file\nOWN=file\n").expect("write");
+    let env_file = env_file.display().to_string();
+    let runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-env", &["--env-file", &env_file, "--env", "FROM_FLAG=flag"]), vec![repo.url().as_str()]].concat(),
+    );
+    let checks = runner.final_checks(&repo.url(), &first, 1);
+    assert_eq!(checks[0]["status"], "success", "{:#}", checks[0]);
+    let log = runner.run_log(checks[0]["run_id"].as_str().expect("a run id"));
+    assert!(log.contains("show/show | file=file value flag=flag own=workflow"), "{log}");
+
+    // A bad line is refused at start, naming the file and the line.
+    std::fs::write(dir.path().join("bad.env"), "GOOD=1\nKNOTLESS_REF=x\n").expect("write");
+    let bad = dir.path().join("bad.env").display().to_string();
+    let mut refused = Runner::start(
+        &dir.path().join("state2"),
+        &[flags("e2e-env-bad", &["--env-file", &bad]), vec![repo.url().as_str()]].concat(),
+    );
+    assert!(!refused.wait().success());
+    let stderr = eventually("the refusal", || Some(refused.stderr()).filter(|text| text.contains("line 2")));
+    assert!(stderr.contains(&format!("--env-file {bad}, line 2: KNOTLESS_REF is set by the run")), "{stderr}");
 }

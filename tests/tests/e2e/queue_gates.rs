@@ -156,7 +156,7 @@ fn a_batch_whose_check_passed_as_the_runner_stopped_is_not_recorded_failed() {
     eventually("the batch check to start", || {
         let checks = runner.checks(&url, None);
         let run = checks.iter().find(|c| c["event"] == "queue")?["run_id"].as_str()?.to_string();
-        runner.run_log(&run).contains("[wait] started").then_some(())
+        runner.run_log(&run).contains("/wait | started").then_some(())
     });
     runner.signal(nix::sys::signal::Signal::SIGTERM);
     eventually("the runner to stop taking work", || runner.stderr().contains("stopping: no new work").then_some(()));

@@ -22,7 +22,7 @@ fn wait_until_started(runner: &Runner, url: &str, rev: &str) -> String {
     eventually("the step to start", || {
         let checks = runner.checks(url, Some(rev));
         let run = checks.first()?["run_id"].as_str()?.to_string();
-        runner.run_log(&run).contains("[wait] started").then_some(run)
+        runner.run_log(&run).contains("/wait | started").then_some(run)
     })
 }
 

@@ -534,16 +534,22 @@ fn a_mistyped_subcommand_is_refused_and_makes_nothing() {
     let place = tempfile::tempdir().expect("tempdir");
     let state = place.path().join("state");
     let state_flag = state.display().to_string();
-    for args in [vec!["version"], vec!["completions", "bash"], vec!["rnu", "--executor", "shell"]] {
+    for (args, hint) in [
+        (vec!["version"], "for the version, knotless-run --version"),
+        (vec!["rnu", "--executor", "shell"], "did you mean knotless-run run?"),
+        (vec!["chekcs"], "did you mean knotless-run checks?"),
+        (vec!["completion", "bash"], "did you mean knotless-run completions?"),
+        (vec!["zzz"], "the subcommands are run, plugin, checks, logs, notify, secrets, kubeconfig, completions"),
+        (vec!["a\u{1b}[2Jb"], "\"a\\x1b[2Jb\" is not"),
+    ] {
         let mut args = args.clone();
         args.extend(["--state", &state_flag]);
+        let started = std::time::Instant::now();
         let run = ran(knotless_run(&args));
         assert_eq!(run.code, Some(2), "{args:?}: {}", run.both());
-        assert!(
-            run.stderr.contains("is not a repository") && run.stderr.contains("run, plugin, checks"),
-            "{}",
-            run.both()
-        );
+        assert!(run.stderr.contains("is not a repository") && run.stderr.contains(hint), "{hint}\n{}", run.both());
+        assert!(!run.stderr.contains('\u{1b}'), "{:?}", run.stderr);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{args:?} took {:?}", started.elapsed());
         assert!(!state.exists(), "{args:?} made the state folder");
     }
 }

@@ -7,7 +7,8 @@
 //! node fits gets Normal `NotTriggerScaleUp` `pod didn't trigger scale-up: 1 Insufficient cpu`,
 //! and at the maximum `pod didn't trigger scale-up: 1 max node group size reached`
 //! (cluster-autoscaler/processors/status/eventing_scale_up_processor.go). A node without
-//! running pods for `--scale-down-after` (scale-down-unneeded-time) is removed, down to 0.
+//! running pods for `--scale-down-after` (scale-down-unneeded-time) is removed, down to 0,
+//! except in a loop that added a node or saw a pending pod some node will take.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -88,10 +89,17 @@ pub fn sync(state: &mut State, config: &Config) {
     state.rt.pending.retain(|uid, _| pending.iter().any(|p| text(p, "/metadata/uid") == uid));
     let mut new_nodes: Vec<Room> = Vec::new();
     let mut triggered: Vec<Value> = Vec::new();
+    // No node is removed in a loop that saw a pending pod a node (Ready or upcoming) will take,
+    // or one too new to act on: upstream's filter_out_schedulable.go ("Schedulable pods
+    // present") and the "pods are very new" cooldown call DisableScaleDownForLoop. Without it
+    // a node that became Ready is removed as empty before the scheduler's retry places the pod
+    // it was added for, and the pod waits for a new node again.
+    let mut scale_down_disabled = false;
     for pod in &pending {
         let uid = text(pod, "/metadata/uid").to_string();
         let (seen, _) = *state.rt.pending.entry(uid.clone()).or_insert((now, false));
         if now < seen + config.scale_up_delay || place(pod, &mut ready, true) || place(pod, &mut upcoming, false) {
+            scale_down_disabled = true;
             continue;
         }
         let (reasons, _) = scheduler::filter(pod, &template, &labels, &[], false);
@@ -126,7 +134,11 @@ pub fn sync(state: &mut State, config: &Config) {
             nodes::add(state, config, config.node_provision);
         }
     }
-    scale_down(state, config, &pods);
+    // Nor in the loop of a scale-up (upstream's cooldown after an add, static_autoscaler.go,
+    // with --scale-down-delay-after-add at 0).
+    if !scale_down_disabled && new_nodes.is_empty() {
+        scale_down(state, config, &pods);
+    }
 }
 
 fn scale_down(state: &mut State, config: &Config, pods: &[Value]) {
