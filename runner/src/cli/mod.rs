@@ -4,6 +4,7 @@
 mod checks;
 mod daemon;
 mod executor_args;
+mod http_args;
 mod kubeconfig;
 mod notify;
 mod plugin;
