@@ -68,8 +68,31 @@ fn state_folder(state: &Path) {
         r#"{"repositories": {"repo-a": {"url": "/srv/repo", "seen": {"branches": {"main": "0123456789abcdef0123456789abcdef01234567"}, "pulls": {}}}}}"#,
     )
     .expect("state.json");
-    let queue =
-        crate::queue::QueueState { repository: "/srv/repo".into(), branch: "main".into(), ..Default::default() };
+    let ejected = crate::queue::Entry {
+        number: 7,
+        head: "feedfacefeedfacefeedfacefeedfacefeedface".into(),
+        state: crate::queue::EntryState::Ejected,
+        reason: Some("pre-flight <script>x</script> failed \u{1b}[31m".into()),
+        preflights: vec!["run-a".into()],
+        batch: None,
+        queued_at: 0,
+        dequeued: true,
+        retry: false,
+    };
+    let batch = crate::queue::BatchRecord {
+        commit: "badbadbadbadbadbadbadbadbadbadbadbadbadb".into(),
+        base: "0123456789abcdef0123456789abcdef01234567".into(),
+        pulls: vec![7, 8],
+        status: "failed".into(),
+        runs: vec!["run-a".into(), "run-gone".into()],
+        cause: Some("build failed".into()),
+    };
+    let queue = crate::queue::QueueState {
+        repository: "/srv/repo".into(),
+        branch: "release/1".into(),
+        entries: vec![ejected],
+        batches: vec![batch],
+    };
     crate::queue::QueueStore::new(state).save("repo-a", &queue).expect("queue");
 }
 
@@ -211,7 +234,14 @@ async fn names_logs_and_outputs_show_as_text_and_svg_is_sandboxed() {
     let log = get(addr, "/repositories/repo-a/checks/run-a/log").await;
     assert_eq!(log.header("content-type"), Some("text/plain; charset=utf-8"));
     assert!(log.body.contains("out \\x1b[2J <b>bold</b>"), "{}", log.body);
-    for path in ["/", "/runner", "/repositories/repo-a", "/repositories/repo-a/queue/main"] {
+    let queue = get(addr, "/repositories/repo-a/queue/release%2F1").await;
+    assert_eq!(queue.status, 200, "{}", queue.body);
+    assert!(queue.body.contains("pre-flight &lt;script&gt;x&lt;/script&gt; failed \\x1b[31m"), "{}", queue.body);
+    assert!(queue.body.contains(r#"href="/repositories/repo-a/checks/run-a""#), "{}", queue.body);
+    assert!(queue.body.contains("run-gone (no record)") && queue.body.contains("build failed"), "{}", queue.body);
+    let repository = get(addr, "/repositories/repo-a").await;
+    assert!(repository.body.contains(r#"href="/repositories/repo-a/queue/release/1""#), "{}", repository.body);
+    for path in ["/", "/runner", "/repositories/repo-a", "/repositories/repo-a/queue/release/1"] {
         let answer = get(addr, path).await;
         assert_eq!(answer.status, 200, "{path}: {}", answer.body);
     }
@@ -232,8 +262,8 @@ async fn the_api_gives_the_records_checks_json_prints() {
     let runner: serde_json::Value = serde_json::from_str(&get(addr, "/api/runner").await.body).expect("json");
     assert_eq!(runner["runner_id"], "me");
     let queue: serde_json::Value =
-        serde_json::from_str(&get(addr, "/api/repositories/repo-a/queue/main").await.body).expect("json");
-    assert_eq!(queue["branch"], "main");
+        serde_json::from_str(&get(addr, "/api/repositories/repo-a/queue/release/1").await.body).expect("json");
+    assert_eq!(queue["entries"][0]["reason"], "pre-flight <script>x</script> failed \u{1b}[31m");
 }
 
 #[tokio::test]
