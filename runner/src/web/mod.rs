@@ -87,7 +87,15 @@ pub async fn start(config: WebConfig, view: View) -> anyhow::Result<SocketAddr> 
         .with_context(|| format!("--http {}: cannot listen there", config.addr))?;
     let addr = listener.local_addr().context("the status page's address")?;
     let token = if config.public { config.token } else { None };
-    let app = App { view: Arc::new(view), auth: Arc::new(auth::Auth::new(token)) };
+    let view = Arc::new(view);
+    // Every repository's records read once now, so that no request pays for the first read.
+    let warming = Arc::clone(&view);
+    tokio::task::spawn_blocking(move || {
+        for repository in warming.repositories() {
+            warming.records(&repository.key);
+        }
+    });
+    let app = App { view, auth: Arc::new(auth::Auth::new(token)) };
     let router = routes::router(app);
     tracing::info!(http = %addr, "status page at http://{addr}/");
     tokio::spawn(async move {
