@@ -316,3 +316,59 @@ fn a_page_open_to_the_network_needs_public_and_a_token() {
         assert_eq!(checked.is_ok(), allowed, "{addr} public={public} token={token:?}: {checked:?}");
     }
 }
+
+/// Reads from `stream` until what was read contains `needle` (or the deadline passes).
+async fn read_until(stream: &mut tokio::net::TcpStream, read: &mut String, needle: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut buffer = [0u8; 4096];
+    while !read.contains(needle) {
+        let left = deadline.checked_duration_since(std::time::Instant::now()).expect("in time");
+        let count = tokio::time::timeout(left, stream.read(&mut buffer)).await.expect("in time").expect("read");
+        assert!(count > 0, "the stream closed before {needle:?}: {read}");
+        read.push_str(&String::from_utf8_lossy(&buffer[..count]));
+    }
+}
+
+async fn open_stream(addr: SocketAddr, path: &str, last_event: Option<&str>) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let resume = last_event.map(|id| format!("Last-Event-ID: {id}\r\n")).unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{resume}\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    stream
+}
+
+#[tokio::test]
+async fn the_live_log_streams_whole_lines_as_they_come_and_ends_with_the_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let store = CheckStore::new(dir.path());
+    let mut running = record("repo-a", "run-live", &[]);
+    running.status = RunStatus::Running;
+    running.steps.clear();
+    store.put(&running).expect("put");
+    let log = store.log_path("repo-a", "run-live");
+    std::fs::write(&log, "[s] one\n[s] tw").expect("log");
+    let addr = serve(dir.path(), false, None).await;
+    let page = get(addr, "/repositories/repo-a/checks/run-live").await;
+    assert!(page.body.contains(r#"data-live="/repositories/repo-a/checks/run-live/log/live?from=8""#), "{}", page.body);
+    assert!(page.body.contains(r#"<script src="/static/live.js">"#), "{}", page.body);
+    let path = "/repositories/repo-a/checks/run-live/log/live?from=0";
+    let mut stream = open_stream(addr, path, None).await;
+    let mut read = String::new();
+    read_until(&mut stream, &mut read, "\"[s] one\\n\"").await;
+    assert!(read.contains("content-type: text/event-stream") && read.contains("id: 8"), "{read}");
+    assert!(!read.contains("tw"), "only whole lines: {read}");
+    std::fs::write(&log, "[s] one\n[s] two \u{1b}[1m<b>\n").expect("log");
+    read_until(&mut stream, &mut read, "\"[s] two \\\\x1b[1m<b>\\n\"").await;
+    running.status = RunStatus::Success;
+    store.put_log("repo-a", "run-live", "[s] one\n[s] two \u{1b}[1m<b>\n==> success\n").expect("log");
+    store.put(&running).expect("put");
+    read_until(&mut stream, &mut read, "event: end").await;
+    read_until(&mut stream, &mut read, "\"success\"").await;
+    assert!(read.contains("\"==> success\\n\""), "{read}");
+    // A browser that reconnects goes on from the last event it had.
+    let mut resumed = open_stream(addr, path, Some("8")).await;
+    let mut again = String::new();
+    read_until(&mut resumed, &mut again, "event: end").await;
+    assert!(!again.contains("[s] one") && again.contains("[s] two"), "{again}");
+}
