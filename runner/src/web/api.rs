@@ -23,46 +23,41 @@ pub(super) fn router() -> Router<App> {
 }
 
 /// Pretty JSON and a newline, as `checks --json` prints it.
-fn json<T: Serialize>(value: &T) -> Response {
-    match serde_json::to_string_pretty(value) {
-        Ok(mut text) => {
-            text.push('\n');
-            ([(header::CONTENT_TYPE, "application/json")], text).into_response()
-        }
-        Err(_) => not_found_response(),
+fn pretty<T: Serialize>(value: &T) -> Option<String> {
+    let mut text = serde_json::to_string_pretty(value).ok()?;
+    text.push('\n');
+    Some(text)
+}
+
+/// Reads and encodes off the async workers; 404 when there is nothing.
+async fn answer(work: impl FnOnce() -> Option<String> + Send + 'static) -> Response {
+    match tokio::task::spawn_blocking(work).await.ok().flatten() {
+        Some(text) => ([(header::CONTENT_TYPE, "application/json")], text).into_response(),
+        None => not_found_response(),
     }
 }
 
-async fn off<T: Send + 'static>(work: impl FnOnce() -> Option<T> + Send + 'static) -> Option<T> {
-    tokio::task::spawn_blocking(work).await.ok().flatten()
-}
-
-fn answer<T: Serialize>(value: Option<T>) -> Response {
-    value.as_ref().map_or_else(not_found_response, json)
-}
-
 async fn repositories(State(app): State<App>) -> Response {
-    answer(off(move || Some(app.view.repositories())).await)
+    answer(move || pretty(&app.view.repositories())).await
 }
 
 async fn checks(State(app): State<App>, Path(key): Path<String>) -> Response {
-    let records = off(move || {
+    answer(move || {
         app.view.repository(&key)?;
         let records = app.view.records(&key);
-        Some(records.iter().map(|record| record.as_ref().clone()).collect::<Vec<CheckRecord>>())
+        pretty(&records.iter().map(|record| record.as_ref()).collect::<Vec<&CheckRecord>>())
     })
-    .await;
-    answer(records)
+    .await
 }
 
 async fn check(State(app): State<App>, Path((key, run)): Path<(String, String)>) -> Response {
-    answer(off(move || app.view.check(&key, &run)).await)
+    answer(move || pretty(&app.view.check(&key, &run)?)).await
 }
 
 async fn queue(State(app): State<App>, Path((key, branch)): Path<(String, String)>) -> Response {
-    answer(off(move || app.view.queue(&key, &branch)).await)
+    answer(move || pretty(&app.view.queue(&key, &branch)?)).await
 }
 
 async fn runner(State(app): State<App>) -> Response {
-    answer(off(move || Some(app.view.runner())).await)
+    answer(move || pretty(&app.view.runner())).await
 }

@@ -74,8 +74,10 @@ fn opened_path(file: &File) -> Option<PathBuf> {
     std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
 }
 
-/// How the most bytes of a text output previewed on the page.
+/// The most bytes of a text output previewed on the page.
 pub const PREVIEW: usize = 16 << 10;
+/// The most outputs (other than images) looked into for a preview on one page.
+pub const MAX_PREVIEWS: usize = 20;
 
 /// How an output is shown, and, for text, its first [`PREVIEW`] bytes as text.
 pub fn classify(dir: &Path, output: &OutputFile) -> (Kind, Option<String>) {

@@ -127,12 +127,22 @@ async fn check(State(app): State<App>, Path((key, run)): Path<(String, String)>)
         let view = &app.view;
         let record = view.check(&key, &run)?;
         let dir = view.outputs_dir(&record);
+        // Only the first few outputs that are not images are looked into for a preview: a
+        // page stays small and quick whatever a run left.
+        let mut looked_into = 0;
         let shown: Vec<ShownOutput> = record
             .outputs
             .iter()
             .filter(|output| outputs::find(&record, &output.path).is_some())
             .map(|output| {
-                let (kind, preview) = outputs::classify(&dir, output);
+                let (kind, preview) = match outputs::image_type(&output.path) {
+                    Some(media) => (outputs::Kind::Image(media), None),
+                    None if looked_into < outputs::MAX_PREVIEWS => {
+                        looked_into += 1;
+                        outputs::classify(&dir, output)
+                    }
+                    None => (outputs::Kind::Other, None),
+                };
                 ShownOutput { path: output.path.clone(), bytes: output.bytes, kind, preview }
             })
             .collect();
