@@ -47,7 +47,11 @@ fn record(key: &str, run_id: &str, outputs: &[&str]) -> CheckRecord {
 fn state_folder(state: &Path) {
     let store = CheckStore::new(state);
     store
-        .put(&record("repo-a", "run-a", &["plot.png", "notes.txt", "pic.svg", "link", "up/secrets-key.json"]))
+        .put(&record(
+            "repo-a",
+            "run-a",
+            &["plot.png", "notes.txt", "pic.svg", "link", "up/secrets-key.json", "d/a b#?%.txt"],
+        ))
         .expect("put");
     store.put_log("repo-a", "run-a", "[s] out \u{1b}[2J <b>bold</b>\n==> success\n").expect("log");
     store.put(&record("repo-b", "run-b", &["plot.png"])).expect("put");
@@ -58,6 +62,8 @@ fn state_folder(state: &Path) {
     std::fs::write(outputs.join("pic.svg"), "<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>")
         .expect("write");
     std::fs::write(outputs.join("unlisted.txt"), "not in the record").expect("write");
+    std::fs::create_dir_all(outputs.join("d")).expect("mkdir");
+    std::fs::write(outputs.join("d/a b#?%.txt"), "odd name").expect("write");
     std::fs::write(state.join("secrets-key.json"), "SECRET-KEY").expect("write");
     std::os::unix::fs::symlink(state.join("secrets-key.json"), outputs.join("link")).expect("symlink");
     std::os::unix::fs::symlink(state, outputs.join("up")).expect("symlink");
@@ -231,6 +237,11 @@ async fn names_logs_and_outputs_show_as_text_and_svg_is_sandboxed() {
     let text = get(addr, "/repositories/repo-a/checks/run-a/outputs/notes.txt").await;
     assert_eq!(text.header("content-type"), Some("application/octet-stream"));
     assert_eq!(text.header("content-disposition"), Some("attachment; filename*=UTF-8''notes.txt"));
+    let odd = "/repositories/repo-a/checks/run-a/outputs/d/a%20b%23%3F%25.txt";
+    assert!(page.body.contains(&format!(r#"href="{odd}""#)), "{}", page.body);
+    let served = get(addr, odd).await;
+    assert_eq!((served.status, served.body.as_str()), (200, "odd name"));
+    assert_eq!(served.header("content-disposition"), Some("attachment; filename*=UTF-8''a%20b%23%3F%25.txt"));
     let log = get(addr, "/repositories/repo-a/checks/run-a/log").await;
     assert_eq!(log.header("content-type"), Some("text/plain; charset=utf-8"));
     assert!(log.body.contains("out \\x1b[2J <b>bold</b>"), "{}", log.body);
