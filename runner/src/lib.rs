@@ -35,4 +35,5 @@ pub mod mask;
 pub mod printable;
 pub mod queue;
 pub mod secrets;
+pub mod web;
 pub mod workflow;

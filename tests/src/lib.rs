@@ -3,6 +3,7 @@
 //! [`knotless_run`] runs its other commands, [`cluster::FakeCluster`] is a fake Kubernetes
 //! cluster, and waits poll with a deadline instead of sleeping.
 
+pub mod browser;
 pub mod cluster;
 
 use std::path::{Path, PathBuf};
@@ -189,6 +190,16 @@ impl Runner {
     pub fn notify(&self, repo: &str) {
         let output = self.command(&["notify", repo]);
         assert!(output.status.success(), "notify: {}", String::from_utf8_lossy(&output.stderr));
+    }
+
+    /// The status page's base address (`http://127.0.0.1:PORT/`), as the daemon logged it.
+    pub fn http_base(&self) -> String {
+        eventually("the status page's address in the runner's log", || {
+            let stderr = self.stderr();
+            let at = stderr.find("status page at http://")? + "status page at ".len();
+            let address: String = stderr[at..].chars().take_while(|c| !c.is_whitespace() && *c != '"').collect();
+            address.ends_with('/').then_some(address)
+        })
     }
 
     /// The daemon's stderr so far.

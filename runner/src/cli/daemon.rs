@@ -80,6 +80,9 @@ pub struct DaemonArgs {
     /// The executor (kubernetes unless --executor or --executor-plugin says otherwise).
     #[command(flatten)]
     pub executor: ExecutorArgs,
+    /// The status page.
+    #[command(flatten)]
+    pub http: super::http_args::HttpArgs,
 }
 
 /// This host's name as a runner id: its safe characters, at most 63.
@@ -143,6 +146,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         check_repository(repository)?;
     }
     let step_env = super::run::step_variables(&args.env, args.env_file.as_deref(), &Default::default())?;
+    let web = args.http.config()?;
     let state = &args.state.state;
     std::fs::create_dir_all(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;
     let state = std::fs::canonicalize(state).with_context(|| format!("--state {}", state.display()))?;
@@ -197,6 +201,9 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     };
     if let Some(path) = &args.secrets_file {
         crate::secrets::read_operator_file(path)?;
+    }
+    if let Some(web) = web {
+        crate::web::start(web, crate::web::View::new(&state, super::http_args::summary(&args, &host).await)).await?;
     }
     let daemon = Daemon::new(daemon_config, forge, host, CacheStore::new(&state, args.cache_max))?;
     daemon.serve().await?;

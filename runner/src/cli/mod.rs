@@ -5,6 +5,7 @@ mod checks;
 mod completions;
 mod daemon;
 mod executor_args;
+mod http_args;
 mod kubeconfig;
 mod logs;
 mod manpage;

@@ -121,7 +121,8 @@ impl<F: Forge> Daemon<F> {
             }
         }
         self.state.update(|state| state.in_flight.clear());
-        match self.host.cleanup(Duration::from_secs(300)).await {
+        let swept = self.host.cleanup(Duration::from_secs(300)).await;
+        match &swept {
             Ok(result) => tracing::info!(
                 removed = result.removed.len(),
                 "startup sweep deleted {} resource(s) left by earlier runs",
@@ -129,6 +130,7 @@ impl<F: Forge> Daemon<F> {
             ),
             Err(error) => tracing::error!("the startup sweep failed: {error}"),
         }
+        self.state.update(|state| state.last_sweep = Some(state::Sweep::of(&swept)));
     }
 
     /// Serves until SIGTERM or SIGINT, then hands over: stops taking work, cancels waiting

@@ -42,6 +42,35 @@ pub struct State {
     /// By run id.
     #[serde(default)]
     pub in_flight: BTreeMap<String, InFlight>,
+    /// The orphan sweep of the last start, for the status page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sweep: Option<Sweep>,
+}
+
+/// What an orphan sweep did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sweep {
+    /// When it ended (Unix milliseconds).
+    pub at: u64,
+    /// The resources it removed, as the executor named them (`kind name`).
+    pub removed: Vec<String>,
+    /// What it could not remove, or why the sweep failed.
+    pub failures: Vec<String>,
+}
+
+impl Sweep {
+    /// The note of a sweep's answer.
+    pub fn of<E: std::fmt::Display>(swept: &Result<knotless_protocol::messages::CleanupResult, E>) -> Sweep {
+        let at = crate::checks::now_ms();
+        match swept {
+            Ok(result) => Sweep {
+                at,
+                removed: result.removed.iter().map(|resource| format!("{} {}", resource.kind, resource.name)).collect(),
+                failures: result.failures.clone(),
+            },
+            Err(error) => Sweep { at, removed: Vec::new(), failures: vec![format!("the sweep failed: {error}")] },
+        }
+    }
 }
 
 /// `state.json` and its in-memory copy.

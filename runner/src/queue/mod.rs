@@ -188,6 +188,19 @@ impl QueueStore {
         }
     }
 
+    /// The branches of a repository with a kept queue, sorted.
+    pub fn branches(&self, repository_key: &str) -> Vec<String> {
+        let mut branches: Vec<String> = std::fs::read_dir(self.root.join(repository_key))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .filter_map(|name| name.strip_suffix(".json").map(|stem| stem.replace("%2F", "/").replace("%25", "%")))
+            .collect();
+        branches.sort();
+        branches
+    }
+
     /// Writes a branch's queue atomically.
     pub fn save(&self, repository_key: &str, queue: &QueueState) -> anyhow::Result<()> {
         let text = serde_json::to_vec_pretty(queue).context("cannot encode a queue record")?;
@@ -215,6 +228,7 @@ mod tests {
         store.save("k", &queue).expect("save");
         assert_eq!(store.load("k", "release/1").expect("load"), Some(queue));
         assert_eq!(store.load("k", "main").expect("load"), None);
+        assert_eq!(store.branches("k"), ["release/1"]);
     }
 
     #[test]

@@ -15,6 +15,9 @@ use knotless_run::mask::Masker;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
+#[path = "bench/page.rs"]
+mod page;
+
 struct Row {
     what: String,
     ours: String,
@@ -44,7 +47,7 @@ fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// `bench [GROUP...]`: every group (`protocol`, `masking`, `transfer`, `runs`, `memory`,
-/// `kubernetes`), or those named.
+/// `kubernetes`, `page`), or those named.
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let groups: Vec<String> = std::env::args().skip(1).collect();
@@ -55,28 +58,13 @@ async fn main() -> anyhow::Result<()> {
         true => tempfile::tempdir_in("/dev/shm")?,
         false => tempfile::tempdir()?,
     };
-    let shell = release_bin("knotless-executor-shell")?;
-    let runner =
-        RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: "bench".into() };
-    let options = BTreeMap::from([("work-dir".to_string(), work.path().display().to_string())]);
-    let process = ProcessSpec { name: "shell".into(), path: shell, pass_env: Vec::new() };
-    let host = ExecutorHost::start(HostConfig::new(process, runner, options)).await?;
     let mut rows = Vec::new();
-    if wanted("protocol") {
-        rows.push(round_trip(&host).await?);
-        let session = open(&host).await?;
-        rows.extend(trivial_steps(&session).await?);
-        session.stop(false, Duration::from_secs(60)).await?;
+    if wanted("protocol") || wanted("transfer") {
+        rows.extend(host_rows(&wanted, work.path()).await?);
     }
     if wanted("masking") {
         rows.extend(masking()?);
     }
-    if wanted("transfer") {
-        let session = open(&host).await?;
-        rows.extend(transfers(&session, work.path()).await?);
-        session.stop(false, Duration::from_secs(600)).await?;
-    }
-    host.shutdown().await;
     if wanted("runs") {
         rows.extend(runs(work.path())?);
     }
@@ -86,12 +74,39 @@ async fn main() -> anyhow::Result<()> {
     if wanted("kubernetes") {
         rows.extend(kubernetes(work.path()).await?);
     }
+    if wanted("page") {
+        rows.extend(page::page(work.path()).await?);
+    }
     println!("| figure | knotless-run | reference | ratio |");
     println!("|---|---|---|---|");
     for row in rows {
         println!("| {} | {} | {} | {:.2} |", row.what, row.ours, row.reference, row.ratio);
     }
     Ok(())
+}
+
+/// The rows through a shell executor's host: `protocol` and `transfer`.
+async fn host_rows(wanted: &dyn Fn(&str) -> bool, work: &Path) -> anyhow::Result<Vec<Row>> {
+    let shell = release_bin("knotless-executor-shell")?;
+    let runner =
+        RunnerInfo { name: "knotless-run".into(), version: env!("CARGO_PKG_VERSION").into(), id: "bench".into() };
+    let options = BTreeMap::from([("work-dir".to_string(), work.display().to_string())]);
+    let process = ProcessSpec { name: "shell".into(), path: shell, pass_env: Vec::new() };
+    let host = ExecutorHost::start(HostConfig::new(process, runner, options)).await?;
+    let mut rows = Vec::new();
+    if wanted("protocol") {
+        rows.push(round_trip(&host).await?);
+        let session = open(&host).await?;
+        rows.extend(trivial_steps(&session).await?);
+        session.stop(false, Duration::from_secs(60)).await?;
+    }
+    if wanted("transfer") {
+        let session = open(&host).await?;
+        rows.extend(transfers(&session, work).await?);
+        session.stop(false, Duration::from_secs(600)).await?;
+    }
+    host.shutdown().await;
+    Ok(rows)
 }
 
 /// A no-op request (`ping`) through the protocol, against one line echoed by `cat` over pipes.

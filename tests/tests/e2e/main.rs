@@ -23,6 +23,7 @@ mod queue_gates;
 mod restarts;
 mod run_command;
 mod secrets;
+mod status_page;
 
 use std::path::Path;
 

@@ -1,0 +1,98 @@
+//! Values as the pages show them: durations, times, sizes, short commits, trust levels. Plain
+//! text only; the templates escape it.
+
+use crate::checks::CheckRecord;
+
+/// A duration in milliseconds: `350 ms`, `4.2 s`, `3 min 5 s`, `2 h 4 min`.
+pub fn duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// A check's duration: when it ran, how long; while it runs, how long so far.
+pub fn check_duration(record: &CheckRecord, now_ms: u64) -> String {
+    match (record.duration_ms, record.started_at) {
+        (Some(ms), _) => duration(ms),
+        (None, Some(started)) if !record.status.is_final() => {
+            format!("{} so far", duration(now_ms.saturating_sub(started)))
+        }
+        _ => String::new(),
+    }
+}
+
+/// Unix milliseconds as a UTC time, `2026-12-01 09:30:05 UTC`.
+pub fn time(ms: u64) -> String {
+    let seconds = ms / 1000;
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
+/// A size in bytes: `512 B`, `3.4 KiB`, `1.2 MiB`.
+pub fn size(bytes: u64) -> String {
+    match bytes {
+        0..1024 => format!("{bytes} B"),
+        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
+        1_048_576..1_073_741_824 => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
+        _ => format!("{:.1} GiB", bytes as f64 / 1_073_741_824.0),
+    }
+}
+
+/// A commit's first ten characters.
+pub fn short(commit: &str) -> &str {
+    commit.get(..10).unwrap_or(commit)
+}
+
+/// The trust level of a check: `push`, `pull` or `batch`.
+pub fn trust(record: &CheckRecord) -> &'static str {
+    match record.target.event.as_str() {
+        "push" => "push",
+        "queue" => "batch",
+        _ if record.trusted => "push",
+        _ => "pull",
+    }
+}
+
+/// What a check ran on: `main`, `pull/7`, `batch of main`.
+pub fn target(record: &CheckRecord) -> String {
+    if let Some(number) = record.target.pull {
+        return format!("pull/{number}");
+    }
+    if record.target.event == "queue" {
+        return format!("batch of {}", record.target.base.as_deref().unwrap_or("?"));
+    }
+    record.target.git_ref.trim_start_matches("refs/heads/").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_read_as_people_write_them() {
+        assert_eq!(duration(350), "350 ms");
+        assert_eq!(duration(4_200), "4.2 s");
+        assert_eq!(duration(185_000), "3 min 5 s");
+        assert_eq!(duration(7_440_000), "2 h 4 min");
+        assert_eq!(time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(time(1_798_761_600_000), "2027-01-01 00:00:00 UTC");
+        assert_eq!(time(951_782_400_000 + 3_723_000), "2000-02-29 01:02:03 UTC");
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(3_500), "3.4 KiB");
+        assert_eq!(short("0123456789abcdef"), "0123456789");
+        assert_eq!(short("abc"), "abc");
+    }
+}

@@ -1,0 +1,120 @@
+//! The status page (`--http ADDR`): a read-only, server-rendered view of what the daemon keeps
+//! under its state folder (repositories, checks, logs, outputs, merge queues, the runner), with
+//! the same data as JSON under `/api/`. Pages are maud templates, so every value is escaped;
+//! the only script is the live log's, which streams the masked log over Server-Sent Events.
+//!
+//! It reads only through [`view::View`]; it never writes, and serves no file but a check's
+//! masked log and the outputs its record lists.
+
+mod api;
+mod auth;
+mod format;
+mod live;
+pub mod outputs;
+mod pages;
+mod routes;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use axum::http::{HeaderValue, header};
+
+pub use auth::TOKEN_MIN;
+pub use view::{RunnerSummary, View};
+
+/// The variable of the runner's environment (its env file) that holds the token of a public
+/// page.
+pub const TOKEN_VARIABLE: &str = "KNOTLESS_HTTP_TOKEN";
+
+/// The Content-Security-Policy of every page: its own stylesheet and script, images and the
+/// live log's stream from itself, nothing else.
+pub const PAGE_CSP: &str = "default-src 'none'; img-src 'self'; style-src 'self'; script-src 'self'; \
+                            connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// How the page is served.
+#[derive(Debug, Clone)]
+pub struct WebConfig {
+    /// Where it listens (port 0: a free port, logged).
+    pub addr: SocketAddr,
+    /// Whether a non-loopback address is allowed (`--http-public`).
+    pub public: bool,
+    /// The token a public page asks for.
+    pub token: Option<String>,
+}
+
+impl WebConfig {
+    /// Refuses a page that would be open to the network without a token.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !self.addr.ip().is_loopback() && !self.public {
+            bail!(
+                "--http {}: not a loopback address; a status page reachable from the network needs \
+                 --http-public and a token in {TOKEN_VARIABLE} (the env file)",
+                self.addr
+            );
+        }
+        if self.public {
+            match &self.token {
+                None => bail!(
+                    "--http-public needs a token: set {TOKEN_VARIABLE} in the runner's env file \
+                     (at least {TOKEN_MIN} characters, e.g. `openssl rand -hex 32`)"
+                ),
+                Some(token) if token.trim().len() < TOKEN_MIN || token.trim() != token => bail!(
+                    "{TOKEN_VARIABLE} is too short or has spaces around it: give at least \
+                     {TOKEN_MIN} characters (e.g. `openssl rand -hex 32`)"
+                ),
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The shared state of the handlers.
+#[derive(Clone)]
+struct App {
+    view: Arc<View>,
+    auth: Arc<auth::Auth>,
+}
+
+/// Binds the page's address and serves it in the background; returns the bound address (also
+/// logged).
+pub async fn start(config: WebConfig, view: View) -> anyhow::Result<SocketAddr> {
+    config.check()?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("--http {}: cannot listen there", config.addr))?;
+    let addr = listener.local_addr().context("the status page's address")?;
+    let token = if config.public { config.token } else { None };
+    let view = Arc::new(view);
+    // Every repository's records read once now, so that no request pays for the first read.
+    let warming = Arc::clone(&view);
+    tokio::task::spawn_blocking(move || {
+        for repository in warming.repositories() {
+            warming.records(&repository.key);
+        }
+    });
+    let app = App { view, auth: Arc::new(auth::Auth::new(token)) };
+    let router = routes::router(app);
+    tracing::info!(http = %addr, "status page at http://{addr}/");
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!("the status page stopped: {error}");
+        }
+    });
+    Ok(addr)
+}
+
+/// Sets the headers every response carries: no sniffing, no framing, no referrer, and the
+/// page's policy on whatever sets none of its own.
+fn harden(headers: &mut axum::http::HeaderMap) {
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.entry(header::CONTENT_SECURITY_POLICY).or_insert(HeaderValue::from_static(PAGE_CSP));
+    headers.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,443 @@
+//! The pages, as maud templates: every value is escaped by the template, and every name, cause
+//! and log line is also shown with its control characters escaped (`\x1b`), as the terminal
+//! commands show them. No page needs JavaScript; the live log's stream is the one script.
+
+use std::collections::HashMap;
+
+use maud::{DOCTYPE, Markup, html};
+
+use super::format;
+use super::outputs::Kind;
+use super::view::{RepositoryView, RunnerNow};
+use crate::checks::CheckRecord;
+use crate::printable;
+use crate::queue::QueueState;
+
+/// How many commits the repository page lists under "recent commits".
+pub const RECENT_COMMITS: usize = 30;
+
+/// A repository's page address.
+pub fn repository_href(key: &str) -> String {
+    format!("/repositories/{key}")
+}
+
+/// A check's page address.
+pub fn check_href(record: &CheckRecord) -> String {
+    format!("/repositories/{}/checks/{}", record.repository_key, record.run_id)
+}
+
+/// A merge queue's page address (the branch's characters escaped for a URL path).
+pub fn queue_href(key: &str, branch: &str) -> String {
+    format!("/repositories/{key}/queue/{}", path_escape(branch))
+}
+
+/// An output's address.
+pub fn output_href(record: &CheckRecord, path: &str) -> String {
+    format!("{}/outputs/{}", check_href(record), path_escape(path))
+}
+
+/// Percent-escapes all but unreserved characters and `/`.
+pub fn path_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            escaped.push(byte as char);
+        } else {
+            escaped.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    escaped
+}
+
+/// A name as shown: control characters escaped.
+fn name(text: &str) -> String {
+    printable::name(text).into_owned()
+}
+
+/// The frame of every page.
+fn layout(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (name(title)) " · knotless-run" }
+                link rel="stylesheet" href="/static/style.css";
+            }
+            body {
+                header {
+                    nav { a href="/" { "knotless-run" } " " a href="/runner" { "runner" } }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+/// A status by colour and word.
+pub fn status(word: &str) -> Markup {
+    let class = match word {
+        "success" | "passed" | "landed" | "merged" => "ok",
+        "failure" | "error" | "failed" | "ejected" | "timed out" => "bad",
+        "running" | "in batch" | "in-batch" => "live",
+        _ => "idle",
+    };
+    html! { span class={ "status " (class) } { (word) } }
+}
+
+/// A row per check: workflow, status, duration, runner, trust.
+fn checks_table(records: &[&CheckRecord], now_ms: u64) -> Markup {
+    html! {
+        table.checks {
+            thead { tr { th { "workflow" } th { "status" } th { "duration" } th { "runner" } th { "trust" } th { "on" } } }
+            tbody {
+                @for record in records {
+                    tr {
+                        td { a href=(check_href(record)) { (name(&record.workflow)) } }
+                        td { (status(record.status.as_str())) }
+                        td { (format::check_duration(record, now_ms)) }
+                        td { (name(&record.runner_id)) }
+                        td { (format::trust(record)) }
+                        td { (name(&format::target(record))) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Badges for a commit's checks, each linking to its check.
+fn badges(records: &[&CheckRecord]) -> Markup {
+    html! {
+        @if records.is_empty() { span.none { "no checks" } }
+        @for record in records {
+            a.badge href=(check_href(record)) { (name(&record.workflow)) " " (status(record.status.as_str())) }
+            " "
+        }
+    }
+}
+
+/// The latest check of each workflow among `records` (oldest first in, in workflow order out).
+fn latest_per_workflow<'a>(records: &[&'a CheckRecord]) -> Vec<&'a CheckRecord> {
+    let mut latest: Vec<&CheckRecord> = Vec::new();
+    for record in records {
+        match latest.iter_mut().find(|known| known.workflow == record.workflow) {
+            Some(known) => *known = record,
+            None => latest.push(record),
+        }
+    }
+    latest.sort_by(|a, b| a.workflow.cmp(&b.workflow));
+    latest
+}
+
+/// The home page: the runner in a line, and each repository with its branches' checks.
+pub fn index(runner: &RunnerNow, repositories: &[(RepositoryView, Vec<&CheckRecord>)]) -> Markup {
+    let executor = runner.summary.executor.as_ref();
+    layout(
+        "status",
+        html! {
+            h1 { "Runner " (name(&runner.summary.runner_id)) }
+            p {
+                "Executor " (name(&runner.summary.executor_name))
+                @if let Some(executor) = executor { " (" (name(&executor.name)) " " (name(&executor.version)) ")" }
+                ", " (runner.in_flight.len()) " run(s) in flight, " (runner.summary.concurrency) " at once. "
+                a href="/runner" { "More about the runner" } "."
+            }
+            h2 { "Repositories" }
+            @if repositories.is_empty() { p.none { "No repository yet." } }
+            @for (repository, heads) in repositories {
+                section.repository {
+                    h3 { a href=(repository_href(&repository.key)) { (name(repository.url.as_deref().unwrap_or(&repository.key))) } }
+                    table.branches {
+                        @for (branch, commit) in &repository.seen.branches {
+                            @let checks: Vec<&CheckRecord> = heads.iter().copied().filter(|r| &r.target.commit == commit).collect();
+                            tr { td { (name(branch)) } td.commit { (format::short(commit)) } td { (badges(&checks)) } }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A repository: its branches, pulls and recent commits with their checks, and its queues.
+pub fn repository(
+    repository: &RepositoryView,
+    records: &[std::sync::Arc<CheckRecord>],
+    queues: &[String],
+    now_ms: u64,
+) -> Markup {
+    // Each commit's checks (oldest first), and the commits newest first.
+    let mut by_commit: HashMap<&str, Vec<&CheckRecord>> = HashMap::new();
+    let mut by_pull: HashMap<(u64, &str), Vec<&CheckRecord>> = HashMap::new();
+    let mut recent: Vec<&str> = Vec::new();
+    for record in records.iter().rev() {
+        let commit = record.target.commit.as_str();
+        let list = by_commit.entry(commit).or_default();
+        if list.is_empty() && recent.len() < RECENT_COMMITS {
+            recent.push(commit);
+        }
+        list.push(record);
+        if let (Some(number), Some(head)) = (record.target.pull, record.target.head.as_deref()) {
+            by_pull.entry((number, head)).or_default().push(record);
+        }
+    }
+    for list in by_commit.values_mut().chain(by_pull.values_mut()) {
+        list.reverse();
+    }
+    let title = repository.url.as_deref().unwrap_or(&repository.key);
+    let none: Vec<&CheckRecord> = Vec::new();
+    layout(
+        title,
+        html! {
+            h1 { (name(title)) }
+            p.meta {
+                (records.len()) " check(s). "
+                a href={ "/api/repositories/" (repository.key) "/checks" } { "As JSON" } "."
+            }
+            @if !queues.is_empty() {
+                h2 { "Merge queues" }
+                ul { @for branch in queues { li { a href=(queue_href(&repository.key, branch)) { (name(branch)) } } } }
+            }
+            h2 { "Branches" }
+            @if repository.seen.branches.is_empty() { p.none { "None seen yet." } }
+            table.branches {
+                @for (branch, commit) in &repository.seen.branches {
+                    tr {
+                        td { (name(branch)) }
+                        td.commit { (format::short(commit)) }
+                        td { (badges(&latest_per_workflow(by_commit.get(commit.as_str()).unwrap_or(&none)))) }
+                    }
+                }
+            }
+            @if !repository.seen.pulls.is_empty() {
+                h2 { "Pulls" }
+                table.branches {
+                    @for (number, head) in &repository.seen.pulls {
+                        tr {
+                            td { "pull/" (number) }
+                            td.commit { (format::short(head)) }
+                            td { (badges(&latest_per_workflow(by_pull.get(&(*number, head.as_str())).unwrap_or(&none)))) }
+                        }
+                    }
+                }
+            }
+            h2 { "Recent commits" }
+            @if recent.is_empty() { p.none { "No checks yet." } }
+            @for commit in &recent {
+                section.commit {
+                    h3 { span.commit { (format::short(commit)) } }
+                    (checks_table(by_commit.get(commit).unwrap_or(&none), now_ms))
+                }
+            }
+        },
+    )
+}
+
+/// What the check page shows of an output.
+pub struct ShownOutput {
+    /// Its path in the outputs folder.
+    pub path: String,
+    /// Its size.
+    pub bytes: u64,
+    /// How it is shown.
+    pub kind: Kind,
+    /// The start of a text output.
+    pub preview: Option<String>,
+}
+
+/// A check: what it ran on, its steps, cause, outputs and log.
+pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from: Option<u64>, now_ms: u64) -> Markup {
+    let title = format!("{} on {}", record.workflow, format::short(&record.target.commit));
+    let repository = repository_href(&record.repository_key);
+    layout(
+        &title,
+        html! {
+            p.meta { a href=(repository) { (name(&record.repository)) } }
+            h1 { (name(&record.workflow)) " " (status(record.status.as_str())) }
+            @if let Some(cause) = &record.cause { p.cause { "Cause: " (name(cause)) } }
+            table.facts {
+                tr { th { "trust" } td { (format::trust(record)) @if record.trusted { " (trusted: secrets, cache kept)" } @else { " (untrusted: no secrets)" } } }
+                tr { th { "on" } td { (name(&format::target(record))) " " span.commit { (name(&record.target.commit)) } } }
+                @if let Some(head) = &record.target.head { tr { th { "head" } td.commit { (name(head)) } } }
+                tr { th { "ref" } td { (name(&record.target.git_ref)) } }
+                tr { th { "runner" } td { (name(&record.runner_id)) } }
+                tr { th { "run" } td { (name(&record.run_id)) } }
+                tr { th { "queued" } td { (format::time(record.queued_at)) } }
+                @if let Some(at) = record.started_at { tr { th { "started" } td { (format::time(at)) } } }
+                @if let Some(at) = record.finished_at { tr { th { "finished" } td { (format::time(at)) } } }
+                tr { th { "duration" } td { (format::check_duration(record, now_ms)) } }
+            }
+            h2 { "Steps" }
+            @if record.steps.is_empty() {
+                p.none { @if record.status.is_final() { "No step ran." } @else { "Steps are listed when the run ends; its log grows below." } }
+            } @else {
+                table.steps {
+                    thead { tr { th { "step" } th { "status" } th { "exit code" } th { "time" } } }
+                    tbody {
+                        @for step in &record.steps {
+                            tr {
+                                td.step { (name(&step.name)) }
+                                td { (status(step.status.as_str())) }
+                                td { @if let Some(code) = step.exit_code { (code) } @else { "none" } }
+                                td { (format::duration(step.duration_ms)) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !record.caches.is_empty() {
+                h2 { "Caches" }
+                ul { @for cache in &record.caches { li { (name(&cache.path)) ": " @if cache.warm { "warm" } @else { "cold" } ", " (name(&cache.outcome)) } } }
+            }
+            @if !outputs.is_empty() {
+                h2 { "Outputs" }
+                @for output in outputs {
+                    @let href = output_href(record, &output.path);
+                    figure.output {
+                        figcaption { a href=(href) { (name(&output.path)) } " " span.size { (format::size(output.bytes)) } }
+                        @match output.kind {
+                            Kind::Image(_) => { img.output src=(href) alt=(name(&output.path)); }
+                            Kind::Text => { pre.preview { (printable::log(output.preview.as_deref().unwrap_or("").as_bytes())) } }
+                            Kind::Other => { span.none { "download" } }
+                        }
+                    }
+                }
+            }
+            h2 { "Log" }
+            p.meta {
+                a href={ (check_href(record)) "/log" } { "Plain text" } "."
+                @if record.log_truncated { " The log was cut at its cap of 1 MB." }
+            }
+            @match live_from {
+                Some(from) => {
+                    p #live-state { "Running: the log grows below as the run goes (with JavaScript; without it, reload the page)." }
+                    pre #log data-live={ (check_href(record)) "/log/live?from=" (from) } { (log) }
+                    script src="/static/live.js" {}
+                }
+                None => { pre #log { (log) } }
+            }
+        },
+    )
+}
+
+/// A branch's merge queue: its pulls in order with their state and reasons, then its batches.
+pub fn queue(key: &str, queue: &QueueState, checks: &HashMap<&str, &CheckRecord>) -> Markup {
+    let title = format!("merge queue of {}", queue.branch);
+    let check_link = |run_id: &str| match checks.get(run_id) {
+        Some(record) => {
+            html! { a.badge href=(check_href(record)) { (name(&record.workflow)) " " (status(record.status.as_str())) } " " }
+        }
+        None => html! { span.none { (name(run_id)) " (no record)" } " " },
+    };
+    layout(
+        &title,
+        html! {
+            p.meta { a href=(repository_href(key)) { (name(&queue.repository)) } }
+            h1 { "Merge queue of " (name(&queue.branch)) }
+            p.meta { a href={ "/api" (queue_href(key, &queue.branch)) } { "As JSON" } "." }
+            h2 { "Pulls" }
+            @if queue.entries.is_empty() { p.none { "Empty." } }
+            table.queue {
+                thead { tr { th { "pull" } th { "head" } th { "state" } th { "reason" } th { "pre-flights" } th { "batch" } } }
+                tbody {
+                    @for entry in &queue.entries {
+                        tr {
+                            td { "pull/" (entry.number) @if entry.retry { " (retry)" } }
+                            td.commit { (format::short(&entry.head)) }
+                            td { (status(entry.state.as_str())) }
+                            td { @if let Some(reason) = &entry.reason { (name(reason)) } }
+                            td { @for run_id in &entry.preflights { (check_link(run_id)) } }
+                            td.commit { @if let Some(batch) = &entry.batch { (format::short(batch)) } }
+                        }
+                    }
+                }
+            }
+            h2 { "Batches" }
+            @if queue.batches.is_empty() { p.none { "None tried yet." } }
+            table.queue {
+                thead { tr { th { "batch" } th { "base" } th { "pulls" } th { "status" } th { "cause" } th { "checks" } } }
+                tbody {
+                    @for batch in queue.batches.iter().rev() {
+                        tr {
+                            td.commit { (format::short(&batch.commit)) }
+                            td.commit { (format::short(&batch.base)) }
+                            td { @for number in &batch.pulls { "pull/" (number) " " } }
+                            td { (status(&batch.status)) }
+                            td { @if let Some(cause) = &batch.cause { (name(cause)) } }
+                            td { @for run_id in &batch.runs { (check_link(run_id)) } }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// The runner: its executor from the handshake, capabilities, concurrency, runs in flight and
+/// the last orphan sweep.
+pub fn runner(runner: &RunnerNow) -> Markup {
+    let summary = &runner.summary;
+    layout(
+        "runner",
+        html! {
+            h1 { "Runner " (name(&summary.runner_id)) }
+            p.meta { a href="/api/runner" { "As JSON" } "." }
+            table.facts {
+                tr { th { "executor" } td { (name(&summary.executor_name)) } }
+                @if let Some(executor) = &summary.executor {
+                    tr { th { "handshake" } td { (name(&executor.name)) " " (name(&executor.version)) } }
+                }
+                @if let Some(version) = summary.protocol_version { tr { th { "protocol" } td { "version " (version) } } }
+                tr { th { "concurrency" } td { (summary.concurrency) " run(s) at once" } }
+                tr { th { "poll" } td { "every " (summary.poll_seconds) " s" } }
+                tr { th { "pulls" } td { @if summary.pulls { "run" } @else { "not run" } } }
+                tr { th { "merge queues" } td { @if summary.queue { "landed when this runner is the lander" } @else { "not landed" } } }
+                tr { th { "started" } td { (format::time(summary.started_at)) } }
+            }
+            h2 { "Capabilities" }
+            @match &summary.capabilities {
+                Some(capabilities) => {
+                    table.facts {
+                        tr { th { "isolation" } td { (format!("{:?}", capabilities.isolation).to_lowercase()) } }
+                        tr { th { "caches" } td { (yes(capabilities.caches)) } }
+                        tr { th { "secrets" } td { (yes(capabilities.secrets)) } }
+                        tr { th { "outputs" } td { (yes(capabilities.outputs)) } }
+                        tr { th { "images" } td { (yes(capabilities.images)) } }
+                        tr { th { "network policy" } td { (yes(capabilities.network_policy)) } }
+                        tr { th { "sessions" } td { @if let Some(most) = capabilities.max_sessions { "at most " (most) } @else { "no limit" } } }
+                    }
+                }
+                None => { p.none { "The executor's handshake is not known." } }
+            }
+            h2 { "Runs in flight" }
+            @if runner.in_flight.is_empty() { p.none { "None." } }
+            ul {
+                @for (run_id, entry) in &runner.in_flight {
+                    li { a href={ "/repositories/" (entry.repository_key) "/checks/" (run_id) } { (name(run_id)) } " " (status(&entry.status)) }
+                }
+            }
+            h2 { "Last orphan sweep" }
+            @match &runner.last_sweep {
+                Some(sweep) => {
+                    p { (format::time(sweep.at)) ": removed " (sweep.removed.len()) " resource(s)" @if !sweep.failures.is_empty() { ", " (sweep.failures.len()) " failure(s)" } "." }
+                    ul {
+                        @for removed in &sweep.removed { li { (name(removed)) } }
+                        @for failure in &sweep.failures { li.bad { (name(failure)) } }
+                    }
+                }
+                None => { p.none { "None yet." } }
+            }
+        },
+    )
+}
+
+fn yes(value: bool) -> &'static str {
+    if value { "yes" } else { "no" }
+}
+
+/// The page of a request for nothing the runner has.
+pub fn not_found() -> Markup {
+    layout("not found", html! { h1 { "Not found" } p { "Nothing here: " a href="/" { "the repositories" } "." } })
+}

@@ -1,0 +1,385 @@
+//! The status page over a real socket, on a state folder made by hand: what a request may reach
+//! (only what the records name), escaping, headers, the JSON, and the credentials of a public
+//! page.
+
+use std::path::Path;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use super::*;
+use crate::checks::{CheckRecord, CheckStore, CheckTarget};
+use crate::engine::{OutputFile, RunStatus, StepReport, StepStatus};
+
+/// A 1x1 PNG.
+const PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52, 0x00, 0x00, 0x00,
+    0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4, 0x89, 0x00, 0x00, 0x00, 0x0d, 0x49,
+    0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0xf0, 0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d,
+    0x1d, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+
+fn record(key: &str, run_id: &str, outputs: &[&str]) -> CheckRecord {
+    let target = CheckTarget {
+        event: "push".into(),
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        git_ref: "refs/heads/main".into(),
+        pull: None,
+        head: None,
+        base: None,
+    };
+    let mut record = CheckRecord::queued(run_id.into(), ("/srv/repo", key), "build", &target, true, "me");
+    record.status = RunStatus::Success;
+    record.steps = vec![
+        StepReport {
+            name: "<script>alert(1)</script>".into(),
+            status: StepStatus::Success,
+            exit_code: Some(0),
+            duration_ms: 5,
+        },
+        StepReport { name: "red \u{1b}[31m".into(), status: StepStatus::Failure, exit_code: Some(3), duration_ms: 7 },
+    ];
+    record.outputs = outputs.iter().map(|path| OutputFile { path: path.to_string(), bytes: 1, image: false }).collect();
+    record
+}
+
+/// `<state>` with two repositories (`repo-a` with run `run-a` and its outputs, `repo-b` with
+/// `run-b`), the secrets key, `state.json` and a merge queue.
+fn state_folder(state: &Path) {
+    let store = CheckStore::new(state);
+    store
+        .put(&record(
+            "repo-a",
+            "run-a",
+            &["plot.png", "notes.txt", "pic.svg", "link", "up/secrets-key.json", "d/a b#?%.txt"],
+        ))
+        .expect("put");
+    store.put_log("repo-a", "run-a", "[s] out \u{1b}[2J <b>bold</b>\n==> success\n").expect("log");
+    store.put(&record("repo-b", "run-b", &["plot.png"])).expect("put");
+    let outputs = state.join("outputs/repo-a/run-a");
+    std::fs::create_dir_all(&outputs).expect("mkdir");
+    std::fs::write(outputs.join("plot.png"), PNG).expect("write");
+    std::fs::write(outputs.join("notes.txt"), "<i>note</i>\n").expect("write");
+    std::fs::write(outputs.join("pic.svg"), "<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>")
+        .expect("write");
+    std::fs::write(outputs.join("unlisted.txt"), "not in the record").expect("write");
+    std::fs::create_dir_all(outputs.join("d")).expect("mkdir");
+    std::fs::write(outputs.join("d/a b#?%.txt"), "odd name").expect("write");
+    std::fs::write(state.join("secrets-key.json"), "SECRET-KEY").expect("write");
+    std::os::unix::fs::symlink(state.join("secrets-key.json"), outputs.join("link")).expect("symlink");
+    std::os::unix::fs::symlink(state, outputs.join("up")).expect("symlink");
+    std::fs::create_dir_all(state.join("outputs/repo-b/run-b")).expect("mkdir");
+    std::fs::write(state.join("outputs/repo-b/run-b/plot.png"), PNG).expect("write");
+    std::fs::write(
+        state.join("state.json"),
+        r#"{"repositories": {"repo-a": {"url": "/srv/repo", "seen": {"branches": {"main": "0123456789abcdef0123456789abcdef01234567"}, "pulls": {}}}}}"#,
+    )
+    .expect("state.json");
+    let ejected = crate::queue::Entry {
+        number: 7,
+        head: "feedfacefeedfacefeedfacefeedfacefeedface".into(),
+        state: crate::queue::EntryState::Ejected,
+        reason: Some("pre-flight <script>x</script> failed \u{1b}[31m".into()),
+        preflights: vec!["run-a".into()],
+        batch: None,
+        queued_at: 0,
+        dequeued: true,
+        retry: false,
+    };
+    let batch = crate::queue::BatchRecord {
+        commit: "badbadbadbadbadbadbadbadbadbadbadbadbadb".into(),
+        base: "0123456789abcdef0123456789abcdef01234567".into(),
+        pulls: vec![7, 8],
+        status: "failed".into(),
+        runs: vec!["run-a".into(), "run-gone".into()],
+        cause: Some("build failed".into()),
+    };
+    let queue = crate::queue::QueueState {
+        repository: "/srv/repo".into(),
+        branch: "release/1".into(),
+        entries: vec![ejected],
+        batches: vec![batch],
+    };
+    crate::queue::QueueStore::new(state).save("repo-a", &queue).expect("queue");
+}
+
+fn summary() -> RunnerSummary {
+    RunnerSummary {
+        runner_id: "me".into(),
+        executor_name: "fake".into(),
+        executor: None,
+        protocol_version: Some(1),
+        capabilities: None,
+        concurrency: 2,
+        poll_seconds: 60,
+        pulls: false,
+        queue: false,
+        started_at: 0,
+    }
+}
+
+/// A response: its status, its headers (lowercase names) and its body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
+    }
+}
+
+/// Sends `request_line` (method and path, sent as given: no client normalizes it) with
+/// `headers`, and reads the whole answer.
+async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("Content-Length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).await.expect("read");
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head");
+    let mut lines = head.lines();
+    let status =
+        lines.next().and_then(|line| line.split(' ').nth(1)).and_then(|code| code.parse().ok()).expect("a status");
+    let headers = lines
+        .filter_map(|line| line.split_once(": "))
+        .map(|(name, value)| (name.to_ascii_lowercase(), value.to_string()))
+        .collect();
+    Answer { status, headers, body: body.to_string() }
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Answer {
+    send(addr, "GET", path, &[]).await
+}
+
+async fn serve(state: &Path, public: bool, token: Option<&str>) -> SocketAddr {
+    let config = WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public, token: token.map(str::to_string) };
+    start(config, View::new(state, summary())).await.expect("start")
+}
+
+#[tokio::test]
+async fn only_what_a_check_record_names_is_served_and_everything_else_is_404() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let addr = serve(dir.path(), false, None).await;
+    let png = get(addr, "/repositories/repo-a/checks/run-a/outputs/plot.png").await;
+    assert_eq!(png.status, 200);
+    assert_eq!(png.header("content-type"), Some("image/png"));
+    let out = "/repositories/repo-a/checks/run-a/outputs";
+    let refused = [
+        format!("{out}/../../../secrets-key.json"),
+        format!("{out}/%2e%2e/%2e%2e/%2e%2e/secrets-key.json"),
+        format!("{out}/..%2F..%2F..%2Fsecrets-key.json"),
+        format!("{out}//etc/passwd"),
+        format!("{out}/%2Fetc%2Fpasswd"),
+        format!("{out}/link"),
+        format!("{out}/up/secrets-key.json"),
+        format!("{out}/unlisted.txt"),
+        format!("{out}/"),
+        "/repositories/repo-a/checks/run-b".into(),
+        "/repositories/repo-a/checks/run-b/log".into(),
+        "/repositories/repo-a/checks/run-b/log/live".into(),
+        "/repositories/repo-a/checks/run-b/outputs/plot.png".into(),
+        "/api/repositories/repo-a/checks/run-b".into(),
+        "/repositories/repo-a/checks/..%2F..%2Frepo-b%2Frun-b".into(),
+        "/repositories/repo-a/checks/run-a.json".into(),
+        "/repositories/..%2Fsecrets-key.json".into(),
+        "/repositories/../secrets-key.json".into(),
+        "/repositories/%2Fetc/checks/passwd".into(),
+        "/repositories/repo-a/queue/..%2F..%2Fstate".into(),
+        "/api/repositories/repo-a/queue/../../state".into(),
+        "/secrets-key.json".into(),
+        "/state.json".into(),
+        "/static/../secrets-key.json".into(),
+        "/api/../secrets-key.json".into(),
+        "/api/repositories/nope/checks".into(),
+    ];
+    for path in &refused {
+        let answer = get(addr, path).await;
+        assert_eq!(answer.status, 404, "{path}: {}", answer.body);
+        assert!(!answer.body.contains("SECRET-KEY"), "{path}");
+    }
+    // The same run through its own repository is there.
+    assert_eq!(get(addr, "/repositories/repo-b/checks/run-b").await.status, 200);
+}
+
+#[tokio::test]
+async fn names_logs_and_outputs_show_as_text_and_svg_is_sandboxed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let addr = serve(dir.path(), false, None).await;
+    let page = get(addr, "/repositories/repo-a/checks/run-a").await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{}", page.body);
+    assert!(!page.body.contains("<script>alert"), "{}", page.body);
+    assert!(!page.body.contains('\u{1b}'), "a raw escape reached the page");
+    assert!(
+        page.body.contains("red \\x1b[31m") && page.body.contains("out \\x1b[2J &lt;b&gt;bold&lt;/b&gt;"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("&lt;i&gt;note&lt;/i&gt;"), "a text output is previewed: {}", page.body);
+    assert!(page.body.contains(r#"<img class="output" src="/repositories/repo-a/checks/run-a/outputs/plot.png""#));
+    assert!(!page.body.contains("<script src"), "a finished check's page has no script");
+    assert_eq!(page.header("content-security-policy"), Some(PAGE_CSP));
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+    let svg = get(addr, "/repositories/repo-a/checks/run-a/outputs/pic.svg").await;
+    assert_eq!(svg.status, 200);
+    assert_eq!(svg.header("content-type"), Some("image/svg+xml"));
+    assert_eq!(svg.header("content-security-policy"), Some(outputs::OUTPUT_CSP));
+    assert_eq!(svg.header("x-content-type-options"), Some("nosniff"));
+    let text = get(addr, "/repositories/repo-a/checks/run-a/outputs/notes.txt").await;
+    assert_eq!(text.header("content-type"), Some("application/octet-stream"));
+    assert_eq!(text.header("content-disposition"), Some("attachment; filename*=UTF-8''notes.txt"));
+    let odd = "/repositories/repo-a/checks/run-a/outputs/d/a%20b%23%3F%25.txt";
+    assert!(page.body.contains(&format!(r#"href="{odd}""#)), "{}", page.body);
+    let served = get(addr, odd).await;
+    assert_eq!((served.status, served.body.as_str()), (200, "odd name"));
+    assert_eq!(served.header("content-disposition"), Some("attachment; filename*=UTF-8''a%20b%23%3F%25.txt"));
+    let log = get(addr, "/repositories/repo-a/checks/run-a/log").await;
+    assert_eq!(log.header("content-type"), Some("text/plain; charset=utf-8"));
+    assert!(log.body.contains("out \\x1b[2J <b>bold</b>"), "{}", log.body);
+    let queue = get(addr, "/repositories/repo-a/queue/release%2F1").await;
+    assert_eq!(queue.status, 200, "{}", queue.body);
+    assert!(queue.body.contains("pre-flight &lt;script&gt;x&lt;/script&gt; failed \\x1b[31m"), "{}", queue.body);
+    assert!(queue.body.contains(r#"href="/repositories/repo-a/checks/run-a""#), "{}", queue.body);
+    assert!(queue.body.contains("run-gone (no record)") && queue.body.contains("build failed"), "{}", queue.body);
+    let repository = get(addr, "/repositories/repo-a").await;
+    assert!(repository.body.contains(r#"href="/repositories/repo-a/queue/release/1""#), "{}", repository.body);
+    for path in ["/", "/runner", "/repositories/repo-a", "/repositories/repo-a/queue/release/1"] {
+        let answer = get(addr, path).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+    }
+}
+
+#[tokio::test]
+async fn the_api_gives_the_records_checks_json_prints() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let addr = serve(dir.path(), false, None).await;
+    let records = CheckStore::new(dir.path()).list("repo-a").expect("list");
+    let printed = format!("{}\n", serde_json::to_string_pretty(&records).expect("json"));
+    let answer = get(addr, "/api/repositories/repo-a/checks").await;
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    assert_eq!(answer.body, printed);
+    let one = get(addr, "/api/repositories/repo-a/checks/run-a").await;
+    assert_eq!(serde_json::from_str::<CheckRecord>(&one.body).expect("a record"), records[0]);
+    let runner: serde_json::Value = serde_json::from_str(&get(addr, "/api/runner").await.body).expect("json");
+    assert_eq!(runner["runner_id"], "me");
+    let queue: serde_json::Value =
+        serde_json::from_str(&get(addr, "/api/repositories/repo-a/queue/release/1").await.body).expect("json");
+    assert_eq!(queue["entries"][0]["reason"], "pre-flight <script>x</script> failed \u{1b}[31m");
+}
+
+#[tokio::test]
+async fn a_public_page_asks_for_the_token_or_a_session_from_a_one_time_link() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let token = "0123456789abcdef0123456789abcdef";
+    let addr = serve(dir.path(), true, Some(token)).await;
+    let bearer = format!("Bearer {token}");
+    assert_eq!(get(addr, "/").await.status, 401);
+    assert_eq!(get(addr, "/api/repositories/repo-a/checks").await.status, 401);
+    assert_eq!(send(addr, "GET", "/", &[("Authorization", "Bearer wrong")]).await.status, 401);
+    assert_eq!(send(addr, "GET", "/", &[("Authorization", &bearer)]).await.status, 200);
+    assert_eq!(send(addr, "POST", "/login-link", &[]).await.status, 401);
+    let link = send(addr, "POST", "/login-link", &[("Authorization", &bearer)]).await;
+    assert_eq!(link.status, 200);
+    let path = link.body.trim().to_string();
+    assert!(path.starts_with("/login/"), "{path}");
+    let opened = get(addr, &path).await;
+    assert_eq!(opened.status, 303);
+    let cookie = opened.header("set-cookie").expect("a cookie").split(';').next().expect("name=value").to_string();
+    assert!(
+        opened
+            .header("set-cookie")
+            .is_some_and(|value| value.contains("HttpOnly") && value.contains("SameSite=Strict"))
+    );
+    assert_eq!(send(addr, "GET", "/", &[("Cookie", &cookie)]).await.status, 200);
+    assert_eq!(get(addr, &path).await.status, 404, "a link opens once");
+}
+
+#[test]
+fn a_page_open_to_the_network_needs_public_and_a_token() {
+    let config = |addr: &str, public: bool, token: Option<&str>| WebConfig {
+        addr: addr.parse().expect("addr"),
+        public,
+        token: token.map(str::to_string),
+    };
+    let token = "0123456789abcdef0123456789abcdef";
+    for (addr, public, token, allowed) in [
+        ("127.0.0.1:0", false, None, true),
+        ("[::1]:8080", false, None, true),
+        ("0.0.0.0:8080", false, None, false),
+        ("[::]:8080", false, Some(token), false),
+        ("192.0.2.1:8080", false, Some(token), false),
+        ("0.0.0.0:8080", true, None, false),
+        ("0.0.0.0:8080", true, Some("short"), false),
+        ("0.0.0.0:8080", true, Some(token), true),
+    ] {
+        let checked = config(addr, public, token).check();
+        assert_eq!(checked.is_ok(), allowed, "{addr} public={public} token={token:?}: {checked:?}");
+    }
+}
+
+/// Reads from `stream` until what was read contains `needle` (or the deadline passes).
+async fn read_until(stream: &mut tokio::net::TcpStream, read: &mut String, needle: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut buffer = [0u8; 4096];
+    while !read.contains(needle) {
+        let left = deadline.checked_duration_since(std::time::Instant::now()).expect("in time");
+        let count = tokio::time::timeout(left, stream.read(&mut buffer)).await.expect("in time").expect("read");
+        assert!(count > 0, "the stream closed before {needle:?}: {read}");
+        read.push_str(&String::from_utf8_lossy(&buffer[..count]));
+    }
+}
+
+async fn open_stream(addr: SocketAddr, path: &str, last_event: Option<&str>) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let resume = last_event.map(|id| format!("Last-Event-ID: {id}\r\n")).unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{resume}\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    stream
+}
+
+#[tokio::test]
+async fn the_live_log_streams_whole_lines_as_they_come_and_ends_with_the_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let store = CheckStore::new(dir.path());
+    let mut running = record("repo-a", "run-live", &[]);
+    running.status = RunStatus::Running;
+    running.steps.clear();
+    store.put(&running).expect("put");
+    let log = store.log_path("repo-a", "run-live");
+    std::fs::write(&log, "[s] one\n[s] tw").expect("log");
+    let addr = serve(dir.path(), false, None).await;
+    let page = get(addr, "/repositories/repo-a/checks/run-live").await;
+    assert!(page.body.contains(r#"data-live="/repositories/repo-a/checks/run-live/log/live?from=8""#), "{}", page.body);
+    assert!(page.body.contains(r#"<script src="/static/live.js">"#), "{}", page.body);
+    let path = "/repositories/repo-a/checks/run-live/log/live?from=0";
+    let mut stream = open_stream(addr, path, None).await;
+    let mut read = String::new();
+    read_until(&mut stream, &mut read, "\"[s] one\\n\"").await;
+    assert!(read.contains("content-type: text/event-stream") && read.contains("id: 8"), "{read}");
+    assert!(!read.contains("tw"), "only whole lines: {read}");
+    std::fs::write(&log, "[s] one\n[s] two \u{1b}[1m<b>\n").expect("log");
+    read_until(&mut stream, &mut read, "\"[s] two \\\\x1b[1m<b>\\n\"").await;
+    running.status = RunStatus::Success;
+    store.put_log("repo-a", "run-live", "[s] one\n[s] two \u{1b}[1m<b>\n==> success\n").expect("log");
+    store.put(&running).expect("put");
+    read_until(&mut stream, &mut read, "event: end").await;
+    read_until(&mut stream, &mut read, "\"success\"").await;
+    assert!(read.contains("\"==> success\\n\""), "{read}");
+    // A browser that reconnects goes on from the last event it had.
+    let mut resumed = open_stream(addr, path, Some("8")).await;
+    let mut again = String::new();
+    read_until(&mut resumed, &mut again, "event: end").await;
+    assert!(!again.contains("[s] one") && again.contains("[s] two"), "{again}");
+}
