@@ -177,7 +177,7 @@ fn the_fake_executor_ledger_is_empty_once_the_queue_is_idle() {
     let work_option = format!("work-dir={}", dir.path().join("fake-work").display());
     let args = [
         vec!["--executor-plugin", fake.as_str(), "--executor-option", ledger_option.as_str()],
-        vec!["--executor-option", work_option.as_str(), "--runner-id", "e2e-q-fake", "--queue"],
+        vec!["--executor-option", work_option.as_str(), "--runner-id", "e2e-q-fake", "--queue", "--force-shell"],
         vec!["--poll", "3600", "--disk-floor", "0", url.as_str()],
     ]
     .concat();
