@@ -155,6 +155,16 @@ mod tests {
     }
 
     #[test]
+    fn every_enum_flag_lists_its_values_in_help() {
+        let mut command = Cli::command();
+        let run = command.find_subcommand_mut("run").expect("run");
+        let help = run.render_long_help().to_string();
+        for values in ["[possible values: push, pull, queue]", "auto:", "always:", "never:"] {
+            assert!(help.contains(values), "run --help lacks {values:?}:\n{help}");
+        }
+    }
+
+    #[test]
     fn the_reference_names_no_flag_the_help_lacks() {
         let reference = include_str!("../../../docs/reference/cli.md");
         let mut all = Vec::new();

@@ -33,6 +33,8 @@ fn a_push_gives_one_check_per_workflow_and_notify_starts_it_at_once() {
     assert_eq!(by_workflow(&checks, "pass")["status"], "success");
     let listing = String::from_utf8_lossy(&runner.command(&["checks", &repo.url(), &second]).stdout).into_owned();
     assert!(listing.contains("pass") && listing.contains("exit 3"), "{listing}");
+    // Steps read as run's summary reads them, not as Rust names them.
+    assert!(listing.contains("step bad: failure, exit 3") && listing.contains("step never: skipped"), "{listing}");
     let log = runner.run_log(pass_run(&checks));
     assert!(log.contains("pass/two | two"), "{log}");
 }
