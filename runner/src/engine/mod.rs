@@ -306,7 +306,7 @@ async fn in_session(
     let mut scripts = Vec::with_capacity(workflow.steps.len());
     for (index, step) in workflow.steps.iter().enumerate() {
         match (&step.run, &step.uses) {
-            (Some(script), _) => scripts.push(script.clone()),
+            (Some(script), _) => scripts.push(step_script(step, script)),
             (None, Some(shared)) => {
                 let folder = format!(".knotless/steps/{shared}");
                 if !plan.checkout.has_folder(&folder).await {
@@ -329,7 +329,7 @@ async fn in_session(
                     Some(failure) => packed(failure),
                     None => Ended::from_host(&format!("cannot upload shared step {shared}"), &error),
                 })?;
-                scripts.push(format!("exec '{target}/run'"));
+                scripts.push(step_script(step, &format!("exec '{target}/run'")));
             }
             (None, None) => {
                 return Err(Ended {
@@ -408,6 +408,12 @@ async fn in_session(
                 }
                 if result.exit_code == 0 {
                     report.status = StepStatus::Success;
+                } else if step.continue_on_error {
+                    report.status = StepStatus::Failure;
+                    log.note(format!(
+                        "step {} exited with {}; the run goes on (continue-on-error)",
+                        step.name, result.exit_code
+                    ));
                 } else {
                     report.status = StepStatus::Failure;
                     return Err(Ended {
@@ -431,11 +437,34 @@ async fn in_session(
                     StepStatus::Cancelled => format!("cancelled during step {}", step.name),
                     _ => format!("step {}: {error}", step.name),
                 };
+                if step.continue_on_error && run_status == RunStatus::Failure {
+                    // A step that failed or passed its own timeout; the run's own deadline is
+                    // checked before the next step.
+                    log.note(format!("{cause}; the run goes on (continue-on-error)"));
+                    continue;
+                }
                 return Err(Ended { status: run_status, cause });
             }
         }
     }
     Ok(())
+}
+
+/// What the executor runs for `step`, whose own command is `command` (a `run` script, or the
+/// `exec` of a shared step): in its working directory, under its shell.
+fn step_script(step: &crate::workflow::Step, command: &str) -> String {
+    use knotless_protocol::sdk::payload::quote;
+    let mut script = String::new();
+    if let Some(dir) = &step.working_directory {
+        script.push_str(&format!("cd -- {} || exit 1\n", quote(dir)));
+    }
+    match step.shell {
+        crate::workflow::Shell::Sh => script.push_str(command),
+        crate::workflow::Shell::Bash => {
+            script.push_str(&format!("exec bash --noprofile --norc -eo pipefail -c {} bash\n", quote(command)));
+        }
+    }
+    script
 }
 
 async fn fetch_outputs(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) -> Result<Vec<OutputFile>, Ended> {

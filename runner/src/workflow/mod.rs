@@ -81,6 +81,24 @@ pub struct Step {
     pub secrets: Vec<String>,
     /// Non-secret variables for this step, over the workflow's `env`.
     pub env: BTreeMap<String, String>,
+    /// Whether the run goes on when this step fails or times out (`continue-on-error`); the
+    /// step is still reported as failed.
+    pub continue_on_error: bool,
+    /// The folder of the checkout the step runs in (`working-directory`, the step's or else
+    /// the workflow's), relative to the work folder; `None` is the work folder.
+    pub working_directory: Option<String>,
+    /// The shell that runs `run` (`shell`).
+    pub shell: Shell,
+}
+
+/// The shell of a `run` script.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Shell {
+    /// POSIX `sh -e`, the default.
+    #[default]
+    Sh,
+    /// `bash --noprofile --norc -eo pipefail`, as GitHub Actions runs `shell: bash`.
+    Bash,
 }
 
 /// Resource requests for executors that schedule (Kubernetes quantity strings).

@@ -11,7 +11,7 @@ use serde_saphyr::{Location, Spanned};
 use super::duration::{DURATION_HINT, parse_duration};
 use super::locate::{PathIndex, Position, yaml_error};
 use super::{
-    BranchFilter, DEFAULT_TIMEOUT, Event, QueuePhase, RESERVED_PREFIX, Resources, Step, Triggers, Workflow,
+    BranchFilter, DEFAULT_TIMEOUT, Event, QueuePhase, RESERVED_PREFIX, Resources, Shell, Step, Triggers, Workflow,
     WorkflowError, first_duplicate, is_variable_name,
 };
 
@@ -119,6 +119,8 @@ struct WorkflowRaw {
     runners: Option<Vec<Spanned<String>>>,
     queue: Option<QueuePhase>,
     network: Option<Spanned<StrictBool>>,
+    #[serde(rename = "working-directory")]
+    working_directory: Option<Spanned<String>>,
     steps: Option<Spanned<Vec<Spanned<StepRaw>>>>,
 }
 
@@ -131,6 +133,11 @@ struct StepRaw {
     timeout: Option<Spanned<DurationRaw>>,
     secrets: Option<Vec<Spanned<String>>>,
     env: Option<EnvRaw>,
+    #[serde(rename = "continue-on-error")]
+    continue_on_error: Option<Spanned<StrictBool>>,
+    #[serde(rename = "working-directory")]
+    working_directory: Option<Spanned<String>>,
+    shell: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -310,6 +317,10 @@ impl Check<'_> {
         for (index, runner) in runners.iter().enumerate() {
             self.not_blank(runner, root, &format!("runners[{index}]"))?;
         }
+        let working_directory = match &raw.working_directory {
+            Some(dir) => Some(self.working_directory(dir, root, "working-directory")?),
+            None => None,
+        };
         let Some(steps_raw) = raw.steps else {
             return Err(at_position(self.file, root, "", "missing field `steps`"));
         };
@@ -326,7 +337,11 @@ impl Check<'_> {
                 let message = format!("duplicate step name {:?}", step.value.name.value);
                 return Err(self.at(&step.value.name, step_at, &format!("{path}.name"), &message));
             }
-            steps.push(self.step(step.value, step_at, &path)?);
+            let mut step = self.step(step.value, step_at, &path)?;
+            if step.working_directory.is_none() {
+                step.working_directory = working_directory.clone();
+            }
+            steps.push(step);
         }
         Ok(Workflow {
             name: name.to_string(),
@@ -369,6 +384,29 @@ impl Check<'_> {
             let message = format!("secret {:?} is listed twice", secrets[index].value);
             return Err(self.at(&secrets[index], at, &format!("{path}.secrets[{index}]"), &message));
         }
+        let continue_on_error = match &raw.continue_on_error {
+            Some(value) => self.boolean(value, at, &format!("{path}.continue-on-error"))?,
+            None => false,
+        };
+        let working_directory = match &raw.working_directory {
+            Some(dir) => Some(self.working_directory(dir, at, &format!("{path}.working-directory"))?),
+            None => None,
+        };
+        let shell = match &raw.shell {
+            None => Shell::Sh,
+            Some(shell) => match shell.value.as_str() {
+                "sh" => Shell::Sh,
+                "bash" => Shell::Bash,
+                other => {
+                    let message = format!("unknown shell {other:?}, expected sh or bash");
+                    return Err(self.at(shell, at, &format!("{path}.shell"), &message));
+                }
+            },
+        };
+        if let (Some(shell_at), Some(_)) = (&raw.shell, &raw.uses) {
+            let message = "a shared step runs its own `run` program: `shell` is for `run` scripts";
+            return Err(self.at(shell_at, at, &format!("{path}.shell"), message));
+        }
         Ok(Step {
             name: raw.name.value,
             run: raw.run.map(|run| run.value),
@@ -376,6 +414,9 @@ impl Check<'_> {
             timeout,
             secrets: secrets.into_iter().map(|secret| secret.value).collect(),
             env: self.env(raw.env, at, &format!("{path}.env"))?,
+            continue_on_error,
+            working_directory,
+            shell,
         })
     }
 
@@ -485,6 +526,30 @@ impl Check<'_> {
             return Err(self.at(path_text, fallback, path, &message));
         }
         Ok(())
+    }
+
+    /// A folder of the checkout: relative, without `..`, `.` or empty parts, and printable.
+    fn working_directory(
+        &self,
+        dir: &Spanned<String>,
+        fallback: Position,
+        path: &str,
+    ) -> Result<String, WorkflowError> {
+        self.not_blank(dir, fallback, path)?;
+        let text = dir.value.trim_end_matches('/');
+        let bad = if text.starts_with('/') {
+            Some("must be relative to the work folder")
+        } else if text.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
+            Some("must not hold `..`, `.` or empty parts")
+        } else if text.chars().any(char::is_control) {
+            Some("must not hold control characters")
+        } else {
+            None
+        };
+        match bad {
+            Some(why) => Err(self.at(dir, fallback, path, &format!("{:?} {why}", dir.value))),
+            None => Ok(text.to_string()),
+        }
     }
 
     fn shared_step_name(&self, uses: &Spanned<String>, fallback: Position, path: &str) -> Result<(), WorkflowError> {

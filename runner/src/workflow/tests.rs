@@ -37,6 +37,7 @@ cache: [target, /cache]
 runners: [did:plc:abc]
 queue: first
 network: true
+working-directory: app
 steps:
   - name: build
     run: |
@@ -45,8 +46,11 @@ steps:
     timeout: 10m
     secrets: [DEPLOY_TOKEN]
     env: { PROFILE: release }
+    shell: bash
+    continue-on-error: true
   - name: lint
     uses: lint-shell
+    working-directory: tools/lint/
 "#;
 
 #[test]
@@ -79,6 +83,9 @@ fn reads_every_field() {
                 timeout: Some(Duration::from_secs(600)),
                 secrets: vec!["DEPLOY_TOKEN".to_string()],
                 env: map(&[("PROFILE", "release")]),
+                continue_on_error: true,
+                working_directory: Some("app".to_string()),
+                shell: Shell::Bash,
             },
             Step {
                 name: "lint".to_string(),
@@ -87,6 +94,9 @@ fn reads_every_field() {
                 timeout: None,
                 secrets: vec![],
                 env: BTreeMap::new(),
+                continue_on_error: false,
+                working_directory: Some("tools/lint".to_string()),
+                shell: Shell::Sh,
             },
         ],
     };
@@ -177,14 +187,14 @@ fn yaml_errors_name_line_column_and_field() {
     );
     check(
         "steps:\n  - name: a\n    run: x\n    tmeout: 5s\n",
-        "4:5: steps[0].tmeout: unknown field `tmeout`, expected one of name, run, uses, timeout, secrets, env",
+        "4:5: steps[0].tmeout: unknown field `tmeout`, expected one of name, run, uses, timeout, secrets, env, continue-on-error, working-directory, shell",
     );
     check("steps:\n  - run: a\n", "2:5: steps[0]: missing field `name`");
     check("steps:\n  - name: [a]\n    run: x\n", "2:11: steps[0].name: expected string scalar");
     check("steps: [\n", "1:8: unclosed bracket '['");
     check(
         "stepz: []\n",
-        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, steps",
+        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, steps",
     );
     check(
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
@@ -435,15 +445,15 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     // Only at the top level, and only with the prefix: anything else is still refused, located.
     check(
         "x-ok: 1\nX-no: 1\nsteps:\n  - {name: a, run: x}\n",
-        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, steps",
+        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, steps",
     );
     check(
         "x-ok: 1\nsteps:\n  - name: a\n    run: x\n    x-note: y\n",
-        "5:5: steps[0].x-note: unknown field `x-note`, expected one of name, run, uses, timeout, secrets, env",
+        "5:5: steps[0].x-note: unknown field `x-note`, expected one of name, run, uses, timeout, secrets, env, continue-on-error, working-directory, shell",
     );
     check(
         "x-ok: &a 1\nstepz: []\n",
-        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, steps",
+        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, steps",
     );
     check("x-only: 1\n", "1:1: missing field `steps`");
     // An extension's key is still a key: duplicates are refused, and so is a broken value.
@@ -452,4 +462,57 @@ fn top_level_x_keys_are_extensions_and_skipped() {
         "2:1: x-a: duplicate mapping key `x-a` is not allowed here",
     );
     check("x-a: [\nsteps: []\n", "1:6: unclosed bracket '['");
+}
+
+#[test]
+fn step_shell_working_directory_and_continue_on_error_are_checked_where_written() {
+    let step = |field: &str| format!("steps:\n  - name: a\n    run: echo\n    {field}\n");
+    check(&step("shell: zsh"), "4:12: steps[0].shell: unknown shell \"zsh\", expected sh or bash");
+    check(&step("continue-on-error: yes"), "4:24: steps[0].continue-on-error: expected `true` or `false`, found `yes`");
+    check(
+        &step("working-directory: /etc"),
+        "4:24: steps[0].working-directory: \"/etc\" must be relative to the work folder",
+    );
+    check(
+        &step("working-directory: a/../../b"),
+        "4:24: steps[0].working-directory: \"a/../../b\" must not hold `..`, `.` or empty parts",
+    );
+    check(
+        &step("working-directory: a//b"),
+        "4:24: steps[0].working-directory: \"a//b\" must not hold `..`, `.` or empty parts",
+    );
+    check(
+        &step("working-directory: \"a\\nb\""),
+        "4:24: steps[0].working-directory: \"a\\nb\" must not hold control characters",
+    );
+    check(
+        "working-directory: ..\nsteps:\n  - name: a\n    run: echo\n",
+        "1:20: working-directory: \"..\" must not hold `..`, `.` or empty parts",
+    );
+    check(
+        "steps:\n  - name: a\n    uses: lint\n    shell: bash\n",
+        "4:12: steps[0].shell: a shared step runs its own `run` program: `shell` is for `run` scripts",
+    );
+    // A step's own folder wins over the workflow's.
+    let workflow = parse_ok(
+        "working-directory: app\nsteps:\n  - name: a\n    run: echo\n  - name: b\n    run: echo\n    working-directory: docs\n",
+    );
+    let dirs: Vec<_> = workflow.steps.iter().map(|step| step.working_directory.as_deref()).collect();
+    assert_eq!(dirs, [Some("app"), Some("docs")]);
+}
+
+#[test]
+fn the_references_step_example_parses() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/workflows.md"))
+        .expect("the reference");
+    let start = text.find("```yaml\nsteps:\n  - name: build\n    run: |").expect("the steps example");
+    let body = &text[start + "```yaml\n".len()..];
+    let example = &body[..body.find("```").expect("its end")];
+    let workflow = parse_ok(example);
+    let docs = &workflow.steps[2];
+    assert_eq!((docs.working_directory.as_deref(), docs.shell), (Some("docs"), Shell::Bash));
+    assert!(workflow.steps[3].continue_on_error);
+    let fence = text.find("```yaml\nworking-directory: app\n```").expect("the working-directory example");
+    assert!(fence > 0);
+    parse_ok("working-directory: app\nsteps:\n  - {name: a, run: x}\n");
 }

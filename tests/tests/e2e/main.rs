@@ -24,6 +24,7 @@ mod restarts;
 mod run_command;
 mod secrets;
 mod status_page;
+mod workflow_features;
 
 use std::path::Path;
 

@@ -1,0 +1,114 @@
+//! Step features of the workflow format through `knotless-run run` and the shell executor:
+//! `continue-on-error`, `working-directory` and `shell`.
+
+use knotless_tests::{Repo, knotless_run, ran};
+
+/// `run` of `repo` through the shell executor; nothing may be left in its work folder.
+fn run(repo: &Repo) -> knotless_tests::Ran {
+    let work = tempfile::tempdir().expect("tempdir");
+    let work_dir = format!("work-dir={}", work.path().display());
+    let path = repo.path().display().to_string();
+    let run = ran(knotless_run(&["run", &path, "--executor", "shell", "--executor-option", &work_dir]));
+    let left: Vec<_> = std::fs::read_dir(work.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|runner| std::fs::read_dir(runner.path()).into_iter().flatten().flatten().map(|entry| entry.path()))
+        .collect();
+    assert!(left.is_empty(), "the shell executor left {left:?}\n{}", run.both());
+    run
+}
+
+/// The summary row of a step: `workflow  status  step  exit  time`, split on whitespace.
+fn row(stdout: &str, step: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .skip_while(|line| !line.starts_with("workflow  status"))
+        .map(|line| line.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .find(|cells| cells.get(2).map(String::as_str) == Some(step))
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_step_that_may_fail_is_reported_failed_and_the_run_goes_on() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ci",
+        "steps:\n  - name: audit\n    continue-on-error: true\n    run: echo audit; exit 3\n  - name: slow\n    continue-on-error: true\n    timeout: 1s\n    run: sleep 30\n  - name: test\n    run: echo tested\n",
+    );
+    let passed = run(&repo);
+    assert_eq!(passed.code, Some(0), "{}", passed.both());
+    assert_eq!(row(&passed.stdout, "audit")[1..4], ["failure", "audit", "3"], "{}", passed.both());
+    assert!(passed.stdout.lines().any(|line| line.starts_with("ci        timed out  slow")), "{}", passed.both());
+    assert!(
+        passed.stdout.contains("ci ==> step slow was killed at its timeout of 1s; the run goes on (continue-on-error)"),
+        "{}",
+        passed.both()
+    );
+    assert_eq!(row(&passed.stdout, "test")[1], "success", "{}", passed.both());
+    assert!(
+        passed.stdout.contains("ci ==> step audit exited with 3; the run goes on (continue-on-error)"),
+        "{}",
+        passed.both()
+    );
+    assert!(
+        passed.stdout.contains("ci/test | tested") && passed.stdout.contains("ci: success in"),
+        "{}",
+        passed.both()
+    );
+
+    // Without it, the first failure ends the run.
+    repo.workflow("ci", "steps:\n  - name: audit\n    run: exit 3\n  - name: test\n    run: echo tested\n");
+    let failed = run(&repo);
+    assert_eq!(failed.code, Some(1), "{}", failed.both());
+    assert!(!failed.stdout.contains("ci/test | tested"), "{}", failed.both());
+    assert_eq!(row(&failed.stdout, "test")[1], "skipped", "{}", failed.both());
+}
+
+#[test]
+fn steps_run_in_their_working_directory_and_a_missing_one_fails_its_step() {
+    let repo = Repo::new();
+    repo.write("app/marker", "app\n");
+    repo.write("docs/a dir/marker", "docs\n");
+    repo.write(".knotless/steps/where/run", "#!/bin/sh\npwd\n");
+    std::fs::set_permissions(
+        repo.path().join(".knotless/steps/where/run"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    repo.workflow(
+        "ci",
+        "working-directory: app\nsteps:\n  - name: app\n    run: cat marker\n  - name: docs\n    working-directory: \"docs/a dir\"\n    run: cat marker\n  - name: shared\n    uses: where\n",
+    );
+    let passed = run(&repo);
+    assert_eq!(passed.code, Some(0), "{}", passed.both());
+    assert!(passed.stdout.contains("ci/app | app\n"), "{}", passed.both());
+    assert!(passed.stdout.contains("ci/docs | docs\n"), "{}", passed.both());
+    assert!(
+        passed.stdout.lines().any(|line| line.starts_with("ci/shared | ") && line.ends_with("/work/app")),
+        "{}",
+        passed.both()
+    );
+
+    repo.workflow("ci", "steps:\n  - name: nowhere\n    working-directory: missing\n    run: echo never\n");
+    let failed = run(&repo);
+    assert_eq!(failed.code, Some(1), "{}", failed.both());
+    assert!(!failed.stdout.contains("never"), "{}", failed.both());
+    assert!(failed.stdout.contains("ci/nowhere | ") && failed.stdout.contains("missing"), "{}", failed.both());
+    assert_eq!(row(&failed.stdout, "nowhere")[1], "failure", "{}", failed.both());
+}
+
+#[test]
+fn a_bash_step_fails_on_a_broken_pipe_where_sh_does_not() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ci",
+        "steps:\n  - name: sh\n    run: false | cat; echo sh-goes-on\n  - name: bash-ok\n    shell: bash\n    run: '[[ -n \"$BASH_VERSION\" ]] && echo \"bash $BASH_VERSION\"'\n  - name: bash\n    shell: bash\n    run: false | cat; echo bash-goes-on\n",
+    );
+    let ran = run(&repo);
+    assert_eq!(ran.code, Some(1), "{}", ran.both());
+    assert!(ran.stdout.contains("ci/sh | sh-goes-on"), "{}", ran.both());
+    assert!(ran.stdout.contains("ci/bash-ok | bash "), "{}", ran.both());
+    assert!(!ran.stdout.contains("bash-goes-on"), "pipefail fails the step at the pipe:\n{}", ran.both());
+    assert_eq!(row(&ran.stdout, "bash")[1..4], ["failure", "bash", "1"], "{}", ran.both());
+}
