@@ -292,15 +292,23 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         crate::say_err!("error: {}", printable::name(&error.to_string()));
     }
     if !args.workflows.is_empty() {
+        // A matrix's file stem selects all its combinations; a combination's name, that one.
+        let selects = |workflow: &crate::workflow::Workflow, name: &String| {
+            &workflow.name == name || workflow.base.as_ref() == Some(name)
+        };
         for name in &args.workflows {
-            if !workflows.iter().any(|workflow| &workflow.name == name)
+            if !workflows.iter().any(|workflow| selects(workflow, name))
                 && !errors.iter().any(|error| error.file.contains(name.as_str()))
             {
                 let known: Vec<_> = workflows.iter().map(|workflow| workflow.name.as_str()).collect();
-                bail!("--workflow {name}: no such workflow in .knotless/workflows (there are: {})", known.join(", "));
+                bail!(
+                    "--workflow {}: no such workflow in .knotless/workflows (there are: {})",
+                    printable::name(name),
+                    printable::name(&known.join(", "))
+                );
             }
         }
-        workflows.retain(|workflow| args.workflows.contains(&workflow.name));
+        workflows.retain(|workflow| args.workflows.iter().any(|name| selects(workflow, name)));
     }
     let mut info = info;
     if let Some(branch) = &args.branch {

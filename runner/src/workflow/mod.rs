@@ -56,6 +56,38 @@ pub struct Workflow {
     pub network: bool,
     /// The steps, run in order; the first failing one ends the run.
     pub steps: Vec<Step>,
+    /// The combinations of `matrix:`, each its variables and values in the order written;
+    /// empty without a matrix. [`expand`] makes one workflow of each.
+    pub matrix: Vec<Vec<(String, String)>>,
+    /// For one combination of a matrix: the file's stem (the workflow's name is
+    /// `STEM (VALUE, VALUE)`).
+    pub base: Option<String>,
+}
+
+/// The name of the run of one combination of a matrix: `build (stable, debian)`.
+pub fn matrix_name(base: &str, combination: &[(String, String)]) -> String {
+    let values: Vec<&str> = combination.iter().map(|(_, value)| value.as_str()).collect();
+    format!("{base} ({})", values.join(", "))
+}
+
+/// `workflow` as the workflows it runs as: itself, or one per combination of its matrix, each
+/// named after its values, with its variables in its `env`.
+pub fn expand(workflow: Workflow) -> Vec<Workflow> {
+    if workflow.matrix.is_empty() {
+        return vec![workflow];
+    }
+    let mut template = workflow;
+    let combinations = std::mem::take(&mut template.matrix);
+    combinations
+        .into_iter()
+        .map(|combination| {
+            let mut cell = template.clone();
+            cell.name = matrix_name(&template.name, &combination);
+            cell.base = Some(template.name.clone());
+            cell.env.extend(combination);
+            cell
+        })
+        .collect()
 }
 
 impl Workflow {
@@ -390,14 +422,19 @@ pub fn load_dir(repo_root: &Path) -> (Vec<Workflow>, Vec<WorkflowError>) {
         let display_path = format!("{WORKFLOWS_DIR}/{file_name}");
         match load_file(&path, &display_path) {
             Ok(workflow) => {
-                if let Some(first) = seen.get(&workflow.name) {
+                let cells = expand(workflow);
+                if let Some((cell, first)) =
+                    cells.iter().find_map(|cell| seen.get(&cell.name).map(|first| (&cell.name, first)))
+                {
                     errors.push(WorkflowError::whole_file(
                         &display_path,
-                        format!("workflow {:?} is already defined by {first}", workflow.name),
+                        format!("workflow {cell:?} is already defined by {first}"),
                     ));
                 } else {
-                    seen.insert(workflow.name.clone(), display_path);
-                    workflows.push(workflow);
+                    for cell in cells {
+                        seen.insert(cell.name.clone(), display_path.clone());
+                        workflows.push(cell);
+                    }
                 }
             }
             Err(error) => errors.push(error),

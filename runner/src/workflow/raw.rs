@@ -121,8 +121,48 @@ struct WorkflowRaw {
     network: Option<Spanned<StrictBool>>,
     #[serde(rename = "working-directory")]
     working_directory: Option<Spanned<String>>,
+    matrix: Option<Spanned<MatrixRaw>>,
     steps: Option<Spanned<Vec<Spanned<StepRaw>>>>,
 }
+
+/// `matrix:` as written: variables with their lists of values, in the order written, and the
+/// combinations to add (`include`) and to take out (`exclude`).
+#[derive(Debug, Default)]
+struct MatrixRaw {
+    variables: Vec<(Spanned<String>, Vec<Spanned<String>>)>,
+    include: Vec<EnvRaw>,
+    exclude: Vec<EnvRaw>,
+}
+
+impl<'de> Deserialize<'de> for MatrixRaw {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MatrixVisitor;
+        impl<'de> Visitor<'de> for MatrixVisitor {
+            type Value = MatrixRaw;
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a mapping of variable names to lists of values, with `include` and `exclude`")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MatrixRaw, A::Error> {
+                let mut matrix = MatrixRaw::default();
+                while let Some(name) = map.next_key::<Spanned<String>>()? {
+                    match name.value.as_str() {
+                        "include" => matrix.include = map.next_value()?,
+                        "exclude" => matrix.exclude = map.next_value()?,
+                        _ => {
+                            let values = map.next_value()?;
+                            matrix.variables.push((name, values));
+                        }
+                    }
+                }
+                Ok(matrix)
+            }
+        }
+        deserializer.deserialize_map(MatrixVisitor)
+    }
+}
+
+/// The most combinations one matrix makes.
+const MAX_COMBINATIONS: usize = 64;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -309,6 +349,10 @@ impl Check<'_> {
             None => DEFAULT_TIMEOUT,
         };
         let env = self.env(raw.env, root, "env")?;
+        let matrix = match &raw.matrix {
+            Some(matrix) => self.matrix(name, matrix, &env, root)?,
+            None => Vec::new(),
+        };
         let cache = raw.cache.unwrap_or_default();
         for (index, path) in cache.iter().enumerate() {
             self.cache_path(path, root, &format!("cache[{index}]"))?;
@@ -356,7 +400,145 @@ impl Check<'_> {
             queue: raw.queue,
             network,
             steps,
+            matrix,
+            base: None,
         })
+    }
+
+    /// The combinations of `matrix:`: every choice of one value per variable in the order
+    /// written, without those an `exclude` entry matches, then each `include` entry not already
+    /// there. Each is checked as a workflow name would be.
+    fn matrix(
+        &self,
+        name: &str,
+        raw: &Spanned<MatrixRaw>,
+        env: &BTreeMap<String, String>,
+        root: Position,
+    ) -> Result<Vec<Vec<(String, String)>>, WorkflowError> {
+        let at = Position::of(raw.referenced).unwrap_or(root);
+        let raw = &raw.value;
+        let mut names: Vec<String> = Vec::new();
+        for (variable, values) in &raw.variables {
+            let path = format!("matrix.{}", variable.value);
+            self.variable_name(variable, at, &path, "matrix variable")?;
+            if variable.value == "CI" || env.contains_key(&variable.value) {
+                let message = format!("{} is also set by the workflow's env or the run: name it once", variable.value);
+                return Err(self.at(variable, at, &path, &message));
+            }
+            if values.is_empty() {
+                return Err(self.at(variable, at, &path, "a matrix variable needs at least one value"));
+            }
+            for (index, value) in values.iter().enumerate() {
+                self.matrix_value(value, at, &format!("{path}[{index}]"))?;
+            }
+            if let Some(index) = first_duplicate(values.iter().map(|value| value.value.as_str())) {
+                let message = format!("value {:?} is listed twice", values[index].value);
+                return Err(self.at(&values[index], at, &format!("{path}[{index}]"), &message));
+            }
+            names.push(variable.value.clone());
+        }
+        // Each entry of include and exclude names the variables; include may define them.
+        let entry = |kind: &str,
+                     index: usize,
+                     entry: &EnvRaw,
+                     names: &[String]|
+         -> Result<Vec<(String, String)>, WorkflowError> {
+            let path = format!("matrix.{kind}[{index}]");
+            let mut pairs = Vec::new();
+            for (variable, value) in &entry.0 {
+                let field = format!("{path}.{}", variable.value);
+                self.variable_name(variable, at, &field, "matrix variable")?;
+                if !names.is_empty() && !names.contains(&variable.value) {
+                    let message = format!("{} is not a variable of the matrix ({})", variable.value, names.join(", "));
+                    return Err(self.at(variable, at, &field, &message));
+                }
+                self.matrix_value(value, at, &field)?;
+                pairs.push((variable.value.clone(), value.value.clone()));
+            }
+            Ok(pairs)
+        };
+        let mut combinations: Vec<Vec<(String, String)>> = vec![Vec::new()];
+        for (variable, values) in &raw.variables {
+            combinations = combinations
+                .iter()
+                .flat_map(|combination| {
+                    values.iter().map(move |value| {
+                        let mut next = combination.clone();
+                        next.push((variable.value.clone(), value.value.clone()));
+                        next
+                    })
+                })
+                .take(MAX_COMBINATIONS + 1)
+                .collect();
+        }
+        if raw.variables.is_empty() {
+            combinations.clear();
+        }
+        for (index, exclude) in raw.exclude.iter().enumerate() {
+            let pairs = entry("exclude", index, exclude, &names)?;
+            if pairs.is_empty() {
+                return Err(at_position(
+                    self.file,
+                    at,
+                    &format!("matrix.exclude[{index}]"),
+                    "an empty entry would exclude everything",
+                ));
+            }
+            combinations.retain(|combination| !pairs.iter().all(|pair| combination.contains(pair)));
+        }
+        for (index, include) in raw.include.iter().enumerate() {
+            let mut pairs = entry("include", index, include, &names)?;
+            if names.is_empty() {
+                names = pairs.iter().map(|(variable, _)| variable.clone()).collect();
+                if names.is_empty() {
+                    return Err(at_position(
+                        self.file,
+                        at,
+                        &format!("matrix.include[{index}]"),
+                        "an entry needs variables",
+                    ));
+                }
+            }
+            let given: BTreeSet<&String> = pairs.iter().map(|(variable, _)| variable).collect();
+            if given.len() != names.len() || names.iter().any(|variable| !given.contains(variable)) {
+                let message = format!("an entry gives every variable of the matrix, once: {}", names.join(", "));
+                return Err(at_position(self.file, at, &format!("matrix.include[{index}]"), &message));
+            }
+            pairs.sort_by_key(|(variable, _)| names.iter().position(|name| name == variable));
+            if !combinations.contains(&pairs) {
+                combinations.push(pairs);
+            }
+        }
+        if combinations.is_empty() {
+            return Err(at_position(self.file, at, "matrix", "no combination is left"));
+        }
+        if combinations.len() > MAX_COMBINATIONS {
+            let message = format!("more than {MAX_COMBINATIONS} combinations: split the workflow");
+            return Err(at_position(self.file, at, "matrix", &message));
+        }
+        for combination in &combinations {
+            let cell = super::matrix_name(name, combination);
+            super::check_name(&cell).map_err(|rule| {
+                at_position(
+                    self.file,
+                    at,
+                    "matrix",
+                    &format!("the run {cell:?}: {}", rule.replace("(the file's stem) ", "")),
+                )
+            })?;
+        }
+        Ok(combinations)
+    }
+
+    /// A value of a matrix variable: it names a run, so it is not empty and holds no path
+    /// separator and no control character.
+    fn matrix_value(&self, value: &Spanned<String>, fallback: Position, path: &str) -> Result<(), WorkflowError> {
+        self.not_blank(value, fallback, path)?;
+        if value.value.contains(['/', '\\']) || value.value.chars().any(char::is_control) {
+            let message = format!("value {:?} names a run: no path separator or control character", value.value);
+            return Err(self.at(value, fallback, path, &message));
+        }
+        Ok(())
     }
 
     fn step(&self, raw: StepRaw, at: Position, path: &str) -> Result<Step, WorkflowError> {

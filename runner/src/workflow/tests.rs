@@ -99,6 +99,8 @@ fn reads_every_field() {
                 shell: Shell::Sh,
             },
         ],
+        matrix: Vec::new(),
+        base: None,
     };
     assert_eq!(workflow, expected);
     assert_eq!(workflow.step_timeout(0), Duration::from_secs(600));
@@ -194,7 +196,7 @@ fn yaml_errors_name_line_column_and_field() {
     check("steps: [\n", "1:8: unclosed bracket '['");
     check(
         "stepz: []\n",
-        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, steps",
+        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, steps",
     );
     check(
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
@@ -445,7 +447,7 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     // Only at the top level, and only with the prefix: anything else is still refused, located.
     check(
         "x-ok: 1\nX-no: 1\nsteps:\n  - {name: a, run: x}\n",
-        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, steps",
+        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, steps",
     );
     check(
         "x-ok: 1\nsteps:\n  - name: a\n    run: x\n    x-note: y\n",
@@ -453,7 +455,7 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     );
     check(
         "x-ok: &a 1\nstepz: []\n",
-        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, steps",
+        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, steps",
     );
     check("x-only: 1\n", "1:1: missing field `steps`");
     // An extension's key is still a key: duplicates are refused, and so is a broken value.
@@ -515,4 +517,92 @@ fn the_references_step_example_parses() {
     let fence = text.find("```yaml\nworking-directory: app\n```").expect("the working-directory example");
     assert!(fence > 0);
     parse_ok("working-directory: app\nsteps:\n  - {name: a, run: x}\n");
+}
+
+#[test]
+fn a_matrix_runs_every_combination_named_by_its_values_with_its_variables() {
+    let text = "env: { CARGO_TERM_COLOR: always }\nmatrix:\n  rust: [stable, \"1.80\"]\n  os: [debian, alpine]\n  exclude:\n    - { rust: \"1.80\", os: alpine }\n  include:\n    - { os: debian, rust: nightly }\n    - { rust: stable, os: debian }\nsteps:\n  - name: test\n    run: echo $rust $os\n";
+    let workflow = parse_ok(text);
+    let cells = expand(workflow);
+    let names: Vec<&str> = cells.iter().map(|cell| cell.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["build (stable, debian)", "build (stable, alpine)", "build (1.80, debian)", "build (nightly, debian)"]
+    );
+    let last = &cells[3];
+    assert_eq!(last.base.as_deref(), Some("build"));
+    assert_eq!(last.env.get("rust").map(String::as_str), Some("nightly"));
+    assert_eq!(last.env.get("os").map(String::as_str), Some("debian"));
+    assert_eq!(last.env.get("CARGO_TERM_COLOR").map(String::as_str), Some("always"));
+    assert!(last.matrix.is_empty());
+    // Only includes: they define the variables. Numbers are text as written.
+    let only =
+        expand(parse_ok("matrix:\n  include:\n    - { n: 1 }\n    - { n: 2.50 }\nsteps:\n  - {name: a, run: x}\n"));
+    let names: Vec<&str> = only.iter().map(|cell| cell.name.as_str()).collect();
+    assert_eq!(names, ["build (1)", "build (2.50)"]);
+    // No matrix, one workflow as it was.
+    assert_eq!(expand(parse_ok("steps:\n  - {name: a, run: x}\n")).len(), 1);
+}
+
+#[test]
+fn a_bad_matrix_is_refused_where_it_is_written() {
+    let steps = "steps:\n  - {name: a, run: x}\n";
+    let with = |matrix: &str| format!("matrix:\n{matrix}{steps}");
+    check(&with("  os: []\n"), "2:3: matrix.os: a matrix variable needs at least one value");
+    check(
+        &with("  KNOTLESS_X: [a]\n"),
+        "2:3: matrix.KNOTLESS_X: matrix variable name \"KNOTLESS_X\" is reserved: names starting with KNOTLESS_ are the runner's",
+    );
+    check(
+        &with("  a-b: [x]\n"),
+        "2:3: matrix.a-b: invalid matrix variable name \"a-b\", expected letters, digits and _, not starting with a digit",
+    );
+    check(&with("  os: [debian, debian]\n"), "2:16: matrix.os[1]: value \"debian\" is listed twice");
+    check(
+        &with("  os: [\"a/b\"]\n"),
+        "2:8: matrix.os[0]: value \"a/b\" names a run: no path separator or control character",
+    );
+    check(
+        &with("  os: [\"a\\u001bb\"]\n"),
+        "2:8: matrix.os[0]: value \"a\\u{1b}b\" names a run: no path separator or control character",
+    );
+    check(&with("  os: [a]\n  exclude:\n    - { os: a }\n"), "2:3: matrix: no combination is left");
+    check(
+        &with("  os: [a]\n  exclude:\n    - { arch: a }\n"),
+        "4:9: matrix.exclude[0].arch: arch is not a variable of the matrix (os)",
+    );
+    check(
+        &with("  os: [a]\n  include:\n    - { }\n"),
+        "2:3: matrix.include[0]: an entry gives every variable of the matrix, once: os",
+    );
+    check(
+        &with("  a: [1, 2, 3, 4, 5, 6, 7, 8, 9]\n  b: [1, 2, 3, 4, 5, 6, 7, 8]\n"),
+        "2:3: matrix: more than 64 combinations: split the workflow",
+    );
+    check(
+        &format!("env: {{ os: x }}\n{}", with("  os: [a]\n")),
+        "3:3: matrix.os: os is also set by the workflow's env or the run: name it once",
+    );
+    let long = "x".repeat(130);
+    check(
+        &with(&format!("  os: [{long}]\n")),
+        &format!("2:3: matrix: the run \"build ({long})\": its name is longer than 128 bytes: rename the file"),
+    );
+}
+
+#[test]
+fn the_references_matrix_example_parses_into_the_runs_it_names() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/workflows.md"))
+        .expect("the reference");
+    let start = text.find("```yaml\nmatrix:\n").expect("the matrix example");
+    let body = &text[start + "```yaml\n".len()..];
+    let example = &body[..body.find("```").expect("its end")];
+    let names: Vec<String> =
+        expand(parse("test", FILE, example).expect("parses")).into_iter().map(|cell| cell.name).collect();
+    let said = "This runs `test (stable, debian)`, `test (stable, alpine)`, `test (1.80, debian)` and `test (nightly, debian)`.";
+    assert!(text.contains(said));
+    assert_eq!(
+        names,
+        ["test (stable, debian)", "test (stable, alpine)", "test (1.80, debian)", "test (nightly, debian)"]
+    );
 }

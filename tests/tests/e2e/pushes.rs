@@ -215,3 +215,17 @@ fn the_daemons_env_file_and_env_reach_every_steps_under_the_workflows_own_env() 
     let stderr = eventually("the refusal", || Some(refused.stderr()).filter(|text| text.contains("line 2")));
     assert!(stderr.contains(&format!("--env-file {bad}, line 2: KNOTLESS_REF is set by the run")), "{stderr}");
 }
+
+#[test]
+fn a_matrix_gives_one_check_per_combination_named_by_its_values() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let matrix = "matrix:\n  n: [1, 2]\nsteps:\n  - name: show\n    run: echo \"n=$n\"; [ \"$n\" = 1 ]\n";
+    let (repo, first) = repo_with(dir.path(), &[("m", matrix)]);
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-matrix", &[]), vec![repo.url().as_str()]].concat());
+    let checks = runner.final_checks(&repo.url(), &first, 2);
+    assert_eq!(by_workflow(&checks, "m (1)")["status"], "success");
+    assert_eq!(by_workflow(&checks, "m (2)")["status"], "failure");
+    let log = runner.run_log(by_workflow(&checks, "m (2)")["run_id"].as_str().expect("a run id"));
+    assert!(log.contains("m (2)/show | n=2"), "{log}");
+}

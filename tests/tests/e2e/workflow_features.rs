@@ -112,3 +112,49 @@ fn a_bash_step_fails_on_a_broken_pipe_where_sh_does_not() {
     assert!(!ran.stdout.contains("bash-goes-on"), "pipefail fails the step at the pipe:\n{}", ran.both());
     assert_eq!(row(&ran.stdout, "bash")[1..4], ["failure", "bash", "1"], "{}", ran.both());
 }
+
+#[test]
+fn a_matrix_runs_each_combination_as_a_workflow_of_its_own() {
+    let repo = Repo::new();
+    repo.workflow(
+        "test",
+        "matrix:\n  n: [1, 2]\n  os: [debian, alpine]\n  exclude:\n    - { n: 2, os: alpine }\nsteps:\n  - name: show\n    run: echo \"n=$n os=$os\"; [ \"$n\" != 2 ]\n",
+    );
+    let ran = run(&repo);
+    assert_eq!(ran.code, Some(1), "{}", ran.both());
+    for (name, line) in [
+        ("test (1, debian)", "n=1 os=debian"),
+        ("test (1, alpine)", "n=1 os=alpine"),
+        ("test (2, debian)", "n=2 os=debian"),
+    ] {
+        assert!(ran.stdout.contains(&format!("{name}/show | {line}")), "{name}\n{}", ran.both());
+    }
+    assert!(!ran.stdout.contains("test (2, alpine)"), "{}", ran.both());
+    assert!(ran.stdout.contains("test (1, debian): success in"), "{}", ran.both());
+    assert!(ran.stdout.contains("test (2, debian): failure: step show exited with 1"), "{}", ran.both());
+
+    // --workflow names the file's stem (every combination) or one combination.
+    let work = tempfile::tempdir().expect("tempdir");
+    let work_dir = format!("work-dir={}", work.path().display());
+    let path = repo.path().display().to_string();
+    let one = ran_of(&[
+        "run",
+        &path,
+        "--executor",
+        "shell",
+        "--executor-option",
+        &work_dir,
+        "--workflow",
+        "test (1, alpine)",
+    ]);
+    assert_eq!(one.code, Some(0), "{}", one.both());
+    assert!(
+        one.stdout.contains("test (1, alpine)/show | n=1 os=alpine") && !one.stdout.contains("n=1 os=debian"),
+        "{}",
+        one.both()
+    );
+}
+
+fn ran_of(args: &[&str]) -> knotless_tests::Ran {
+    ran(knotless_run(args))
+}
