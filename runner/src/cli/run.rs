@@ -390,13 +390,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         live_progress: jobs == 1 && std::io::stdout().is_terminal(),
         cancel,
     };
-    use futures::StreamExt as _;
-    let ran: Vec<(RunReport, Option<PathBuf>, StepTail)> =
-        futures::stream::iter(selected.into_iter().map(|workflow| context.run(workflow)))
-            .buffered(jobs)
-            .filter_map(|ran| async move { ran })
-            .collect()
-            .await;
+    let ran = run_graph(&context, selected, jobs).await;
     host.shutdown().await;
     let (reports, tails): (Vec<_>, Vec<_>) =
         ran.into_iter().map(|(report, outputs, tail)| ((report, outputs), tail)).unzip();
@@ -411,6 +405,109 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// What one workflow of a run gave: its report, its outputs folder, its failed step's tail.
+type Ran = (RunReport, Option<PathBuf>, StepTail);
+
+/// Runs `selected`, up to `jobs` at once, each once every workflow it needs has passed; one
+/// whose need did not pass, or does not run here, is skipped with the reason. The results are
+/// in the order of `selected`.
+async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, jobs: usize) -> Vec<Ran> {
+    use futures::StreamExt as _;
+    let names: Vec<(String, Option<String>)> =
+        selected.iter().map(|workflow| (workflow.name.clone(), workflow.base.clone())).collect();
+    let mut results: Vec<Option<Ran>> = (0..selected.len()).map(|_| None).collect();
+    let mut ended: BTreeMap<String, RunStatus> = BTreeMap::new();
+    let mut waiting: Vec<(usize, crate::workflow::Workflow)> = selected.into_iter().enumerate().collect();
+    let mut running = futures::stream::FuturesUnordered::new();
+    loop {
+        // A skip can decide what waited for it: scan again until nothing changes.
+        let mut index = 0;
+        while index < waiting.len() && !context.cancel.is_cancelled() {
+            match readiness(&waiting[index].1, &names, &ended) {
+                Readiness::Wait => index += 1,
+                Readiness::Skip(cause) => {
+                    let (at, workflow) = waiting.remove(index);
+                    index = 0;
+                    let mut terminal = Terminal::new(workflow.name.clone(), context.paint, false);
+                    note(&mut terminal, &format!("skipped: {cause}"));
+                    terminal.flush();
+                    ended.insert(workflow.name.clone(), RunStatus::Skipped);
+                    results[at] = Some((skipped(&workflow, cause), None, terminal.tail));
+                }
+                Readiness::Ready if running.len() < jobs => {
+                    let (at, workflow) = waiting.remove(index);
+                    running.push(async move { (at, context.run(workflow).await) });
+                }
+                Readiness::Ready => index += 1,
+            }
+        }
+        match running.next().await {
+            Some((at, Some(ran))) => {
+                ended.insert(ran.0.workflow.clone(), ran.0.status);
+                results[at] = Some(ran);
+            }
+            Some((_, None)) => {}
+            // Nothing runs and nothing can start: cancelled, or all done.
+            None => break,
+        }
+    }
+    results.into_iter().flatten().collect()
+}
+
+/// Whether a workflow can start now.
+enum Readiness {
+    Ready,
+    Wait,
+    Skip(String),
+}
+
+/// Whether `workflow` can start, given the names of the run's workflows (each with its matrix
+/// stem) and how those that ended ended.
+fn readiness(
+    workflow: &crate::workflow::Workflow,
+    names: &[(String, Option<String>)],
+    ended: &BTreeMap<String, RunStatus>,
+) -> Readiness {
+    let mut wait = false;
+    for need in &workflow.needs {
+        let named: Vec<&String> = names
+            .iter()
+            .filter(|(name, base)| name == need || base.as_deref() == Some(need.as_str()))
+            .map(|(name, _)| name)
+            .collect();
+        if named.is_empty() {
+            return Readiness::Skip(format!(
+                "it needs {need}, which this run does not run (not selected or not triggered)"
+            ));
+        }
+        for name in named {
+            match ended.get(name) {
+                None => wait = true,
+                Some(RunStatus::Success) => {}
+                Some(status) => {
+                    return Readiness::Skip(format!("it needs {need}, and {name} ended {}", status.as_str()));
+                }
+            }
+        }
+    }
+    if wait { Readiness::Wait } else { Readiness::Ready }
+}
+
+/// The report of a workflow that did not run.
+fn skipped(workflow: &crate::workflow::Workflow, cause: String) -> RunReport {
+    RunReport {
+        run_id: String::new(),
+        workflow: workflow.name.clone(),
+        status: RunStatus::Skipped,
+        log: format!("==> skipped: {cause}\n"),
+        cause: Some(cause),
+        steps: Vec::new(),
+        outputs: Vec::new(),
+        duration_ms: 0,
+        log_truncated: false,
+    }
 }
 
 /// The largest cache archive `run` keeps, as the daemon's default `--cache-max`.

@@ -10,11 +10,12 @@ mod run;
 mod schedule;
 pub mod state;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -219,7 +220,36 @@ impl<F: Forge> Daemon<F> {
                 for check in ended {
                     self.put_check(&check);
                 }
+                // Each job's outcome, for the jobs of the same event that need it.
+                let outcomes: BTreeMap<String, (Option<String>, watch::Sender<Option<RunStatus>>)> = jobs
+                    .iter()
+                    .map(|job| (job.workflow.name.clone(), (job.workflow.base.clone(), watch::channel(None).0)))
+                    .collect();
                 for job in jobs {
+                    let mut needs = Vec::new();
+                    let mut missing = None;
+                    for need in &job.workflow.needs {
+                        let named: Vec<_> = outcomes
+                            .iter()
+                            .filter(|(name, (base, _))| *name == need || base.as_deref() == Some(need.as_str()))
+                            .map(|(name, (_, sender))| (need.clone(), name.clone(), sender.subscribe()))
+                            .collect();
+                        if named.is_empty() {
+                            missing.get_or_insert_with(|| need.clone());
+                        }
+                        needs.extend(named);
+                    }
+                    let done = outcomes.get(&job.workflow.name).map(|(_, sender)| sender.clone());
+                    if let Some(need) = missing {
+                        let mut check = job.check;
+                        let cause = format!("it needs {need}, which does not run for this event on this runner");
+                        check.end(RunStatus::Skipped, cause.clone());
+                        self.finish(&check, &format!("==> skipped: {cause}\n"));
+                        if let Some(done) = done {
+                            done.send_replace(Some(RunStatus::Skipped));
+                        }
+                        continue;
+                    }
                     let run_id = job.check.run_id.clone();
                     self.state.update(|state| {
                         state.in_flight.insert(
@@ -229,7 +259,12 @@ impl<F: Forge> Daemon<F> {
                     });
                     self.put_check(&job.check);
                     let daemon = Arc::clone(self);
-                    tasks.spawn(async move { daemon.queue(job).await });
+                    tasks.spawn(async move {
+                        let status = daemon.queue(job, needs).await;
+                        if let Some(done) = done {
+                            done.send_replace(Some(status));
+                        }
+                    });
                 }
             }
             let seen = Seen::of(&snapshot);
@@ -240,8 +275,38 @@ impl<F: Forge> Daemon<F> {
         }
     }
 
-    /// Waits for a slot, then runs; a run still waiting at handover ends cancelled.
-    async fn queue(self: Arc<Self>, job: schedule::Job) {
+    /// Waits for the workflows it needs (each `(need, workflow, outcome)`), then for a slot,
+    /// then runs; one whose need did not pass ends skipped, one still waiting at handover ends
+    /// cancelled. Returns how it ended.
+    async fn queue(
+        self: Arc<Self>,
+        job: schedule::Job,
+        needs: Vec<(String, String, watch::Receiver<Option<RunStatus>>)>,
+    ) -> RunStatus {
+        for (need, name, mut outcome) in needs {
+            let ended = tokio::select! {
+                biased;
+                () = self.handover.cancelled() => None,
+                ended = outcome.wait_for(Option::is_some) => ended.ok().and_then(|status| *status),
+            };
+            match ended {
+                Some(RunStatus::Success) => {}
+                Some(status) => {
+                    let mut check = job.check;
+                    let cause = format!("it needs {need}, and {name} ended {}", status.as_str());
+                    check.end(RunStatus::Skipped, cause.clone());
+                    tracing::info!(run_id = %check.run_id, "run {} of {} skipped: {cause}", check.run_id, check.workflow);
+                    self.finish(&check, &format!("==> skipped: {cause}\n"));
+                    return RunStatus::Skipped;
+                }
+                None => {
+                    let mut check = job.check;
+                    check.end(RunStatus::Cancelled, STOPPED_BEFORE);
+                    self.finish(&check, &format!("==> cancelled: {STOPPED_BEFORE}\n"));
+                    return RunStatus::Cancelled;
+                }
+            }
+        }
         let slots = Arc::clone(&self.slots);
         let permit = tokio::select! {
             biased;
@@ -255,6 +320,7 @@ impl<F: Forge> Daemon<F> {
                 check.end(RunStatus::Cancelled, STOPPED_BEFORE);
                 tracing::info!(run_id = %check.run_id, "run {} of {} cancelled: {STOPPED_BEFORE}", check.run_id, check.workflow);
                 self.finish(&check, &format!("==> cancelled: {STOPPED_BEFORE}\n"));
+                RunStatus::Cancelled
             }
         }
     }

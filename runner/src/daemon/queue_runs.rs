@@ -433,7 +433,7 @@ impl<F: Forge> Daemon<F> {
             state.in_flight.insert(run_id.clone(), InFlight { repository_key: key.clone(), status: "queued".into() })
         });
         self.put_check(&job.check);
-        Arc::clone(&self).queue(job).await;
+        Arc::clone(&self).queue(job, Vec::new()).await;
         store.get(&key, &run_id).unwrap_or(fallback)
     }
 }

@@ -49,7 +49,7 @@ impl LogSink for Tee {
 
 impl<F: Forge> Daemon<F> {
     /// Runs one job to its end; its check is final when this returns.
-    pub(super) async fn run_job(self: Arc<Self>, job: Job) {
+    pub(super) async fn run_job(self: Arc<Self>, job: Job) -> RunStatus {
         let Job { repository, workflow, prepared, mut check } = job;
         let span = tracing::info_span!(
             "run",
@@ -81,7 +81,7 @@ impl<F: Forge> Daemon<F> {
                 tee.note(&mut prelude, &format!("error: {cause}"));
                 check.end(RunStatus::Error, cause);
                 self.finish(&check, &prelude);
-                return;
+                return check.status;
             }
             let trusted = check.trusted;
             let secrets = if trusted {
@@ -141,9 +141,10 @@ impl<F: Forge> Daemon<F> {
                 check.status.as_str()
             );
             self.finish(&check, "");
+            check.status
         }
         .instrument(span)
-        .await;
+        .await
     }
 
     /// The secrets a trusted run is granted: the repository's sealed values (its default

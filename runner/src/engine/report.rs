@@ -35,6 +35,8 @@ pub enum RunStatus {
     Error,
     /// Someone cancelled it.
     Cancelled,
+    /// Not run: a workflow it needs did not pass (the cause says which).
+    Skipped,
 }
 
 impl RunStatus {
@@ -47,6 +49,7 @@ impl RunStatus {
             RunStatus::Failure => "failure",
             RunStatus::Error => "error",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::Skipped => "skipped",
         }
     }
 

@@ -62,6 +62,71 @@ pub struct Workflow {
     /// For one combination of a matrix: the file's stem (the workflow's name is
     /// `STEM (VALUE, VALUE)`).
     pub base: Option<String>,
+    /// The workflows of the same repository this one waits for (`needs:`), by file stem: each
+    /// must pass (every combination of a matrix) before it starts.
+    pub needs: Vec<String>,
+}
+
+impl Workflow {
+    /// Whether `need` (a name in `needs:`) names this workflow: its name, or its file's stem
+    /// for a combination of a matrix.
+    pub fn is_named(&self, need: &str) -> bool {
+        self.name == need || self.base.as_deref() == Some(need)
+    }
+
+    /// Its file's stem.
+    pub fn stem(&self) -> &str {
+        self.base.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// Takes out of `workflows` each that needs a workflow there is none of, or that is in a
+/// cycle of needs, with an error naming its file: the graph that is left runs in order.
+fn check_needs(workflows: &mut Vec<Workflow>, errors: &mut Vec<WorkflowError>) {
+    loop {
+        let stems: BTreeSet<&str> = workflows.iter().map(Workflow::stem).collect();
+        let unknown = workflows.iter().find_map(|workflow| {
+            let missing = workflow.needs.iter().find(|need| !stems.contains(need.as_str()))?;
+            Some((workflow.stem().to_string(), workflow.file.clone(), missing.clone()))
+        });
+        let Some((stem, file, missing)) = unknown else { break };
+        errors.push(WorkflowError::whole_file(
+            &file,
+            format!("needs: {missing:?} is not a workflow of this repository (or it did not load)"),
+        ));
+        workflows.retain(|workflow| workflow.stem() != stem);
+    }
+    // Kahn's algorithm on stems: what cannot be ordered is in a cycle or waits for one.
+    let mut needs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for workflow in workflows.iter() {
+        needs.entry(workflow.stem().to_string()).or_default().extend(workflow.needs.iter().cloned());
+    }
+    let mut ordered: BTreeSet<String> = BTreeSet::new();
+    loop {
+        let ready: Vec<String> = needs
+            .iter()
+            .filter(|(stem, wanted)| !ordered.contains(*stem) && wanted.iter().all(|need| ordered.contains(need)))
+            .map(|(stem, _)| stem.clone())
+            .collect();
+        if ready.is_empty() {
+            break;
+        }
+        ordered.extend(ready);
+    }
+    let stuck: Vec<String> = needs.keys().filter(|stem| !ordered.contains(*stem)).cloned().collect();
+    if stuck.is_empty() {
+        return;
+    }
+    let mut reported = BTreeSet::new();
+    for workflow in workflows.iter() {
+        if stuck.contains(&workflow.stem().to_string()) && reported.insert(workflow.file.clone()) {
+            errors.push(WorkflowError::whole_file(
+                &workflow.file,
+                format!("needs: a cycle of needs, or waits for one, among {}", stuck.join(", ")),
+            ));
+        }
+    }
+    workflows.retain(|workflow| !stuck.contains(&workflow.stem().to_string()));
 }
 
 /// The name of the run of one combination of a matrix: `build (stable, debian)`.
@@ -441,6 +506,7 @@ pub fn load_dir(repo_root: &Path) -> (Vec<Workflow>, Vec<WorkflowError>) {
         }
     }
     workflows.sort_by(|a, b| a.name.cmp(&b.name));
+    check_needs(&mut workflows, &mut errors);
     (workflows, errors)
 }
 

@@ -122,6 +122,7 @@ struct WorkflowRaw {
     #[serde(rename = "working-directory")]
     working_directory: Option<Spanned<String>>,
     matrix: Option<Spanned<MatrixRaw>>,
+    needs: Option<Vec<Spanned<String>>>,
     steps: Option<Spanned<Vec<Spanned<StepRaw>>>>,
 }
 
@@ -365,6 +366,23 @@ impl Check<'_> {
             Some(dir) => Some(self.working_directory(dir, root, "working-directory")?),
             None => None,
         };
+        let needs = raw.needs.unwrap_or_default();
+        for (index, need) in needs.iter().enumerate() {
+            let path = format!("needs[{index}]");
+            self.not_blank(need, root, &path)?;
+            if need.value == name {
+                return Err(self.at(need, root, &path, "a workflow cannot need itself"));
+            }
+        }
+        if let Some(index) = first_duplicate(needs.iter().map(|need| need.value.as_str())) {
+            let message = format!("{:?} is listed twice", needs[index].value);
+            return Err(self.at(&needs[index], root, &format!("needs[{index}]"), &message));
+        }
+        if let (Some(first), true) = (needs.first(), on.queue || raw.queue.is_some()) {
+            let message = "merge-queue pre-flights and batches run without waiting for other workflows: \
+                           `needs` is for push and pull runs";
+            return Err(self.at(first, root, "needs[0]", message));
+        }
         let Some(steps_raw) = raw.steps else {
             return Err(at_position(self.file, root, "", "missing field `steps`"));
         };
@@ -402,6 +420,7 @@ impl Check<'_> {
             steps,
             matrix,
             base: None,
+            needs: needs.into_iter().map(|need| need.value).collect(),
         })
     }
 

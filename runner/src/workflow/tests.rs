@@ -101,6 +101,7 @@ fn reads_every_field() {
         ],
         matrix: Vec::new(),
         base: None,
+        needs: Vec::new(),
     };
     assert_eq!(workflow, expected);
     assert_eq!(workflow.step_timeout(0), Duration::from_secs(600));
@@ -196,7 +197,7 @@ fn yaml_errors_name_line_column_and_field() {
     check("steps: [\n", "1:8: unclosed bracket '['");
     check(
         "stepz: []\n",
-        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, steps",
+        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, steps",
     );
     check(
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
@@ -447,7 +448,7 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     // Only at the top level, and only with the prefix: anything else is still refused, located.
     check(
         "x-ok: 1\nX-no: 1\nsteps:\n  - {name: a, run: x}\n",
-        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, steps",
+        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, steps",
     );
     check(
         "x-ok: 1\nsteps:\n  - name: a\n    run: x\n    x-note: y\n",
@@ -455,7 +456,7 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     );
     check(
         "x-ok: &a 1\nstepz: []\n",
-        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, steps",
+        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, steps",
     );
     check("x-only: 1\n", "1:1: missing field `steps`");
     // An extension's key is still a key: duplicates are refused, and so is a broken value.
@@ -605,4 +606,54 @@ fn the_references_matrix_example_parses_into_the_runs_it_names() {
         names,
         ["test (stable, debian)", "test (stable, alpine)", "test (1.80, debian)", "test (nightly, debian)"]
     );
+}
+
+#[test]
+fn needs_name_other_workflows_and_a_cycle_or_an_unknown_name_is_refused_when_read()
+-> Result<(), Box<dyn std::error::Error>> {
+    let steps = "steps:\n  - {name: a, run: x}\n";
+    check(&format!("needs: [build]\n{steps}"), "1:9: needs[0]: a workflow cannot need itself");
+    check(&format!("needs: [a, a]\n{steps}"), "1:12: needs[1]: \"a\" is listed twice");
+    check(
+        &format!("on: [push, queue]\nneeds: [a]\n{steps}"),
+        "2:9: needs[0]: merge-queue pre-flights and batches run without waiting for other workflows: `needs` is for push and pull runs",
+    );
+    let dir = tempfile::tempdir()?;
+    let folder = dir.path().join(".knotless/workflows");
+    std::fs::create_dir_all(&folder)?;
+    let write = |name: &str, needs: &str| {
+        std::fs::write(folder.join(format!("{name}.yml")), format!("needs: [{needs}]\n{steps}"))
+    };
+    std::fs::write(folder.join("build.yml"), format!("matrix:\n  n: [1, 2]\n{steps}"))?;
+    write("test", "build")?;
+    write("deploy", "test, build")?;
+    write("ghost", "nowhere")?;
+    write("waits", "ghost")?;
+    write("ping", "pong")?;
+    write("pong", "ping")?;
+    write("after", "ping")?;
+    let (workflows, errors) = load_dir(dir.path());
+    let names: Vec<&str> = workflows.iter().map(|workflow| workflow.name.as_str()).collect();
+    assert_eq!(names, ["build (1)", "build (2)", "deploy", "test"]);
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        [
+            ".knotless/workflows/ghost.yml: needs: \"nowhere\" is not a workflow of this repository (or it did not load)",
+            ".knotless/workflows/waits.yml: needs: \"ghost\" is not a workflow of this repository (or it did not load)",
+            ".knotless/workflows/after.yml: needs: a cycle of needs, or waits for one, among after, ping, pong",
+            ".knotless/workflows/ping.yml: needs: a cycle of needs, or waits for one, among after, ping, pong",
+            ".knotless/workflows/pong.yml: needs: a cycle of needs, or waits for one, among after, ping, pong",
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn the_references_needs_example_parses() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/workflows.md"))
+        .expect("the reference");
+    assert!(text.contains("```yaml\nneeds: [build, lint]\n```"));
+    let workflow = parse("deploy", FILE, "needs: [build, lint]\nsteps:\n  - {name: a, run: x}\n").expect("parses");
+    assert_eq!(workflow.needs, ["build", "lint"]);
 }

@@ -229,3 +229,38 @@ fn a_matrix_gives_one_check_per_combination_named_by_its_values() {
     let log = runner.run_log(by_workflow(&checks, "m (2)")["run_id"].as_str().expect("a run id"));
     assert!(log.contains("m (2)/show | n=2"), "{log}");
 }
+
+#[test]
+fn a_workflow_waits_for_what_it_needs_and_is_skipped_when_that_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(
+        dir.path(),
+        &[
+            ("build", "steps:\n  - name: go\n    run: exit 3\n"),
+            ("test", "needs: [build]\nsteps:\n  - name: go\n    run: echo never\n"),
+            ("lint", "steps:\n  - name: go\n    run: echo linted\n"),
+        ],
+    );
+    let runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-needs", &["--concurrency", "3"]), vec![repo.url().as_str()]].concat(),
+    );
+    let checks = runner.final_checks(&repo.url(), &first, 3);
+    assert_eq!(by_workflow(&checks, "build")["status"], "failure");
+    assert_eq!(by_workflow(&checks, "lint")["status"], "success");
+    let test = by_workflow(&checks, "test");
+    assert_eq!(test["status"], "skipped", "{test:#}");
+    assert_eq!(test["cause"], "it needs build, and build ended failure", "{test:#}");
+
+    // Fixed: the dependent runs after its need passed.
+    repo.write(".knotless/workflows/build.yml", "steps:\n  - name: go\n    run: echo built\n");
+    let second = repo.commit("fix the build");
+    runner.notify(&repo.url());
+    let checks = runner.final_checks(&repo.url(), &second, 3);
+    let (build, test) = (by_workflow(&checks, "build"), by_workflow(&checks, "test"));
+    assert_eq!((build["status"].as_str(), test["status"].as_str()), (Some("success"), Some("success")));
+    assert!(
+        test["started_at"].as_u64() >= build["finished_at"].as_u64(),
+        "test started before build finished: {test:#} {build:#}"
+    );
+}

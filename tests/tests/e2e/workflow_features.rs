@@ -158,3 +158,44 @@ fn a_matrix_runs_each_combination_as_a_workflow_of_its_own() {
 fn ran_of(args: &[&str]) -> knotless_tests::Ran {
     ran(knotless_run(args))
 }
+
+#[test]
+fn needs_run_workflows_in_order_and_skip_what_a_failure_leaves_behind() {
+    let repo = Repo::new();
+    let step = |text: &str| format!("steps:\n  - name: go\n    run: {text}\n");
+    repo.workflow("build", &step("echo built > \"$MARK/build\"; exit $BUILD_EXIT"));
+    repo.workflow("test", &format!("needs: [build]\n{}", step("test -e \"$MARK/build\" && echo tested")));
+    repo.workflow("deploy", &format!("needs: [test]\n{}", step("echo deployed")));
+    repo.workflow("lint", &step("echo linted"));
+    let mark = tempfile::tempdir().expect("tempdir");
+    let (work, path) = (tempfile::tempdir().expect("tempdir"), repo.path().display().to_string());
+    let work_dir = format!("work-dir={}", work.path().display());
+    let mark_env = format!("MARK={}", mark.path().display());
+    let go = |exit: &str| {
+        let exit = format!("BUILD_EXIT={exit}");
+        let args = ["run", &path, "--executor", "shell", "--executor-option", &work_dir, "--jobs", "4"];
+        ran_of(&[&args[..], &["--env", &mark_env, "--env", &exit]].concat())
+    };
+    let passed = go("0");
+    assert_eq!(passed.code, Some(0), "{}", passed.both());
+    let at = |text: &str| passed.stdout.find(text).unwrap_or_else(|| panic!("{text:?} missing:\n{}", passed.both()));
+    assert!(at("build ==> success") < at("test/go | tested"), "test ran before build ended:\n{}", passed.both());
+    assert!(at("test ==> success") < at("deploy/go | deployed"), "{}", passed.both());
+
+    let failed = go("3");
+    assert_eq!(failed.code, Some(1), "{}", failed.both());
+    assert!(failed.stdout.contains("lint/go | linted"), "{}", failed.both());
+    assert!(failed.stdout.contains("test ==> skipped: it needs build, and build ended failure"), "{}", failed.both());
+    assert!(failed.stdout.contains("deploy ==> skipped: it needs test, and test ended skipped"), "{}", failed.both());
+    assert!(!failed.stdout.contains("tested") && !failed.stdout.contains("deployed"), "{}", failed.both());
+    assert!(failed.stdout.lines().any(|line| line.starts_with("deploy    skipped")), "{}", failed.both());
+
+    // A need that is not selected: the dependent says so.
+    let alone = ran_of(&["run", &path, "--executor", "shell", "--executor-option", &work_dir, "--workflow", "deploy"]);
+    assert_eq!(alone.code, Some(1), "{}", alone.both());
+    assert!(
+        alone.stdout.contains("deploy ==> skipped: it needs test, which this run does not run"),
+        "{}",
+        alone.both()
+    );
+}
