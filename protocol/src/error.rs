@@ -1,6 +1,7 @@
 //! Error codes, the failure classes they map to, and the typed error executors return.
 
 use jsonrpsee::types::ErrorObjectOwned;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The protocol's own error codes, in the JSON-RPC server range. JSON-RPC's standard codes
@@ -119,6 +120,15 @@ pub enum FailureClass {
     Configuration,
     /// Someone cancelled the run. The run is `cancelled`.
     Cancelled,
+}
+
+/// The `data` of an `UNSUPPORTED_VERSION` error (-32005): both sides' versions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct UnsupportedVersionData {
+    /// The versions the runner offered in `initialize`.
+    pub offered: Vec<u32>,
+    /// The versions the executor speaks.
+    pub supported: Vec<u32>,
 }
 
 /// An error an executor answers a request with.

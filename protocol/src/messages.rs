@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The method names of version 1, as they appear on the wire.
@@ -36,7 +37,7 @@ pub mod method {
 }
 
 /// `initialize` parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct InitializeParams {
     /// Every protocol version the runner speaks.
     pub protocol_versions: Vec<u32>,
@@ -49,7 +50,7 @@ pub struct InitializeParams {
 }
 
 /// The runner's identity, sent in `initialize`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RunnerInfo {
     /// The program's name, `knotless-run`.
     pub name: String,
@@ -61,7 +62,7 @@ pub struct RunnerInfo {
 }
 
 /// `initialize` result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct InitializeResult {
     /// The version the executor picked from the runner's offer.
     pub protocol_version: u32,
@@ -73,7 +74,7 @@ pub struct InitializeResult {
 }
 
 /// The executor's identity.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ExecutorInfo {
     /// A short name, such as `shell` or `kubernetes`; the runner prefixes the executor's log
     /// lines with it.
@@ -83,7 +84,7 @@ pub struct ExecutorInfo {
 }
 
 /// What an executor can do. Unknown capabilities are ignored by the runner.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct Capabilities {
     /// What keeps one run from another and from the host.
@@ -119,8 +120,9 @@ impl Default for Capabilities {
 }
 
 /// How isolated a session is from the host and from other sessions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+#[schemars(transform = crate::schema::any_other_string("unknown"))]
 pub enum Isolation {
     /// Host processes: nothing is isolated.
     None,
@@ -134,7 +136,7 @@ pub enum Isolation {
 }
 
 /// `start` parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StartParams {
     /// The session id, chosen by the runner, unique for this runner. Every later request about
     /// the session names it.
@@ -163,7 +165,7 @@ pub struct StartParams {
 }
 
 /// The run a session belongs to.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct RunInfo {
     /// The run's id.
@@ -179,7 +181,7 @@ pub struct RunInfo {
 }
 
 /// Resource requests, in Kubernetes quantity syntax (`500m`, `2`, `512Mi`, `4Gi`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct Resources {
     /// CPU request.
@@ -191,7 +193,7 @@ pub struct Resources {
 }
 
 /// `start` result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StartResult {
     /// Where things are inside the session.
     pub paths: SessionPaths,
@@ -201,7 +203,7 @@ pub struct StartResult {
 }
 
 /// The folders of a session, as paths inside the environment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionPaths {
     /// The checkout; steps run here. `/work` in a container.
     pub work: String,
@@ -212,7 +214,7 @@ pub struct SessionPaths {
 }
 
 /// `command` parameters: one step.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CommandParams {
     /// The session to run in.
     pub session: String,
@@ -239,7 +241,7 @@ pub struct CommandParams {
 }
 
 /// `command` result: the step ran to its end.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CommandResult {
     /// The step's real exit code; 128 + N when a signal N ended it.
     pub exit_code: i32,
@@ -251,7 +253,7 @@ pub struct CommandResult {
 }
 
 /// Which stream of a step an `output` notification comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
     /// Standard output.
@@ -261,7 +263,7 @@ pub enum Stream {
 }
 
 /// `output` notification: bytes a step wrote, in order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct OutputParams {
     /// The session.
     pub session: String,
@@ -274,7 +276,7 @@ pub struct OutputParams {
 }
 
 /// The level of a `log` notification.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     /// Progress worth showing in the run's log.
@@ -287,7 +289,7 @@ pub enum LogLevel {
 
 /// `log` notification: a line for a session's run log, or for the runner's own log when no
 /// session is named.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct LogParams {
     /// The session the line is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,14 +301,15 @@ pub struct LogParams {
 }
 
 /// `cancel` notification.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CancelParams {
     /// The `id` of the request to cancel.
+    #[schemars(with = "crate::schema::RequestId")]
     pub id: serde_json::Value,
 }
 
 /// `stop` parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StopParams {
     /// The session to end.
     pub session: String,
@@ -318,7 +321,7 @@ pub struct StopParams {
 }
 
 /// One resource an executor removed, or kept.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Resource {
     /// What it is: `job`, `pod`, `container`, `folder`, `process-group`, ...
     pub kind: String,
@@ -330,7 +333,7 @@ pub struct Resource {
 }
 
 /// `stop` result.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StopResult {
     /// What was deleted (nothing when keeping).
     #[serde(default)]
@@ -338,7 +341,7 @@ pub struct StopResult {
 }
 
 /// `cleanup` parameters: the orphan sweep.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CleanupParams {
     /// The sessions still in flight: their resources MUST be left alone. Everything else
     /// carrying this runner's id MUST be removed.
@@ -349,7 +352,7 @@ pub struct CleanupParams {
 }
 
 /// `cleanup` result.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CleanupResult {
     /// What was deleted.
     #[serde(default)]
@@ -360,7 +363,7 @@ pub struct CleanupResult {
 }
 
 /// `upload` and `download` parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TransferParams {
     /// The session.
     pub session: String,
@@ -377,7 +380,7 @@ pub struct TransferParams {
 }
 
 /// `upload` and `download` result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TransferResult {
     /// The bytes of tar stream the executor read (`upload`) or wrote (`download`). The runner
     /// compares it with its own count: a difference is a lost stream.
@@ -386,5 +389,5 @@ pub struct TransferResult {
 
 /// The parameters of `ping` and `shutdown`, and the result of `ping`, `shutdown`: an empty
 /// object.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Empty {}

@@ -1,16 +1,6 @@
 //! Parses every JSON example of `docs/reference/protocol.md` against the protocol's types, so
-//! the reference and the code cannot drift.
-//!
-//! The convention, which the reference states too: every fenced block with the info string
-//! `json` is one complete JSON-RPC 2.0 message, and the nearest non-blank line above its fence
-//! is a marker comment naming what it is:
-//!
-//! ```text
-//! <!-- example: request start -->        a request: has `id`, its `method` is `start`
-//! <!-- example: response start -->       a success response to `start`: has `id` and `result`
-//! <!-- example: error start -->          an error response to `start`: has `id` and `error`
-//! <!-- example: notification output -->  a notification: no `id`, its `method` is `output`
-//! ```
+//! the reference and the code cannot drift. `support` reads the examples and says the
+//! convention their markers follow.
 //!
 //! A request's or notification's `params`, and a response's `result`, are deserialized into the
 //! matching type of `knotless_protocol::messages`, then serialized again: every key the example
@@ -18,106 +8,18 @@
 //! silently ignore) fails. An error must carry a code the protocol defines and a message.
 //! Every method named in `messages::method` (read from its source, so a new method cannot be
 //! forgotten) must have its examples: a request and a response, or a notification.
+//! `tests/schema.rs` validates the same examples against the JSON Schema.
+
+mod support;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use knotless_protocol::error::code;
-use knotless_protocol::messages::{self, method};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use knotless_protocol::messages::method;
 use serde_json::Value;
-
-/// One fenced `json` block of the reference.
-struct Example {
-    /// 1-based line of the opening fence, for messages.
-    line: usize,
-    /// `request`, `response`, `error` or `notification`.
-    kind: String,
-    /// The method the marker names.
-    method: String,
-    /// The block's text.
-    text: String,
-}
-
-fn reference() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/protocol.md");
-    std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()))
-}
-
-/// Every `json` block with its marker; panics on a block without a well-formed marker or an
-/// unclosed block.
-fn examples(markdown: &str) -> Vec<Example> {
-    let lines: Vec<&str> = markdown.lines().collect();
-    let mut found = Vec::new();
-    let mut index = 0;
-    while index < lines.len() {
-        let fence = lines[index].trim();
-        if !fence.starts_with("```") {
-            index += 1;
-            continue;
-        }
-        let info = fence.trim_start_matches('`').trim();
-        let opening = index;
-        index += 1;
-        let mut body = Vec::new();
-        while index < lines.len() && lines[index].trim() != "```" {
-            body.push(lines[index]);
-            index += 1;
-        }
-        assert!(index < lines.len(), "line {}: the code block is never closed", opening + 1);
-        index += 1;
-        if info != "json" {
-            continue;
-        }
-        let marker =
-            lines[..opening].iter().rev().find(|line| !line.trim().is_empty()).map(|line| line.trim()).unwrap_or("");
-        let (kind, method) = parse_marker(marker).unwrap_or_else(|| {
-            panic!(
-                "line {}: a json block must follow a marker such as `<!-- example: request start -->`, found {marker:?}",
-                opening + 1
-            )
-        });
-        found.push(Example { line: opening + 1, kind, method, text: body.join("\n") });
-    }
-    found
-}
-
-fn parse_marker(line: &str) -> Option<(String, String)> {
-    let inner = line.strip_prefix("<!--")?.strip_suffix("-->")?.trim();
-    let rest = inner.strip_prefix("example:")?;
-    let mut words = rest.split_whitespace();
-    let kind = words.next()?;
-    let method = words.next()?;
-    if words.next().is_some() || !["request", "response", "error", "notification"].contains(&kind) {
-        return None;
-    }
-    Some((kind.to_string(), method.to_string()))
-}
-
-/// The method names declared in `messages::method`, read from the source.
-fn declared_methods() -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/messages.rs");
-    let source =
-        std::fs::read_to_string(&path).unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
-    let start = source.find("pub mod method {").expect("messages.rs declares `pub mod method`");
-    let end = start + source[start..].find("\n}").expect("the method module ends");
-    source[start..end]
-        .lines()
-        .filter_map(|line| {
-            let line = line.trim();
-            if !line.starts_with("pub const ") {
-                return None;
-            }
-            let value = line.split('=').nth(1)?.trim().trim_end_matches(';').trim();
-            Some(value.trim_matches('"').to_string())
-        })
-        .collect()
-}
-
-fn is_notification(name: &str) -> bool {
-    [method::OUTPUT, method::LOG, method::CANCEL].contains(&name)
-}
+use support::{
+    Example, declared_methods, examples, is_notification, params_round_trip, parse_marker, reference, result_round_trip,
+};
 
 /// Every key of `written` must come back in `typed` with the same value.
 fn assert_covers(written: &Value, typed: &Value, at: &str) -> Result<(), String> {
@@ -142,42 +44,18 @@ fn assert_covers(written: &Value, typed: &Value, at: &str) -> Result<(), String>
     }
 }
 
-/// Deserializes `value` into `T` and checks that nothing was dropped or changed.
-fn strictly<T: DeserializeOwned + Serialize>(value: &Value, at: &str) -> Result<(), String> {
-    let typed: T =
-        serde_json::from_value(value.clone()).map_err(|error| format!("{at} does not deserialize: {error}"))?;
-    let back = serde_json::to_value(&typed).map_err(|error| format!("{at} does not serialize again: {error}"))?;
-    assert_covers(value, &back, at)
+/// Reads `written` into its type and checks that nothing was dropped or changed.
+fn strictly(typed: Result<Value, String>, written: &Value, at: &str) -> Result<(), String> {
+    let back = typed.map_err(|error| format!("{at} {error}"))?;
+    assert_covers(written, &back, at)
 }
 
 fn check_params(name: &str, params: &Value) -> Result<(), String> {
-    match name {
-        method::INITIALIZE => strictly::<messages::InitializeParams>(params, "params"),
-        method::PING | method::SHUTDOWN => strictly::<messages::Empty>(params, "params"),
-        method::START => strictly::<messages::StartParams>(params, "params"),
-        method::COMMAND => strictly::<messages::CommandParams>(params, "params"),
-        method::STOP => strictly::<messages::StopParams>(params, "params"),
-        method::CLEANUP => strictly::<messages::CleanupParams>(params, "params"),
-        method::UPLOAD | method::DOWNLOAD => strictly::<messages::TransferParams>(params, "params"),
-        method::CANCEL => strictly::<messages::CancelParams>(params, "params"),
-        method::OUTPUT => strictly::<messages::OutputParams>(params, "params"),
-        method::LOG => strictly::<messages::LogParams>(params, "params"),
-        other => Err(format!("unknown method {other:?}")),
-    }
+    strictly(params_round_trip(name, params), params, "params")
 }
 
 fn check_result(name: &str, result: &Value) -> Result<(), String> {
-    match name {
-        method::INITIALIZE => strictly::<messages::InitializeResult>(result, "result"),
-        method::PING | method::SHUTDOWN => strictly::<messages::Empty>(result, "result"),
-        method::START => strictly::<messages::StartResult>(result, "result"),
-        method::COMMAND => strictly::<messages::CommandResult>(result, "result"),
-        method::STOP => strictly::<messages::StopResult>(result, "result"),
-        method::CLEANUP => strictly::<messages::CleanupResult>(result, "result"),
-        method::UPLOAD | method::DOWNLOAD => strictly::<messages::TransferResult>(result, "result"),
-        other if is_notification(other) => Err(format!("{other} is a notification and has no response")),
-        other => Err(format!("unknown method {other:?}")),
-    }
+    strictly(result_round_trip(name, result), result, "result")
 }
 
 const KNOWN_CODES: &[i32] = &[

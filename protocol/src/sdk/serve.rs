@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::transfer::{DownloadStream, UploadStream};
 use super::{Context, Executor, Notifier};
 use crate::channel;
-use crate::error::{ErrorKind, ExecutorError};
+use crate::error::{ErrorKind, ExecutorError, UnsupportedVersionData};
 use crate::framing;
 use crate::messages::*;
 use crate::version::SUPPORTED_VERSIONS;
@@ -345,6 +345,12 @@ fn methods<E: Executor>(state: Arc<State<E>>) -> anyhow::Result<RpcModule<State<
     Ok(module)
 }
 
+/// The `data` of a version refusal: both sides' versions.
+fn unsupported_version_data(offered: &[u32]) -> serde_json::Value {
+    let data = UnsupportedVersionData { offered: offered.to_vec(), supported: SUPPORTED_VERSIONS.to_vec() };
+    serde_json::to_value(data).unwrap_or(serde_json::Value::Null)
+}
+
 async fn initialize<E: Executor>(state: &State<E>, params: &Params<'_>) -> Result<InitializeResult, ExecutorError> {
     let params: InitializeParams = parse(params)?;
     let Some(version) = crate::version::negotiate(&params.protocol_versions, SUPPORTED_VERSIONS) else {
@@ -356,7 +362,7 @@ async fn initialize<E: Executor>(state: &State<E>, params: &Params<'_>) -> Resul
                 params.protocol_versions, info.name, info.version, SUPPORTED_VERSIONS
             ),
         )
-        .with_data(serde_json::json!({"offered": params.protocol_versions, "supported": SUPPORTED_VERSIONS})));
+        .with_data(unsupported_version_data(&params.protocol_versions)));
     };
     if state.version.get().is_some() {
         return Err(ExecutorError::new(ErrorKind::Protocol, "initialize was already answered"));
