@@ -137,7 +137,7 @@ fn methods(generator: &mut SchemaGenerator) -> Vec<Method> {
 }
 
 /// JSON-RPC's standard codes, then the protocol's own (section 9 of the reference).
-const ERROR_CODES: &[i32] = &[
+pub const ERROR_CODES: &[i32] = &[
     -32700,
     -32600,
     -32601,

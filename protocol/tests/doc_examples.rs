@@ -14,7 +14,6 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use knotless_protocol::error::code;
 use knotless_protocol::messages::method;
 use serde_json::Value;
 use support::{
@@ -58,31 +57,13 @@ fn check_result(name: &str, result: &Value) -> Result<(), String> {
     strictly(result_round_trip(name, result), result, "result")
 }
 
-const KNOWN_CODES: &[i32] = &[
-    -32700,
-    -32600,
-    -32601,
-    -32602,
-    -32603,
-    code::INFRASTRUCTURE,
-    code::CONFIGURATION,
-    code::CANCELLED,
-    code::TIMEOUT,
-    code::UNSUPPORTED_VERSION,
-    code::UNKNOWN_SESSION,
-    code::NOT_FOUND,
-    code::TOO_LARGE,
-    code::NOT_INITIALIZED,
-    code::STEP_FAILED,
-];
-
 fn check_error(error: &Value) -> Result<(), String> {
     let object = error.as_object().ok_or("error is not an object")?;
     if let Some(key) = object.keys().find(|key| !["code", "message", "data"].contains(&key.as_str())) {
         return Err(format!("error.{key} is not a field of a JSON-RPC error"));
     }
     let code = object.get("code").and_then(Value::as_i64).ok_or("error.code is not an integer")?;
-    if !KNOWN_CODES.iter().any(|known| i64::from(*known) == code) {
+    if !knotless_protocol::schema::ERROR_CODES.iter().any(|known| i64::from(*known) == code) {
         return Err(format!("error.code {code} is not a code of the protocol"));
     }
     match object.get("message").and_then(Value::as_str) {

@@ -11,6 +11,16 @@ pub fn name(text: &str) -> Cow<'_, str> {
     escape(text, false)
 }
 
+/// A size in bytes: `512 B`, `3.4 KiB`, `1.2 MiB`.
+pub fn size(bytes: u64) -> String {
+    match bytes {
+        0..1024 => format!("{bytes} B"),
+        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
+        1_048_576..1_073_741_824 => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
+        _ => format!("{:.1} GiB", bytes as f64 / 1_073_741_824.0),
+    }
+}
+
 /// A line of step output: like [`name`], but a tab stays a tab.
 pub fn line(text: &str) -> Cow<'_, str> {
     escape(text, true)

@@ -156,11 +156,24 @@ async fn an_unschedulable_pod_no_node_can_fit_fails_at_not_trigger_scale_up() {
     cluster.wait_clean();
 }
 
+/// The nodes of the fake cluster now.
+fn nodes(cluster: &Cluster) -> usize {
+    cluster.control("GET", "/fake/nodes", None).as_array().map_or(0, Vec::len)
+}
+
+/// Waits (up to 30 s) for the autoscaler to remove every node.
+async fn nodes_go_back_to_zero(cluster: &Cluster) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while nodes(cluster) > 0 {
+        assert!(Instant::now() < until, "the autoscaler kept {} nodes", nodes(cluster));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn concurrent_runs_wait_for_the_autoscaler_and_the_nodes_go_back_to_zero() {
     let flags = [FAST, &["--nodes", "0", "--autoscale-max", "3", "--scale-down-after", "1s"]].concat();
     let cluster = Cluster::with(&flags);
-    let nodes = |cluster: &Cluster| cluster.control("GET", "/fake/nodes", None).as_array().map_or(0, Vec::len);
     let before = nodes(&cluster);
     let host = cluster.host(&Cluster::runner_id()).await;
     let never = CancellationToken::new();
@@ -174,11 +187,7 @@ async fn concurrent_runs_wait_for_the_autoscaler_and_the_nodes_go_back_to_zero()
     stop(two).await.expect("stop");
     host.shutdown().await;
     cluster.wait_clean();
-    let until = Instant::now() + Duration::from_secs(30);
-    while nodes(&cluster) > 0 {
-        assert!(Instant::now() < until, "the autoscaler kept {} nodes", nodes(&cluster));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    nodes_go_back_to_zero(&cluster).await;
     println!("nodes: {before} before, {during} with the two runs, 0 after idle");
     assert_eq!((before, during), (0, 2), "the required anti-affinity puts each run on its own node");
 }
@@ -190,18 +199,13 @@ async fn concurrent_runs_wait_for_the_autoscaler_and_the_nodes_go_back_to_zero()
 async fn a_node_added_for_a_pending_pod_outlives_its_emptiness_until_the_pod_is_placed() {
     let flags = [FAST, &["--nodes", "0", "--autoscale-max", "1", "--scale-down-after", "0s"]].concat();
     let cluster = Cluster::with(&flags);
-    let nodes = |cluster: &Cluster| cluster.control("GET", "/fake/nodes", None).as_array().map_or(0, Vec::len);
     let host = cluster.host(&Cluster::runner_id()).await;
     let session = host.open(start_params("eager"), &CancellationToken::new()).await.expect("the run starts");
     assert_eq!(step(&session, "echo placed", 30_000, &[]).await.stdout, "placed\n");
     stop(session).await.expect("stop");
     host.shutdown().await;
     cluster.wait_clean();
-    let until = Instant::now() + Duration::from_secs(30);
-    while nodes(&cluster) > 0 {
-        assert!(Instant::now() < until, "the autoscaler kept {} nodes", nodes(&cluster));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    nodes_go_back_to_zero(&cluster).await;
 }
 
 /// A run of N steps takes at most N + 6 API requests, counted by the fake API server (a watch

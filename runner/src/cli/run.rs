@@ -254,29 +254,14 @@ impl LogSink for Terminal {
                 "{} ==> {}: {} ({}/s)",
                 printable::name(&self.workflow),
                 printable::name(progress.what),
-                size(progress.bytes),
-                size((progress.bytes as f64 / seconds) as u64)
+                printable::size(progress.bytes),
+                printable::size((progress.bytes as f64 / seconds) as u64)
             );
             self.out.extend_from_slice(text.as_bytes());
             self.progress_shown = text.chars().count();
         }
         self.flush();
     }
-}
-
-/// A byte count as people read it: `512 B`, `3.4 MiB`.
-fn size(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// Runs the subcommand.

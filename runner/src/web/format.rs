@@ -41,16 +41,6 @@ pub fn time(ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rest / 3600, rest % 3600 / 60, rest % 60)
 }
 
-/// A size in bytes: `512 B`, `3.4 KiB`, `1.2 MiB`.
-pub fn size(bytes: u64) -> String {
-    match bytes {
-        0..1024 => format!("{bytes} B"),
-        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
-        1_048_576..1_073_741_824 => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
-        _ => format!("{:.1} GiB", bytes as f64 / 1_073_741_824.0),
-    }
-}
-
 /// A commit's first ten characters.
 pub fn short(commit: &str) -> &str {
     commit.get(..10).unwrap_or(commit)
@@ -90,8 +80,8 @@ mod tests {
         assert_eq!(time(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(time(1_798_761_600_000), "2027-01-01 00:00:00 UTC");
         assert_eq!(time(951_782_400_000 + 3_723_000), "2000-02-29 01:02:03 UTC");
-        assert_eq!(size(512), "512 B");
-        assert_eq!(size(3_500), "3.4 KiB");
+        assert_eq!(crate::printable::size(512), "512 B");
+        assert_eq!(crate::printable::size(3_500), "3.4 KiB");
         assert_eq!(short("0123456789abcdef"), "0123456789");
         assert_eq!(short("abc"), "abc");
     }

@@ -296,7 +296,7 @@ pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from
                 @for output in outputs {
                     @let href = output_href(record, &output.path);
                     figure.output {
-                        figcaption { a href=(href) { (name(&output.path)) } " " span.size { (format::size(output.bytes)) } }
+                        figcaption { a href=(href) { (name(&output.path)) } " " span.size { (crate::printable::size(output.bytes)) } }
                         @match output.kind {
                             Kind::Image(_) => { img.output src=(href) alt=(name(&output.path)); }
                             Kind::Text => { pre.preview { (printable::log(output.preview.as_deref().unwrap_or("").as_bytes())) } }

@@ -304,24 +304,15 @@ async fn run(app: Shared, socket: WebSocket, session: Session) {
             }
         }
     }
-    if unreachable {
-        // Open until the client closes it; nothing more is sent.
-        let _ = reader.await;
+    if unreachable || dropped {
+        if unreachable {
+            // Open until the client closes it; nothing more is sent.
+            let _ = reader.await;
+        } else {
+            reader.abort();
+        }
         drop(tx);
         writer.abort();
-        errors.abort();
-        tokio::spawn(async move {
-            if let Some(mut pipe) = stdout {
-                let _ = tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await;
-            }
-            let _ = child.wait().await;
-        });
-        return;
-    }
-    if dropped {
-        drop(tx);
-        writer.abort();
-        reader.abort();
         errors.abort();
         // The process goes on in the pod; keep its pipes drained.
         tokio::spawn(async move {

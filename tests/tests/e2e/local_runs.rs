@@ -8,20 +8,7 @@ use knotless_tests::{Repo, knotless_run, ran};
 /// `run` of `repo` through the shell executor with `extra` flags, its cache and config
 /// folders given, and nothing left in its work folder.
 fn run_in(repo: &Repo, cache: &Path, config: &Path, extra: &[&str]) -> knotless_tests::Ran {
-    let work = tempfile::tempdir().expect("tempdir");
-    let work_dir = format!("work-dir={}", work.path().display());
-    let path = repo.path().display().to_string();
-    let mut args = vec!["run", path.as_str(), "--executor", "shell", "--executor-option", work_dir.as_str()];
-    args.extend_from_slice(extra);
-    let mut command = knotless_run(&args);
-    command.env("XDG_CACHE_HOME", cache).env("XDG_CONFIG_HOME", config);
-    let run = ran(command);
-    let left = std::fs::read_dir(work.path()).into_iter().flatten().flatten().flat_map(|runner| {
-        std::fs::read_dir(runner.path()).into_iter().flatten().flatten().map(|session| session.path())
-    });
-    let left: Vec<_> = left.collect();
-    assert!(left.is_empty(), "the shell executor left {left:?}\n{}", run.both());
-    run
+    crate::run_shell_with(repo, extra, &[("XDG_CACHE_HOME", cache), ("XDG_CONFIG_HOME", config)])
 }
 
 /// A step that says what its cache held, then writes `value` into it and exits `code`.

@@ -264,3 +264,23 @@ fn a_workflow_waits_for_what_it_needs_and_is_skipped_when_that_fails() {
         "test started before build finished: {test:#} {build:#}"
     );
 }
+
+#[test]
+fn a_workflow_that_needs_one_this_event_does_not_run_is_skipped_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(
+        dir.path(),
+        &[
+            ("review", "on: pull\nsteps:\n  - name: go\n    run: echo reviewed\n"),
+            ("ship", "needs: [review]\nsteps:\n  - name: go\n    run: echo never\n"),
+        ],
+    );
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-needs-absent", &[]), vec![repo.url().as_str()]].concat());
+    let checks = runner.final_checks(&repo.url(), &first, 1);
+    let ship = by_workflow(&checks, "ship");
+    assert_eq!(ship["status"], "skipped", "{ship:#}");
+    assert_eq!(ship["cause"], "it needs review, which does not run for this event on this runner", "{ship:#}");
+    let log = runner.run_log(ship["run_id"].as_str().expect("a run id"));
+    assert!(log.contains("skipped: it needs review"), "{log}");
+}

@@ -7,47 +7,10 @@ use std::time::Duration;
 
 use knotless_tests::{Repo, command_lines, knotless_run, process_running, ran, wait_until};
 
-fn shell_args(repo: &Repo, work: &std::path::Path) -> Vec<String> {
-    vec![
-        "run".into(),
-        repo.path().display().to_string(),
-        "--executor".into(),
-        "shell".into(),
-        "--executor-option".into(),
-        format!("work-dir={}", work.display()),
-    ]
-}
+use crate::{run_shell_with, sessions_in as walk, shell_args, summary_row as row};
 
 fn run_shell(repo: &Repo, extra: &[&str]) -> knotless_tests::Ran {
-    let work = tempfile::tempdir().expect("tempdir");
-    let mut args = shell_args(repo, work.path());
-    args.extend(extra.iter().map(|arg| arg.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = ran(knotless_run(&args));
-    let left: Vec<_> = walk(work.path());
-    assert!(left.is_empty(), "the shell executor left {left:?}\n{}", run.both());
-    run
-}
-
-/// Every session folder under a shell work folder (`<work>/<runner>/<session>`).
-fn walk(work: &std::path::Path) -> Vec<String> {
-    let mut found = Vec::new();
-    for runner in std::fs::read_dir(work).into_iter().flatten().flatten() {
-        for session in std::fs::read_dir(runner.path()).into_iter().flatten().flatten() {
-            found.push(session.path().display().to_string());
-        }
-    }
-    found
-}
-
-/// The summary row of a step: `workflow  status  step  exit  time`, split on whitespace.
-fn row(stdout: &str, workflow: &str, step: &str) -> Vec<String> {
-    stdout
-        .lines()
-        .skip_while(|line| !line.starts_with("workflow  status"))
-        .map(|line| line.split_whitespace().map(str::to_string).collect::<Vec<_>>())
-        .find(|cells| cells.first().map(String::as_str) == Some(workflow) && cells.iter().any(|cell| cell == step))
-        .unwrap_or_default()
+    run_shell_with(repo, extra, &[])
 }
 
 #[test]

@@ -1,32 +1,21 @@
 //! Step features of the workflow format through `knotless-run run` and the shell executor:
 //! `continue-on-error`, `working-directory` and `shell`.
 
-use knotless_tests::{Repo, knotless_run, ran};
+use knotless_tests::Repo;
 
-/// `run` of `repo` through the shell executor; nothing may be left in its work folder.
-fn run(repo: &Repo) -> knotless_tests::Ran {
-    let work = tempfile::tempdir().expect("tempdir");
-    let work_dir = format!("work-dir={}", work.path().display());
-    let path = repo.path().display().to_string();
-    let run = ran(knotless_run(&["run", &path, "--executor", "shell", "--executor-option", &work_dir]));
-    let left: Vec<_> = std::fs::read_dir(work.path())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .flat_map(|runner| std::fs::read_dir(runner.path()).into_iter().flatten().flatten().map(|entry| entry.path()))
-        .collect();
-    assert!(left.is_empty(), "the shell executor left {left:?}\n{}", run.both());
-    run
+/// `run` of `repo` through the shell executor with `extra` flags; nothing may be left in its
+/// work folder.
+fn run_with(repo: &Repo, extra: &[&str]) -> knotless_tests::Ran {
+    crate::run_shell_with(repo, extra, &[])
 }
 
-/// The summary row of a step: `workflow  status  step  exit  time`, split on whitespace.
+fn run(repo: &Repo) -> knotless_tests::Ran {
+    run_with(repo, &[])
+}
+
+/// The summary row of a step of workflow `ci`.
 fn row(stdout: &str, step: &str) -> Vec<String> {
-    stdout
-        .lines()
-        .skip_while(|line| !line.starts_with("workflow  status"))
-        .map(|line| line.split_whitespace().map(str::to_string).collect::<Vec<_>>())
-        .find(|cells| cells.get(2).map(String::as_str) == Some(step))
-        .unwrap_or_default()
+    crate::summary_row(stdout, "ci", step)
 }
 
 #[test]
@@ -134,29 +123,13 @@ fn a_matrix_runs_each_combination_as_a_workflow_of_its_own() {
     assert!(ran.stdout.contains("test (2, debian): failure: step show exited with 1"), "{}", ran.both());
 
     // --workflow names the file's stem (every combination) or one combination.
-    let work = tempfile::tempdir().expect("tempdir");
-    let work_dir = format!("work-dir={}", work.path().display());
-    let path = repo.path().display().to_string();
-    let one = ran_of(&[
-        "run",
-        &path,
-        "--executor",
-        "shell",
-        "--executor-option",
-        &work_dir,
-        "--workflow",
-        "test (1, alpine)",
-    ]);
+    let one = run_with(&repo, &["--workflow", "test (1, alpine)"]);
     assert_eq!(one.code, Some(0), "{}", one.both());
     assert!(
         one.stdout.contains("test (1, alpine)/show | n=1 os=alpine") && !one.stdout.contains("n=1 os=debian"),
         "{}",
         one.both()
     );
-}
-
-fn ran_of(args: &[&str]) -> knotless_tests::Ran {
-    ran(knotless_run(args))
 }
 
 #[test]
@@ -168,14 +141,8 @@ fn needs_run_workflows_in_order_and_skip_what_a_failure_leaves_behind() {
     repo.workflow("deploy", &format!("needs: [test]\n{}", step("echo deployed")));
     repo.workflow("lint", &step("echo linted"));
     let mark = tempfile::tempdir().expect("tempdir");
-    let (work, path) = (tempfile::tempdir().expect("tempdir"), repo.path().display().to_string());
-    let work_dir = format!("work-dir={}", work.path().display());
     let mark_env = format!("MARK={}", mark.path().display());
-    let go = |exit: &str| {
-        let exit = format!("BUILD_EXIT={exit}");
-        let args = ["run", &path, "--executor", "shell", "--executor-option", &work_dir, "--jobs", "4"];
-        ran_of(&[&args[..], &["--env", &mark_env, "--env", &exit]].concat())
-    };
+    let go = |exit: &str| run_with(&repo, &["--jobs", "4", "--env", &mark_env, "--env", &format!("BUILD_EXIT={exit}")]);
     let passed = go("0");
     assert_eq!(passed.code, Some(0), "{}", passed.both());
     let at = |text: &str| passed.stdout.find(text).unwrap_or_else(|| panic!("{text:?} missing:\n{}", passed.both()));
@@ -191,7 +158,7 @@ fn needs_run_workflows_in_order_and_skip_what_a_failure_leaves_behind() {
     assert!(failed.stdout.lines().any(|line| line.starts_with("deploy    skipped")), "{}", failed.both());
 
     // A need that is not selected: the dependent says so.
-    let alone = ran_of(&["run", &path, "--executor", "shell", "--executor-option", &work_dir, "--workflow", "deploy"]);
+    let alone = run_with(&repo, &["--workflow", "deploy"]);
     assert_eq!(alone.code, Some(1), "{}", alone.both());
     assert!(
         alone.stdout.contains("deploy ==> skipped: it needs test, which this run does not run"),
