@@ -4,7 +4,7 @@
 //! The vetting rules live here only: [`unpack_vetted`] and [`copy_vetted`] (for an executor
 //! that hands the stream to a tool that would unpack it as given, like `docker cp`) share them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -369,12 +369,20 @@ enum Vetted {
 /// The rules every entry passes: a relative path without `..`, links that stay inside, no
 /// device node, fifo or unknown entry type. A link's target is resolved through the links seen
 /// before it (`a/l1 -> ..` then `l2 -> a/l1/..` would leave the tree, though each looks inside on
-/// its own), and no entry may be written through a link.
+/// its own), and a link made where an earlier link's target went through is a reason to resolve
+/// every link again (`l2 -> a/l1/..` then `a/l1 -> ..` leaves it too); a loop of links is refused
+/// with them. No entry may be written through a link.
 #[derive(Default)]
 struct Vetter {
-    /// The symlinks seen so far, each with where it leads, as normal components from the root.
-    links: HashMap<PathBuf, PathBuf>,
+    /// The symlinks seen so far, by their path as normal components from the root: each
+    /// with the folder it is read from and its target, as the archive gave it.
+    links: HashMap<PathBuf, (PathBuf, PathBuf)>,
+    /// Every path the resolution of a link's target went through.
+    visited: HashSet<PathBuf>,
 }
+
+/// The most links one resolution follows, as the kernel's `ELOOP` bound.
+const MAX_LINK_HOPS: usize = 40;
 
 impl Vetter {
     fn vet<R: Read>(&mut self, entry: &mut Entry<'_, R>) -> Result<Vetted, UnpackError> {
@@ -403,11 +411,19 @@ impl Vetter {
                 } else {
                     !target.is_absolute() && link_stays_inside(depth, &target)
                 };
-                let Some(leads_to) = self.resolve(from, &target).filter(|_| lexically_inside) else {
+                let mut visited = HashSet::new();
+                let leads_inside = self.resolve(from, &target, &mut 0, &mut visited).is_some();
+                if !(lexically_inside && leads_inside) {
                     return Err(refused(entry, "link leaves the tree"));
-                };
+                }
+                self.visited.extend(visited);
                 if entry_type == EntryType::Symlink {
-                    self.links.insert(normal, leads_to);
+                    let changes_others = self.visited.contains(&normal);
+                    let from = from.to_path_buf();
+                    self.links.insert(normal, (from, target.clone()));
+                    if changes_others && !self.every_link_inside() {
+                        return Err(refused(entry, "link leaves the tree"));
+                    }
                 }
                 Vetted::Link(target)
             }
@@ -419,16 +435,28 @@ impl Vetter {
         Ok(if depth == 0 { Vetted::Skip } else { vetted })
     }
 
-    /// Where `target`, read from the folder `from`, leads, following the links seen so far;
-    /// `None` when it leaves the tree.
-    fn resolve(&self, from: &Path, target: &Path) -> Option<PathBuf> {
+    /// Where `target`, read from the folder `from`, leads, following the links seen so far
+    /// (`hops` counts them); `None` when it leaves the tree or follows too many links. Every
+    /// path it goes through is added to `visited`.
+    fn resolve(
+        &self,
+        from: &Path,
+        target: &Path,
+        hops: &mut usize,
+        visited: &mut HashSet<PathBuf>,
+    ) -> Option<PathBuf> {
         let mut at = from.to_path_buf();
         for component in target.components() {
             match component {
                 Component::Normal(name) => {
                     at.push(name);
-                    if let Some(leads_to) = self.links.get(&at) {
-                        at = leads_to.clone();
+                    visited.insert(at.clone());
+                    if let Some((link_from, link_target)) = self.links.get(&at) {
+                        *hops += 1;
+                        if *hops > MAX_LINK_HOPS {
+                            return None;
+                        }
+                        at = self.resolve(link_from, link_target, hops, visited)?;
                     }
                 }
                 Component::ParentDir => {
@@ -441,6 +469,14 @@ impl Vetter {
             }
         }
         Some(at)
+    }
+
+    /// Whether every link seen so far still leads inside the tree.
+    fn every_link_inside(&mut self) -> bool {
+        let mut visited = HashSet::new();
+        let inside = self.links.values().all(|(from, target)| self.resolve(from, target, &mut 0, &mut visited).is_some());
+        self.visited.extend(visited);
+        inside
     }
 }
 
@@ -761,6 +797,36 @@ mod tests {
         let dest = tempfile::tempdir().expect("tempdir");
         let unpacked = unpack_vetted(through.as_slice(), dest.path(), 1 << 20);
         assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "path through a link", .. })), "{unpacked:?}");
+    }
+
+    #[test]
+    fn a_chain_of_links_that_leaves_the_tree_is_refused_in_either_order() {
+        // `l2` comes first and looks inside; `p/q/l1`, which comes after it, makes it leave.
+        let chain = archive_of(&[
+            (EntryType::Directory, "p", None),
+            (EntryType::Directory, "p/q", None),
+            (EntryType::Symlink, "l2", Some("p/q/l1/..")),
+            (EntryType::Symlink, "p/q/l1", Some("../..")),
+        ]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        let unpacked = unpack_vetted(chain.as_slice(), dest.path(), 1 << 20);
+        assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{unpacked:?}");
+        let copied = copy_vetted(chain.as_slice(), Vec::new());
+        assert!(matches!(copied, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{copied:?}");
+        // A loop of links leads nowhere: refused too.
+        let looped = archive_of(&[(EntryType::Symlink, "a", Some("b")), (EntryType::Symlink, "b", Some("a"))]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        let unpacked = unpack_vetted(looped.as_slice(), dest.path(), 1 << 20);
+        assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{unpacked:?}");
+        // A link to a link that comes after it, inside, is kept.
+        let later = archive_of(&[
+            (EntryType::Directory, "lib", None),
+            (EntryType::Symlink, "lib/libfoo.so", Some("libfoo.so.1")),
+            (EntryType::Symlink, "lib/libfoo.so.1", Some("../lib/libfoo.so.1.2")),
+            (EntryType::Regular, "lib/libfoo.so.1.2", None),
+        ]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        unpack_vetted(later.as_slice(), dest.path(), 1 << 20).expect("links to later links inside");
     }
 
     #[test]
