@@ -325,6 +325,36 @@ fn write_sparse<R: Read>(entry: &mut Entry<'_, R>, dest: &Path) -> io::Result<()
 /// `0o777`; the root entry (`.`) and extension headers are left out. Returns the number of
 /// entries written. The stream is read to its end; bound it before, if it needs a bound.
 pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, UnpackError> {
+    copy_entries(input, output, false).map(|(written, _)| written)
+}
+
+/// Copies a tar stream as [`copy_vetted`] does, but leaves out, each named in the list returned,
+/// what no archive of outputs may hold and a folder may: special files (FIFOs, sockets, device
+/// nodes) and symlinks whose target leaves the tree, as [`pack_dir_skipping`] does when it packs
+/// a folder itself. For an executor whose download is packed by a tool that keeps them
+/// (`docker cp`, `tar c`). Anything else refused stays refused.
+pub fn copy_skipping<R: Read, W: Write>(input: R, output: W) -> Result<(u64, Vec<Skipped>), UnpackError> {
+    copy_entries(input, output, true)
+}
+
+/// Why a refused entry can be left out of a download instead, if it can.
+fn skippable<R: Read>(entry: &Entry<'_, R>, reason: &'static str) -> Option<&'static str> {
+    match entry.header().entry_type() {
+        EntryType::Fifo => Some("a FIFO"),
+        EntryType::Char | EntryType::Block => Some("a device node"),
+        EntryType::Symlink if reason == "link leaves the tree" => Some("a symlink whose target leaves the folder"),
+        EntryType::Regular
+        | EntryType::Continuous
+        | EntryType::Directory
+        | EntryType::GNUSparse
+        | EntryType::Link
+        | EntryType::Symlink => None,
+        _ => Some("an entry of an unknown type"),
+    }
+}
+
+fn copy_entries<R: Read, W: Write>(input: R, output: W, skip: bool) -> Result<(u64, Vec<Skipped>), UnpackError> {
+    let mut skipped = Vec::new();
     let mut archive = Archive::new(input);
     // Buffered: tar writes headers and 8 KiB pieces, each a write of a pipe otherwise.
     let mut builder = Builder::new(io::BufWriter::with_capacity(STREAM_BUFFER, output));
@@ -333,7 +363,16 @@ pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, Unpack
     let mut vetter = Vetter::default();
     for entry in archive.entries()? {
         let mut entry = entry?;
-        let vetted = vetter.vet(&mut entry)?;
+        let vetted = match vetter.vet(&mut entry) {
+            Err(UnpackError::Refused { path, reason }) if skip => match skippable(&entry, reason) {
+                Some(why) => {
+                    skipped.push(Skipped { path: PathBuf::from(path), reason: why });
+                    continue;
+                }
+                None => return Err(UnpackError::Refused { path, reason }),
+            },
+            vetted => vetted?,
+        };
         if vetted == Vetted::Skip {
             continue;
         }
@@ -352,7 +391,7 @@ pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, Unpack
     builder.into_inner()?.flush()?;
     // Read the end-of-archive blocks and any record padding, so the whole stream is consumed.
     io::copy(&mut archive.into_inner(), &mut io::sink())?;
-    Ok(written)
+    Ok((written, skipped))
 }
 
 /// What vetting made of an entry.
@@ -420,8 +459,10 @@ impl Vetter {
                 if entry_type == EntryType::Symlink {
                     let changes_others = self.visited.contains(&normal);
                     let from = from.to_path_buf();
-                    self.links.insert(normal, (from, target.clone()));
+                    self.links.insert(normal.clone(), (from, target.clone()));
                     if changes_others && !self.every_link_inside() {
+                        // Refused, it is not in the tree: the links before it lead where they did.
+                        self.links.remove(&normal);
                         return Err(refused(entry, "link leaves the tree"));
                     }
                 }
@@ -827,6 +868,36 @@ mod tests {
         ]);
         let dest = tempfile::tempdir().expect("tempdir");
         unpack_vetted(later.as_slice(), dest.path(), 1 << 20).expect("links to later links inside");
+    }
+
+    #[test]
+    fn a_copy_for_a_download_leaves_out_special_files_and_links_that_leave() {
+        let folder = archive_of(&[
+            (EntryType::Regular, "./kept", None),
+            (EntryType::Symlink, "./inside", Some("kept")),
+            (EntryType::Symlink, "./escaping", Some("../..")),
+            (EntryType::Fifo, "./fifo", None),
+            (EntryType::Char, "./null", None),
+            (EntryType::Symlink, "l2", Some("p/l1/..")),
+            (EntryType::Directory, "p", None),
+            (EntryType::Symlink, "p/l1", Some("..")),
+        ]);
+        let (copied, skipped) = copy_skipping(folder.as_slice(), Vec::new()).expect("copied");
+        assert_eq!(copied, 4);
+        let left_out: Vec<(&str, &str)> =
+            skipped.iter().map(|entry| (entry.path.to_str().expect("utf-8"), entry.reason)).collect();
+        assert_eq!(
+            left_out,
+            [
+                ("./escaping", "a symlink whose target leaves the folder"),
+                ("./fifo", "a FIFO"),
+                ("./null", "a device node"),
+                ("p/l1", "a symlink whose target leaves the folder"),
+            ]
+        );
+        // What is refused for a reason of its own stays refused.
+        let hostile = archive_of(&[(EntryType::Regular, "../x", None)]);
+        assert!(matches!(copy_skipping(hostile.as_slice(), Vec::new()), Err(UnpackError::Refused { .. })));
     }
 
     #[test]
