@@ -1,68 +1,316 @@
 //! The conformance suite of `knotless-run plugin check`: runs an executor binary through every
-//! operation of the protocol and says, check by check, what passed and what failed.
+//! operation of the protocol and says, case by case, what passed, what failed and what could not
+//! run, and how long each took.
+//!
+//! Every case can fail: each names what it expects, and a misbehaving fake executor mode fails it
+//! (`plugins/fake`). Once the executor is gone (it exited, broke the protocol, or was stopped as
+//! hung) the fault is reported once, in the case that saw it, and every later case is `not run`.
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::Path;
+mod processes;
+mod raw;
+mod sessions;
+mod steps;
+mod suite;
+mod transfers;
+
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use knotless_protocol::messages::*;
-use knotless_protocol::{ErrorKind, tarball};
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{
-    Closed, Connection, ExecutorHost, ExecutorProcess, HostConfig, HostError, Reply, Session, SessionEvent,
-};
+use crate::host::{ExecutorHost, HostConfig};
+use suite::Suite;
 
-/// The outcome of one check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    /// What was checked.
-    pub name: &'static str,
-    /// `Ok(detail)` when it passed, `Err(why)` when it failed.
-    pub outcome: Result<String, String>,
+/// The cases, in the order they run.
+pub mod case {
+    /// `initialize` is answered.
+    pub const HANDSHAKE: &str = "handshake";
+    /// A version the executor does not speak is refused.
+    pub const VERSION_REFUSAL: &str = "version refusal";
+    /// `ping` is answered.
+    pub const PING: &str = "ping";
+    /// The sweep a runner sends when it starts.
+    pub const CLEANUP_AT_START: &str = "cleanup at start";
+    /// A session starts.
+    pub const START: &str = "start";
+    /// A second `start` of a live session is refused.
+    pub const DUPLICATE_START: &str = "duplicate start";
+    /// Requests about a session never started are refused.
+    pub const UNKNOWN_SESSIONS: &str = "unknown sessions";
+    /// A step's output and exit code.
+    pub const OUTPUT_AND_EXIT: &str = "step output and exit code";
+    /// Every output notification of a step comes before its result.
+    pub const OUTPUT_BEFORE_RESULT: &str = "output before the result";
+    /// A non-zero exit is a result.
+    pub const NON_ZERO_EXIT: &str = "non-zero exit";
+    /// Variables arrive verbatim; a secret reaches only its own step.
+    pub const VARIABLES: &str = "variables and secrets";
+    /// Steps run in the work folder.
+    pub const WORKING_FOLDER: &str = "working folder";
+    /// A step past its timeout is killed and answered TIMEOUT.
+    pub const TIMEOUT: &str = "step timeout";
+    /// No process of a timed-out step outlives the answer.
+    pub const LEFT_AFTER_TIMEOUT: &str = "processes left after a timeout";
+    /// A cancelled step is answered CANCELLED.
+    pub const CANCELLATION: &str = "cancellation";
+    /// No process of a cancelled step outlives the answer.
+    pub const LEFT_AFTER_CANCEL: &str = "processes left after a cancel";
+    /// A tree comes back as it went.
+    pub const ROUND_TRIP: &str = "upload and download";
+    /// Hostile uploads are refused.
+    pub const UPLOAD_REFUSALS: &str = "upload refusals";
+    /// Special files stay out of a download.
+    pub const SPECIAL_DOWNLOAD: &str = "special files in a download";
+    /// A missing path is NOT_FOUND.
+    pub const MISSING_DOWNLOAD: &str = "download of a missing path";
+    /// 1 MiB of output reaches a slow reader whole.
+    pub const SLOW_READER: &str = "1 MiB of output with a slow reader";
+    /// A stopped session is gone.
+    pub const STOP: &str = "stop";
+    /// `cleanup` removes what is not kept and keeps what is.
+    pub const CLEANUP: &str = "cleanup of sessions not in flight";
+    /// At the end of its stdin the executor stops its sessions and exits.
+    pub const END_OF_STDIN: &str = "end of stdin";
+    /// `shutdown` is answered and the executor exits.
+    pub const SHUTDOWN: &str = "shutdown";
+
+    /// The cases that run in the session `start` made, before `stop`.
+    pub const IN_SESSION: &[&str] = &[
+        OUTPUT_BEFORE_RESULT,
+        OUTPUT_AND_EXIT,
+        NON_ZERO_EXIT,
+        DUPLICATE_START,
+        UNKNOWN_SESSIONS,
+        VARIABLES,
+        WORKING_FOLDER,
+        TIMEOUT,
+        LEFT_AFTER_TIMEOUT,
+        CANCELLATION,
+        LEFT_AFTER_CANCEL,
+        ROUND_TRIP,
+        UPLOAD_REFUSALS,
+        SPECIAL_DOWNLOAD,
+        MISSING_DOWNLOAD,
+    ];
+
+    /// Every case, in order.
+    pub const ALL: &[&str] = &[
+        HANDSHAKE,
+        VERSION_REFUSAL,
+        PING,
+        CLEANUP_AT_START,
+        START,
+        OUTPUT_BEFORE_RESULT,
+        OUTPUT_AND_EXIT,
+        NON_ZERO_EXIT,
+        DUPLICATE_START,
+        UNKNOWN_SESSIONS,
+        VARIABLES,
+        WORKING_FOLDER,
+        TIMEOUT,
+        LEFT_AFTER_TIMEOUT,
+        CANCELLATION,
+        LEFT_AFTER_CANCEL,
+        ROUND_TRIP,
+        UPLOAD_REFUSALS,
+        SPECIAL_DOWNLOAD,
+        MISSING_DOWNLOAD,
+        SLOW_READER,
+        STOP,
+        CLEANUP,
+        END_OF_STDIN,
+        SHUTDOWN,
+    ];
 }
 
+/// How a case ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// It passed; what it saw.
+    Passed(String),
+    /// It failed; why.
+    Failed(String),
+    /// It could not run; why (the executor was gone, or a case it needs failed).
+    NotRun(String),
+}
+
+/// The outcome of one case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// What was checked (one of [`case::ALL`]).
+    pub name: &'static str,
+    /// How it ended.
+    pub verdict: Verdict,
+    /// How long it took, when it ran.
+    pub took: Option<Duration>,
+}
+
+/// What a case found: `Ok(detail)` when it passed, `Err(why)` when it failed.
 type Outcome = Result<String, String>;
 
-/// Runs the suite; `report` sees each check as it ends.
-pub async fn run(config: HostConfig, mut report: impl FnMut(&Check)) -> Vec<Check> {
-    let mut checks = Vec::new();
-    let mut record = |name: &'static str, outcome: Outcome| {
-        let check = Check { name, outcome };
-        report(&check);
-        checks.push(check);
-    };
+/// Why the cases in the session cannot run.
+const NO_SESSION: &str = "no session: `start` failed";
+
+/// Runs the suite; `report` sees each case as it ends, and every case of [`case::ALL`] is
+/// reported once, in order.
+pub async fn run(config: HostConfig, report: impl FnMut(&Check)) -> Vec<Check> {
+    let mut record = Recorder { checks: Vec::new(), report, host: None, blocked: None };
+    let started = Instant::now();
     let host = match ExecutorHost::start(config.clone()).await {
         Ok(host) => host,
         Err(error) => {
-            record("handshake", Err(error.to_string()));
-            return checks;
+            record.record(case::HANDSHAKE, Verdict::Failed(error.to_string()), Some(started.elapsed()));
+            return record.finish("the handshake failed");
         }
     };
-    record("handshake", handshake(&host).await);
-    record("version refusal", version_refusal(&config).await);
-    record("ping", ping(&host).await);
-    let suite = Suite { host: host.clone(), nonce: nonce() };
-    match suite.open("a").await {
-        Err(error) => record("start", Err(error)),
-        Ok(session) => {
-            record("start", Ok(format!("work folder {}", session.paths().work)));
-            record("step output and exit code", suite.output_and_exit(&session).await);
-            record("non-zero exit", suite.non_zero(&session).await);
-            record("variables and secrets", suite.variables(&session).await);
-            record("working folder", suite.workdir(&session).await);
-            record("step timeout", suite.timeout(&session).await);
-            record("cancellation", suite.cancellation(&session).await);
-            record("upload and download", suite.round_trip(&session).await);
-            record("download of a missing path", suite.missing(&session).await);
-            record("stop", suite.stop(session).await);
+    // The executor under test is judged alone: one that died is not replaced until the end.
+    host.set_replaces_dead(false);
+    record.host = Some(host.clone());
+    record.case(case::HANDSHAKE, handshake(&host)).await;
+    let suite = Suite::new(host.clone(), config.clone());
+    record.case(case::VERSION_REFUSAL, raw::version_refusal(&config)).await;
+    record.case(case::PING, ping(&host)).await;
+    record.case(case::CLEANUP_AT_START, suite.cleanup_at_start()).await;
+    let session = record
+        .case_with(case::START, async {
+            let session = suite.open("a").await?;
+            let detail = format!("work folder {}", session.paths().work);
+            Ok((session, detail))
+        })
+        .await;
+    match &session {
+        Some(session) => {
+            record.case(case::OUTPUT_BEFORE_RESULT, suite.output_before_result(session)).await;
+            record.case(case::OUTPUT_AND_EXIT, suite.output_and_exit(session)).await;
+            record.case(case::NON_ZERO_EXIT, suite.non_zero(session)).await;
+            record.case(case::DUPLICATE_START, suite.duplicate_start(session)).await;
+            record.case(case::UNKNOWN_SESSIONS, suite.unknown_sessions()).await;
+            record.case(case::VARIABLES, suite.variables(session)).await;
+            record.case(case::WORKING_FOLDER, suite.workdir(session)).await;
+            record.case(case::TIMEOUT, suite.timeout(session)).await;
+            record.case(case::LEFT_AFTER_TIMEOUT, suite.left_after_timeout(session)).await;
+            record.case(case::CANCELLATION, suite.cancellation(session)).await;
+            record.case(case::LEFT_AFTER_CANCEL, suite.left_after_cancel(session)).await;
+            record.case(case::ROUND_TRIP, suite.round_trip(session)).await;
+            record.case(case::UPLOAD_REFUSALS, suite.upload_refusals(session)).await;
+            record.case(case::SPECIAL_DOWNLOAD, suite.special_download(session)).await;
+            record.case(case::MISSING_DOWNLOAD, suite.missing(session)).await;
+        }
+        None => {
+            for name in case::IN_SESSION {
+                record.skip(name, NO_SESSION);
+            }
         }
     }
-    record("cleanup of sessions not in flight", suite.cleanup().await);
-    record("shutdown", shutdown(&host).await);
-    checks
+    record.case(case::SLOW_READER, raw::slow_reader(&config, suite.start_params("slow-reader"))).await;
+    match session {
+        Some(session) => record.case(case::STOP, suite.stop(session)).await,
+        None => record.skip(case::STOP, NO_SESSION),
+    }
+    record.case(case::CLEANUP, suite.cleanup()).await;
+    record.case(case::END_OF_STDIN, suite.end_of_stdin()).await;
+    if record.blocked.is_some() {
+        // The executor is gone: sweep what it left with a fresh one, as a runner would.
+        host.set_replaces_dead(true);
+        host.shutdown().await;
+        return record.finish("");
+    }
+    let started = Instant::now();
+    let outcome = shutdown(&host).await;
+    record.record(case::SHUTDOWN, verdict_of(outcome), Some(started.elapsed()));
+    record.finish("")
+}
+
+fn verdict_of(outcome: Outcome) -> Verdict {
+    match outcome {
+        Ok(detail) => Verdict::Passed(detail),
+        Err(why) => Verdict::Failed(why),
+    }
+}
+
+/// Records the cases as they end, and knows when the executor is gone.
+struct Recorder<F> {
+    checks: Vec<Check>,
+    report: F,
+    host: Option<Arc<ExecutorHost>>,
+    /// Why every later case cannot run, once the executor is gone.
+    blocked: Option<String>,
+}
+
+impl<F: FnMut(&Check)> Recorder<F> {
+    fn record(&mut self, name: &'static str, verdict: Verdict, took: Option<Duration>) {
+        let check = Check { name, verdict, took };
+        (self.report)(&check);
+        self.checks.push(check);
+    }
+
+    /// A case that could not run for a reason of its own (a case it needs failed).
+    fn skip(&mut self, name: &'static str, reason: &str) {
+        let reason = self.blocked.clone().unwrap_or_else(|| reason.to_string());
+        self.record(name, Verdict::NotRun(reason), None);
+    }
+
+    /// Runs a case, unless the executor is gone.
+    async fn case(&mut self, name: &'static str, case: impl Future<Output = Outcome>) {
+        if let Some(reason) = self.blocked.clone() {
+            self.record(name, Verdict::NotRun(reason), None);
+            return;
+        }
+        let started = Instant::now();
+        let outcome = case.await;
+        self.after(name, outcome, started.elapsed()).await;
+    }
+
+    /// Runs a case that makes something later cases need, unless the executor is gone.
+    async fn case_with<T>(
+        &mut self,
+        name: &'static str,
+        case: impl Future<Output = Result<(T, String), String>>,
+    ) -> Option<T> {
+        if let Some(reason) = self.blocked.clone() {
+            self.record(name, Verdict::NotRun(reason), None);
+            return None;
+        }
+        let started = Instant::now();
+        let (made, outcome) = match case.await {
+            Ok((made, detail)) => (Some(made), Ok(detail)),
+            Err(why) => (None, Err(why)),
+        };
+        self.after(name, outcome, started.elapsed()).await;
+        made
+    }
+
+    /// Records a case that ran, and whether the executor was lost in it: its fault is said here,
+    /// once.
+    async fn after(&mut self, name: &'static str, outcome: Outcome, took: Duration) {
+        let lost = match &self.host {
+            Some(host) => host.gone().await,
+            None => None,
+        };
+        if lost.is_some() && self.blocked.is_none() {
+            self.blocked = Some(format!("the executor was gone in `{name}`"));
+        }
+        let verdict = match (outcome, lost) {
+            (outcome, None) => verdict_of(outcome),
+            (Err(why), Some((cause, _))) if why.contains(&cause) => Verdict::Failed(why),
+            (Err(why), Some((_, whole))) => Verdict::Failed(format!("{why}; then the executor was gone: {whole}")),
+            (Ok(_), Some((_, whole))) => Verdict::Failed(format!("the executor was gone after this case: {whole}")),
+        };
+        self.record(name, verdict, Some(took));
+    }
+
+    /// Marks every case not reported yet `not run`, and returns the report.
+    fn finish(mut self, reason: &str) -> Vec<Check> {
+        let reason = self.blocked.clone().unwrap_or_else(|| reason.to_string());
+        for name in case::ALL {
+            if !self.checks.iter().any(|check| check.name == *name) {
+                self.record(name, Verdict::NotRun(reason.clone()), None);
+            }
+        }
+        self.checks
+    }
 }
 
 async fn handshake(host: &Arc<ExecutorHost>) -> Outcome {
@@ -74,38 +322,6 @@ async fn handshake(host: &Arc<ExecutorHost>) -> Outcome {
         "{} {}, protocol {}, isolation {:?}",
         info.executor.name, info.executor.version, info.protocol_version, info.capabilities.isolation
     ))
-}
-
-/// Offers only a version no executor speaks, on a raw connection, and expects the refusal.
-async fn version_refusal(config: &HostConfig) -> Outcome {
-    let (process, stdin, stdout) = ExecutorProcess::spawn(&config.process).map_err(|error| format!("{error:#}"))?;
-    let (unrouted, _logs) = tokio::sync::mpsc::unbounded_channel();
-    let connection = Connection::new(stdout, stdin, unrouted);
-    let params = InitializeParams {
-        protocol_versions: vec![999],
-        runner: config.runner.clone(),
-        config: config.options.clone(),
-    };
-    let (_, answer) = connection.send(method::INITIALIZE, &params).await;
-    let answer = tokio::time::timeout(Duration::from_secs(30), answer).await;
-    connection.close(Closed::ByRunner("check done".into()));
-    process.terminate(Duration::from_secs(2)).await;
-    match answer {
-        Ok(Ok(Err(Reply::Error(error)))) if error.kind == ErrorKind::UnsupportedVersion => {
-            let supported = error.data.as_ref().and_then(|data| data.get("supported")).filter(|value| value.is_array());
-            match supported {
-                Some(supported) => Ok(format!("refused version 999, speaks {supported}")),
-                None => Err("the refusal has no data.supported list".into()),
-            }
-        }
-        Ok(Ok(Err(Reply::Error(error)))) => {
-            Err(format!("expected error -32005, got {}: {}", error.kind.code(), error.message))
-        }
-        Ok(Ok(Ok(result))) => Err(format!("accepted version 999: {result}")),
-        Ok(Ok(Err(Reply::Lost(cause)))) => Err(format!("the executor {cause}; {}", process.tail().render())),
-        Ok(Err(_)) => Err("no answer".into()),
-        Err(_) => Err("no answer within 30 s".into()),
-    }
 }
 
 async fn ping(host: &Arc<ExecutorHost>) -> Outcome {
@@ -122,311 +338,4 @@ async fn shutdown(host: &Arc<ExecutorHost>) -> Outcome {
     } else {
         Err("did not exit after answering shutdown; it had to be killed".into())
     }
-}
-
-fn nonce() -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{:x}{:x}", nanos & 0xffff_ffff, std::process::id())
-}
-
-struct Suite {
-    host: Arc<ExecutorHost>,
-    nonce: String,
-}
-
-/// What a step did, as seen through the protocol.
-struct Ran {
-    result: Result<CommandResult, HostError>,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    elapsed: Duration,
-}
-
-impl Suite {
-    fn session_id(&self, name: &str) -> String {
-        format!("check-{}-{name}", self.nonce)
-    }
-
-    async fn open(&self, name: &str) -> Result<Session, String> {
-        let params = StartParams {
-            session: self.session_id(name),
-            run: RunInfo { id: self.session_id(name), workflow: "plugin-check".into(), ..RunInfo::default() },
-            image: None,
-            resources: Resources::default(),
-            network: false,
-            run_timeout_ms: Some(600_000),
-            timeout_ms: 300_000,
-            keep: false,
-        };
-        self.host.open(params, &CancellationToken::new()).await.map_err(|error| error.to_string())
-    }
-
-    async fn step(&self, session: &Session, script: &str, timeout_ms: u64, secrets: BTreeMap<String, String>) -> Ran {
-        self.step_with(session, script, timeout_ms, BTreeMap::new(), secrets, &CancellationToken::new(), None).await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn step_with(
-        &self,
-        session: &Session,
-        script: &str,
-        timeout_ms: u64,
-        env: BTreeMap<String, String>,
-        secrets: BTreeMap<String, String>,
-        cancel: &CancellationToken,
-        cancel_on_output: Option<&str>,
-    ) -> Ran {
-        let params = CommandParams {
-            session: session.id().to_string(),
-            step: 0,
-            name: "check".into(),
-            script: script.to_string(),
-            env,
-            secrets,
-            workdir: None,
-            timeout_ms,
-        };
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        let started = Instant::now();
-        let result = session
-            .command(params, cancel, |event| {
-                if let SessionEvent::Output { stream, bytes, .. } = event {
-                    let buffer = if stream == Stream::Stdout { &mut stdout } else { &mut stderr };
-                    buffer.extend_from_slice(&bytes);
-                    if cancel_on_output.is_some_and(|marker| String::from_utf8_lossy(buffer).contains(marker)) {
-                        cancel.cancel();
-                    }
-                }
-            })
-            .await;
-        Ran { result, stdout, stderr, elapsed: started.elapsed() }
-    }
-
-    async fn output_and_exit(&self, session: &Session) -> Outcome {
-        let ran = self.step(session, "printf 'out\\n'; printf 'err\\n' >&2", 60_000, BTreeMap::new()).await;
-        let result = ran.result.map_err(|error| error.to_string())?;
-        if result.exit_code != 0 {
-            return Err(format!("exit code {}, expected 0", result.exit_code));
-        }
-        expect_output("stdout", &ran.stdout, "out\n")?;
-        expect_output("stderr", &ran.stderr, "err\n")?;
-        Ok("stdout and stderr streamed, exit code 0".into())
-    }
-
-    async fn non_zero(&self, session: &Session) -> Outcome {
-        let ran = self.step(session, "exit 7", 60_000, BTreeMap::new()).await;
-        match ran.result {
-            Ok(result) if result.exit_code == 7 => Ok("exit code 7".into()),
-            Ok(result) => Err(format!("exit code {}, expected 7", result.exit_code)),
-            Err(error) => Err(error.to_string()),
-        }
-    }
-
-    async fn variables(&self, session: &Session) -> Outcome {
-        let value = "it's a value\nwith two lines and $dollars";
-        let secret = format!("s3cr3t-{}", self.nonce);
-        let env = BTreeMap::from([("CHECK_VARIABLE".to_string(), value.to_string())]);
-        let secrets = BTreeMap::from([("CHECK_SECRET".to_string(), secret.clone())]);
-        let script = "printf '%s|%s' \"$CHECK_VARIABLE\" \"$CHECK_SECRET\"";
-        let ran = self.step_with(session, script, 60_000, env, secrets, &CancellationToken::new(), None).await;
-        ran.result.map_err(|error| error.to_string())?;
-        expect_output("stdout", &ran.stdout, &format!("{value}|{secret}"))?;
-        let ran = self.step(session, "printf '%s' \"${CHECK_SECRET-unset}\"", 60_000, BTreeMap::new()).await;
-        ran.result.map_err(|error| error.to_string())?;
-        expect_output("the next step's stdout", &ran.stdout, "unset")?;
-        Ok("variables arrive verbatim; a secret reaches only its own step".into())
-    }
-
-    async fn workdir(&self, session: &Session) -> Outcome {
-        let ran = self.step(session, "pwd -P; cd \"$0\" 2>/dev/null; true", 60_000, BTreeMap::new()).await;
-        ran.result.map_err(|error| error.to_string())?;
-        let shown = String::from_utf8_lossy(&ran.stdout).trim().to_string();
-        let expected = std::fs::canonicalize(&session.paths().work)
-            .map(|path| path.display().to_string())
-            .unwrap_or_else(|_| session.paths().work.clone());
-        if shown == expected || shown == session.paths().work {
-            Ok(format!("steps run in {shown}"))
-        } else {
-            Err(format!("steps run in {shown}, expected the work folder {}", session.paths().work))
-        }
-    }
-
-    async fn timeout(&self, session: &Session) -> Outcome {
-        let ran = self.step(session, "sleep 60", 1_500, BTreeMap::new()).await;
-        match ran.result {
-            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Timeout => {
-                Ok(format!("killed and answered TIMEOUT after {} ms", ran.elapsed.as_millis()))
-            }
-            Ok(result) => {
-                Err(format!("the step ran to its end (exit code {}) past its timeout of 1500 ms", result.exit_code))
-            }
-            Err(error) => Err(format!("expected TIMEOUT, got: {error}")),
-        }
-    }
-
-    async fn cancellation(&self, session: &Session) -> Outcome {
-        let cancel = CancellationToken::new();
-        // Cancel when the step says it started, or after 10 s if its output never comes.
-        let fallback = cancel.clone();
-        let timer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            fallback.cancel();
-        });
-        let script = "echo started; sleep 60";
-        let ran =
-            self.step_with(session, script, 120_000, BTreeMap::new(), BTreeMap::new(), &cancel, Some("started")).await;
-        timer.abort();
-        if !String::from_utf8_lossy(&ran.stdout).contains("started") {
-            return Err(format!(
-                "never saw the step's output `started` (result: {:?})",
-                ran.result.map(|r| r.exit_code)
-            ));
-        }
-        match ran.result {
-            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Cancelled => {
-                Ok(format!("answered CANCELLED after {} ms", ran.elapsed.as_millis()))
-            }
-            Ok(result) => Err(format!("the step ran to its end (exit code {}) after a cancel", result.exit_code)),
-            Err(error) => Err(format!("expected CANCELLED, got: {error}")),
-        }
-    }
-
-    async fn round_trip(&self, session: &Session) -> Outcome {
-        let source = tempfile::tempdir().map_err(|error| error.to_string())?;
-        make_tree(source.path()).map_err(|error| format!("cannot make the test tree: {error}"))?;
-        let archive = tarball::pack_dir(source.path(), Vec::new()).map_err(|error| error.to_string())?;
-        let path = format!("{}/check-transfer", session.paths().work);
-        let never = CancellationToken::new();
-        let sent = session
-            .upload(&path, archive.as_slice(), 1 << 20, Duration::from_secs(60), &never)
-            .await
-            .map_err(|error| format!("upload: {error}"))?;
-        let back = tempfile::tempdir().map_err(|error| error.to_string())?;
-        let dest = back.path().join("tree");
-        session
-            .download(&path, &dest, 1 << 20, Duration::from_secs(60), &never)
-            .await
-            .map_err(|error| format!("download: {error}"))?;
-        compare_trees(source.path(), &dest)?;
-        Ok(format!("{sent} bytes up and back, modes, symlinks and empty folders kept"))
-    }
-
-    async fn missing(&self, session: &Session) -> Outcome {
-        let back = tempfile::tempdir().map_err(|error| error.to_string())?;
-        let path = format!("{}/no-such-path-{}", session.paths().work, self.nonce);
-        let never = CancellationToken::new();
-        match session.download(&path, &back.path().join("x"), 1 << 20, Duration::from_secs(60), &never).await {
-            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::NotFound => {
-                Ok("answered NOT_FOUND".into())
-            }
-            Err(error) => Err(format!("expected NOT_FOUND, got: {error}")),
-            Ok(_) => Err("a missing path downloaded as if it existed".into()),
-        }
-    }
-
-    async fn stop(&self, session: Session) -> Outcome {
-        let id = session.id().to_string();
-        let stopped = session.stop(false, Duration::from_secs(120)).await.map_err(|error| error.to_string())?;
-        self.expect_gone(&id).await?;
-        Ok(format!("removed {} resource(s); the session is gone", stopped.removed.len()))
-    }
-
-    /// A command on a session that should be gone must fail as an unknown session.
-    async fn expect_gone(&self, session: &str) -> Result<(), String> {
-        let params = CommandParams {
-            session: session.to_string(),
-            step: 0,
-            name: "check".into(),
-            script: "true".into(),
-            env: BTreeMap::new(),
-            secrets: BTreeMap::new(),
-            workdir: None,
-            timeout_ms: 30_000,
-        };
-        let never = CancellationToken::new();
-        match self.host.call::<_, CommandResult>(method::COMMAND, &params, Duration::from_secs(30), &never).await {
-            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::UnknownSession => Ok(()),
-            Err(error) => Err(format!("a command in session {session} should fail with UNKNOWN_SESSION, got: {error}")),
-            Ok(_) => Err(format!("session {session} still runs commands")),
-        }
-    }
-
-    async fn cleanup(&self) -> Outcome {
-        let left = self.open("left").await.map_err(|error| format!("start: {error}"))?;
-        let kept = self.open("kept").await.map_err(|error| format!("start: {error}"))?;
-        let params = CleanupParams { keep: vec![kept.id().to_string()], timeout_ms: 120_000 };
-        let never = CancellationToken::new();
-        let result: CleanupResult = self
-            .host
-            .call(method::CLEANUP, &params, Duration::from_secs(120), &never)
-            .await
-            .map_err(|error| format!("cleanup: {error}"))?;
-        let left_id = left.id().to_string();
-        let named = result.removed.iter().any(|resource| {
-            resource.session.as_deref() == Some(left_id.as_str()) || resource.name.contains(left_id.as_str())
-        });
-        self.expect_gone(&left_id).await?;
-        let ran = self.step(&kept, "true", 60_000, BTreeMap::new()).await;
-        let kept_works = ran.result.map_err(|error| format!("the kept session no longer works: {error}"))?;
-        drop(left);
-        kept.stop(false, Duration::from_secs(120)).await.map_err(|error| format!("stop: {error}"))?;
-        if !named {
-            return Err(format!("cleanup did not report removing session {left_id}: {:?}", result.removed));
-        }
-        Ok(format!("removed the session not in flight, kept the other (exit {})", kept_works.exit_code))
-    }
-}
-
-fn expect_output(what: &str, got: &[u8], expected: &str) -> Result<(), String> {
-    if got == expected.as_bytes() {
-        Ok(())
-    } else {
-        Err(format!("{what} was {:?}, expected {expected:?}", String::from_utf8_lossy(got)))
-    }
-}
-
-fn make_tree(root: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(root.join("empty"))?;
-    std::fs::create_dir_all(root.join("a/b"))?;
-    std::fs::write(root.join("run.sh"), "#!/bin/sh\necho ran\n")?;
-    std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o755))?;
-    std::fs::write(root.join("data"), "data\n")?;
-    std::fs::set_permissions(root.join("data"), std::fs::Permissions::from_mode(0o640))?;
-    std::fs::write(root.join("a/b/deep.txt"), "deep\n")?;
-    symlink("data", root.join("link"))?;
-    symlink("../../run.sh", root.join("a/b/up"))?;
-    Ok(())
-}
-
-fn compare_trees(expected: &Path, got: &Path) -> Result<(), String> {
-    for relative in ["empty", "a", "a/b", "run.sh", "data", "a/b/deep.txt", "link", "a/b/up"] {
-        let want = std::fs::symlink_metadata(expected.join(relative)).map_err(|error| error.to_string())?;
-        let have =
-            std::fs::symlink_metadata(got.join(relative)).map_err(|_| format!("{relative} did not come back"))?;
-        if want.file_type().is_symlink() {
-            let target =
-                std::fs::read_link(got.join(relative)).map_err(|_| format!("{relative} came back as no symlink"))?;
-            let wanted = std::fs::read_link(expected.join(relative)).map_err(|error| error.to_string())?;
-            if target != wanted {
-                return Err(format!("{relative} points to {}, expected {}", target.display(), wanted.display()));
-            }
-            continue;
-        }
-        if want.is_dir() != have.is_dir() {
-            return Err(format!("{relative} changed between folder and file"));
-        }
-        if !want.is_dir() {
-            let mode = have.permissions().mode() & 0o777;
-            if mode != want.permissions().mode() & 0o777 {
-                return Err(format!(
-                    "{relative} came back with mode {mode:o}, expected {:o}",
-                    want.permissions().mode() & 0o777
-                ));
-            }
-            if std::fs::read(got.join(relative)).ok() != std::fs::read(expected.join(relative)).ok() {
-                return Err(format!("{relative} came back with other content"));
-            }
-        }
-    }
-    Ok(())
 }
