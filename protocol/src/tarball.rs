@@ -479,13 +479,7 @@ impl Vetter {
     /// Where `target`, read from the folder `from`, leads, following the links seen so far
     /// (`hops` counts them); `None` when it leaves the tree or follows too many links. Every
     /// path it goes through is added to `visited`.
-    fn resolve(
-        &self,
-        from: &Path,
-        target: &Path,
-        hops: &mut usize,
-        visited: &mut HashSet<PathBuf>,
-    ) -> Option<PathBuf> {
+    fn resolve(&self, from: &Path, target: &Path, hops: &mut usize, visited: &mut HashSet<PathBuf>) -> Option<PathBuf> {
         let mut at = from.to_path_buf();
         for component in target.components() {
             match component {
@@ -515,7 +509,8 @@ impl Vetter {
     /// Whether every link seen so far still leads inside the tree.
     fn every_link_inside(&mut self) -> bool {
         let mut visited = HashSet::new();
-        let inside = self.links.values().all(|(from, target)| self.resolve(from, target, &mut 0, &mut visited).is_some());
+        let inside =
+            self.links.values().all(|(from, target)| self.resolve(from, target, &mut 0, &mut visited).is_some());
         self.visited.extend(visited);
         inside
     }
