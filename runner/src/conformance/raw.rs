@@ -202,6 +202,10 @@ fn counted_lines(bytes: usize) -> Vec<u8> {
 pub(super) async fn end_of_stdin(config: &HostConfig, start: StartParams) -> Result<String, String> {
     let raw = Raw::spawn(config, false)?;
     let outcome = close_stdin(&raw, config, start).await;
+    // Whatever went wrong, the executor is let wind down its step before it is stopped: killed
+    // at once, it would leave the step running.
+    raw.connection.end_input().await;
+    raw.process.wait_exit(config.grace).await;
     raw.connection.close(Closed::ByRunner("check done".into()));
     raw.process.terminate(config.grace).await;
     outcome
@@ -214,7 +218,7 @@ async fn close_stdin(raw: &Raw, config: &HostConfig, start: StartParams) -> Resu
     raw.request::<_, StartResult>(method::START, &start, Duration::from_millis(start.timeout_ms))
         .await
         .map_err(|why| raw.failed(why))?;
-    let params = CommandParams { timeout_ms: 600_000, ..command_params(&session, "echo started; sleep 300") };
+    let params = CommandParams { timeout_ms: 600_000, ..command_params(&session, "echo started; sleep 120") };
     raw.connection.set_running(&session, Some(params.step));
     // The step's answer comes after stdin ended, if at all: it is not waited for here.
     let (_, _answer) = raw.connection.send(method::COMMAND, &params).await;
