@@ -4,7 +4,7 @@
 //! The vetting rules live here only: [`unpack_vetted`] and [`copy_vetted`] (for an executor
 //! that hands the stream to a tool that would unpack it as given, like `docker cp`) share them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -325,6 +325,36 @@ fn write_sparse<R: Read>(entry: &mut Entry<'_, R>, dest: &Path) -> io::Result<()
 /// `0o777`; the root entry (`.`) and extension headers are left out. Returns the number of
 /// entries written. The stream is read to its end; bound it before, if it needs a bound.
 pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, UnpackError> {
+    copy_entries(input, output, false).map(|(written, _)| written)
+}
+
+/// Copies a tar stream as [`copy_vetted`] does, but leaves out, each named in the list returned,
+/// what no archive of outputs may hold and a folder may: special files (FIFOs, sockets, device
+/// nodes) and symlinks whose target leaves the tree, as [`pack_dir_skipping`] does when it packs
+/// a folder itself. For an executor whose download is packed by a tool that keeps them
+/// (`docker cp`, `tar c`). Anything else refused stays refused.
+pub fn copy_skipping<R: Read, W: Write>(input: R, output: W) -> Result<(u64, Vec<Skipped>), UnpackError> {
+    copy_entries(input, output, true)
+}
+
+/// Why a refused entry can be left out of a download instead, if it can.
+fn skippable<R: Read>(entry: &Entry<'_, R>, reason: &'static str) -> Option<&'static str> {
+    match entry.header().entry_type() {
+        EntryType::Fifo => Some("a FIFO"),
+        EntryType::Char | EntryType::Block => Some("a device node"),
+        EntryType::Symlink if reason == "link leaves the tree" => Some("a symlink whose target leaves the folder"),
+        EntryType::Regular
+        | EntryType::Continuous
+        | EntryType::Directory
+        | EntryType::GNUSparse
+        | EntryType::Link
+        | EntryType::Symlink => None,
+        _ => Some("an entry of an unknown type"),
+    }
+}
+
+fn copy_entries<R: Read, W: Write>(input: R, output: W, skip: bool) -> Result<(u64, Vec<Skipped>), UnpackError> {
+    let mut skipped = Vec::new();
     let mut archive = Archive::new(input);
     // Buffered: tar writes headers and 8 KiB pieces, each a write of a pipe otherwise.
     let mut builder = Builder::new(io::BufWriter::with_capacity(STREAM_BUFFER, output));
@@ -333,7 +363,16 @@ pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, Unpack
     let mut vetter = Vetter::default();
     for entry in archive.entries()? {
         let mut entry = entry?;
-        let vetted = vetter.vet(&mut entry)?;
+        let vetted = match vetter.vet(&mut entry) {
+            Err(UnpackError::Refused { path, reason }) if skip => match skippable(&entry, reason) {
+                Some(why) => {
+                    skipped.push(Skipped { path: PathBuf::from(path), reason: why });
+                    continue;
+                }
+                None => return Err(UnpackError::Refused { path, reason }),
+            },
+            vetted => vetted?,
+        };
         if vetted == Vetted::Skip {
             continue;
         }
@@ -352,7 +391,7 @@ pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, Unpack
     builder.into_inner()?.flush()?;
     // Read the end-of-archive blocks and any record padding, so the whole stream is consumed.
     io::copy(&mut archive.into_inner(), &mut io::sink())?;
-    Ok(written)
+    Ok((written, skipped))
 }
 
 /// What vetting made of an entry.
@@ -369,12 +408,20 @@ enum Vetted {
 /// The rules every entry passes: a relative path without `..`, links that stay inside, no
 /// device node, fifo or unknown entry type. A link's target is resolved through the links seen
 /// before it (`a/l1 -> ..` then `l2 -> a/l1/..` would leave the tree, though each looks inside on
-/// its own), and no entry may be written through a link.
+/// its own), and a link made where an earlier link's target went through is a reason to resolve
+/// every link again (`l2 -> a/l1/..` then `a/l1 -> ..` leaves it too); a loop of links is refused
+/// with them. No entry may be written through a link.
 #[derive(Default)]
 struct Vetter {
-    /// The symlinks seen so far, each with where it leads, as normal components from the root.
-    links: HashMap<PathBuf, PathBuf>,
+    /// The symlinks seen so far, by their path as normal components from the root: each
+    /// with the folder it is read from and its target, as the archive gave it.
+    links: HashMap<PathBuf, (PathBuf, PathBuf)>,
+    /// Every path the resolution of a link's target went through.
+    visited: HashSet<PathBuf>,
 }
+
+/// The most links one resolution follows, as the kernel's `ELOOP` bound.
+const MAX_LINK_HOPS: usize = 40;
 
 impl Vetter {
     fn vet<R: Read>(&mut self, entry: &mut Entry<'_, R>) -> Result<Vetted, UnpackError> {
@@ -403,11 +450,21 @@ impl Vetter {
                 } else {
                     !target.is_absolute() && link_stays_inside(depth, &target)
                 };
-                let Some(leads_to) = self.resolve(from, &target).filter(|_| lexically_inside) else {
+                let mut visited = HashSet::new();
+                let leads_inside = self.resolve(from, &target, &mut 0, &mut visited).is_some();
+                if !(lexically_inside && leads_inside) {
                     return Err(refused(entry, "link leaves the tree"));
-                };
+                }
+                self.visited.extend(visited);
                 if entry_type == EntryType::Symlink {
-                    self.links.insert(normal, leads_to);
+                    let changes_others = self.visited.contains(&normal);
+                    let from = from.to_path_buf();
+                    self.links.insert(normal.clone(), (from, target.clone()));
+                    if changes_others && !self.every_link_inside() {
+                        // Refused, it is not in the tree: the links before it lead where they did.
+                        self.links.remove(&normal);
+                        return Err(refused(entry, "link leaves the tree"));
+                    }
                 }
                 Vetted::Link(target)
             }
@@ -419,16 +476,22 @@ impl Vetter {
         Ok(if depth == 0 { Vetted::Skip } else { vetted })
     }
 
-    /// Where `target`, read from the folder `from`, leads, following the links seen so far;
-    /// `None` when it leaves the tree.
-    fn resolve(&self, from: &Path, target: &Path) -> Option<PathBuf> {
+    /// Where `target`, read from the folder `from`, leads, following the links seen so far
+    /// (`hops` counts them); `None` when it leaves the tree or follows too many links. Every
+    /// path it goes through is added to `visited`.
+    fn resolve(&self, from: &Path, target: &Path, hops: &mut usize, visited: &mut HashSet<PathBuf>) -> Option<PathBuf> {
         let mut at = from.to_path_buf();
         for component in target.components() {
             match component {
                 Component::Normal(name) => {
                     at.push(name);
-                    if let Some(leads_to) = self.links.get(&at) {
-                        at = leads_to.clone();
+                    visited.insert(at.clone());
+                    if let Some((link_from, link_target)) = self.links.get(&at) {
+                        *hops += 1;
+                        if *hops > MAX_LINK_HOPS {
+                            return None;
+                        }
+                        at = self.resolve(link_from, link_target, hops, visited)?;
                     }
                 }
                 Component::ParentDir => {
@@ -441,6 +504,15 @@ impl Vetter {
             }
         }
         Some(at)
+    }
+
+    /// Whether every link seen so far still leads inside the tree.
+    fn every_link_inside(&mut self) -> bool {
+        let mut visited = HashSet::new();
+        let inside =
+            self.links.values().all(|(from, target)| self.resolve(from, target, &mut 0, &mut visited).is_some());
+        self.visited.extend(visited);
+        inside
     }
 }
 
@@ -761,6 +833,66 @@ mod tests {
         let dest = tempfile::tempdir().expect("tempdir");
         let unpacked = unpack_vetted(through.as_slice(), dest.path(), 1 << 20);
         assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "path through a link", .. })), "{unpacked:?}");
+    }
+
+    #[test]
+    fn a_chain_of_links_that_leaves_the_tree_is_refused_in_either_order() {
+        // `l2` comes first and looks inside; `p/q/l1`, which comes after it, makes it leave.
+        let chain = archive_of(&[
+            (EntryType::Directory, "p", None),
+            (EntryType::Directory, "p/q", None),
+            (EntryType::Symlink, "l2", Some("p/q/l1/..")),
+            (EntryType::Symlink, "p/q/l1", Some("../..")),
+        ]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        let unpacked = unpack_vetted(chain.as_slice(), dest.path(), 1 << 20);
+        assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{unpacked:?}");
+        let copied = copy_vetted(chain.as_slice(), Vec::new());
+        assert!(matches!(copied, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{copied:?}");
+        // A loop of links leads nowhere: refused too.
+        let looped = archive_of(&[(EntryType::Symlink, "a", Some("b")), (EntryType::Symlink, "b", Some("a"))]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        let unpacked = unpack_vetted(looped.as_slice(), dest.path(), 1 << 20);
+        assert!(matches!(unpacked, Err(UnpackError::Refused { reason: "link leaves the tree", .. })), "{unpacked:?}");
+        // A link to a link that comes after it, inside, is kept.
+        let later = archive_of(&[
+            (EntryType::Directory, "lib", None),
+            (EntryType::Symlink, "lib/libfoo.so", Some("libfoo.so.1")),
+            (EntryType::Symlink, "lib/libfoo.so.1", Some("../lib/libfoo.so.1.2")),
+            (EntryType::Regular, "lib/libfoo.so.1.2", None),
+        ]);
+        let dest = tempfile::tempdir().expect("tempdir");
+        unpack_vetted(later.as_slice(), dest.path(), 1 << 20).expect("links to later links inside");
+    }
+
+    #[test]
+    fn a_copy_for_a_download_leaves_out_special_files_and_links_that_leave() {
+        let folder = archive_of(&[
+            (EntryType::Regular, "./kept", None),
+            (EntryType::Symlink, "./inside", Some("kept")),
+            (EntryType::Symlink, "./escaping", Some("../..")),
+            (EntryType::Fifo, "./fifo", None),
+            (EntryType::Char, "./null", None),
+            (EntryType::Symlink, "l2", Some("p/l1/..")),
+            (EntryType::Directory, "p", None),
+            (EntryType::Symlink, "p/l1", Some("..")),
+        ]);
+        let (copied, skipped) = copy_skipping(folder.as_slice(), Vec::new()).expect("copied");
+        assert_eq!(copied, 4);
+        let left_out: Vec<(&str, &str)> =
+            skipped.iter().map(|entry| (entry.path.to_str().expect("utf-8"), entry.reason)).collect();
+        assert_eq!(
+            left_out,
+            [
+                ("./escaping", "a symlink whose target leaves the folder"),
+                ("./fifo", "a FIFO"),
+                ("./null", "a device node"),
+                ("p/l1", "a symlink whose target leaves the folder"),
+            ]
+        );
+        // What is refused for a reason of its own stays refused.
+        let hostile = archive_of(&[(EntryType::Regular, "../x", None)]);
+        assert!(matches!(copy_skipping(hostile.as_slice(), Vec::new()), Err(UnpackError::Refused { .. })));
     }
 
     #[test]

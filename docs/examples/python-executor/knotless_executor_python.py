@@ -99,11 +99,11 @@ def safe_name(name):
     return bool(name) and not name.startswith(".") and all(c.isascii() and (c.isalnum() or c in "-_.") for c in name)
 
 
-# --- Processes: found in /proc by process group or by the marker variable, killed in two steps --
+# --- Processes: found in /proc by process tree, process group or marker variable, killed in two steps
 
 
 def scan_processes():
-    """Every live process of this user but us, as (pid, process group, marker or None)."""
+    """Every live process of this user but us, as (pid, parent, process group, marker or None)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -111,7 +111,7 @@ def scan_processes():
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
-            state, _ppid, pgid = stat[stat.rindex(b")") + 2 :].split()[:3]  # the name may hold spaces
+            state, ppid, pgid = stat[stat.rindex(b")") + 2 :].split()[:3]  # the name may hold spaces
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read().split(b"\0")
         except (OSError, ValueError):
@@ -120,16 +120,42 @@ def scan_processes():
             continue  # a zombie holds nothing
         prefix = MARKER.encode() + b"="
         marker = next((v[len(prefix) :].decode(errors="replace") for v in environ if v.startswith(prefix)), None)
-        found.append((int(entry), int(pgid), marker))
+        found.append((int(entry), int(ppid), int(pgid), marker))
     return found
 
 
+def marked(marker):
+    """Picks the processes carrying a session's marker."""
+    return lambda processes: [pid for pid, _, _, found in processes if found == marker]
+
+
+def step_processes(shell, group):
+    """Picks a step's processes: its process group, and every descendant of its shell, even one
+    that left the group (`setsid`). A descendant found once stays picked after its parent died
+    and it was given to init."""
+    tree = {shell}
+
+    def select(processes):
+        children = {}
+        for pid, ppid, _, _ in processes:
+            children.setdefault(ppid, []).append(pid)
+        todo = list(tree)
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in tree:
+                    tree.add(child)
+                    todo.append(child)
+        return [pid for pid, _, pgid, _ in processes if pgid == group or pid in tree]
+
+    return select
+
+
 def terminate(select):
-    """SIGTERM every process select(pgid, marker) picks, SIGKILL what is left after GRACE.
-    Children forked meanwhile are picked too. Returns the pids signalled."""
+    """SIGTERM every process select(processes) picks from a scan of /proc, SIGKILL what is left
+    after GRACE. Children forked meanwhile are picked too. Returns the pids signalled."""
     signalled, started = set(), time.monotonic()
     while True:
-        picked = [pid for pid, pgid, marker in scan_processes() if select(pgid, marker)]
+        picked = select(scan_processes())
         elapsed = time.monotonic() - started
         if not picked or elapsed > 2 * GRACE:
             return signalled
@@ -173,7 +199,7 @@ def remove_session(session_id, root, marker):
     """Kills the processes carrying the session's marker, then deletes its folder."""
     removed = [
         {"kind": "process", "name": str(pid), "session": session_id}
-        for pid in terminate(lambda pgid, found: found == marker)
+        for pid in terminate(marked(marker))
     ]
 
     if os.path.lexists(root):
@@ -277,8 +303,23 @@ def vet(member, dest):
 EXTRACT_ARGS = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
 
 
+def check_links(links, dest):
+    """Every link unpacked so far still leads inside dest: a link made later can make an earlier
+    one leave (`l2 -> a/l1/..` then `a/l1 -> ..`). A loop of links is refused too."""
+    for link in links:
+        try:
+            real = os.path.realpath(os.path.join(dest, link), strict=True)
+        except FileNotFoundError:
+            real = os.path.realpath(os.path.join(dest, link))  # leads to what is not there yet
+        except OSError:
+            raise RpcError(TOO_LARGE, f"refused tar entry {link!r}: a loop of links")
+        if real != dest and not real.startswith(dest + "/"):
+            raise RpcError(TOO_LARGE, f"refused tar entry {link!r}: with the links after it, it leaves the tree")
+
+
 def unpack(channel, dest):
     folders = []  # folder modes and times are set last, once their files are written
+    links = []  # the symbolic links unpacked, checked again after each new one
     with tarfile.open(fileobj=channel, mode="r|") as tar:  # plain tar, read as a stream
         for member in tar:
             if member.name.strip("/") in ("", "."):
@@ -290,6 +331,9 @@ def unpack(channel, dest):
                 folders.append((os.path.join(dest, member.name), member.mode, member.mtime))
                 member.mode = 0o700
             tar.extract(member, dest, **EXTRACT_ARGS)
+            if member.issym():
+                links.append(member.name)
+                check_links(links, dest)
     for path, mode, mtime in reversed(folders):
         os.chmod(path, mode)
         os.utime(path, (mtime, mtime))
@@ -298,17 +342,40 @@ def unpack(channel, dest):
 
 
 def pack(channel, source):
+    """Writes the tree as tar; returns what it left out, each with why."""
+    skipped = []
     with tarfile.open(fileobj=channel, mode="w|") as tar:  # pax headers, long names included
         for folder, subfolders, files in os.walk(source):  # links are archived, never followed
             subfolders.sort()
             for name in subfolders + sorted(files):
                 path = os.path.join(folder, name)
-                tar.add(path, arcname=os.path.relpath(path, source), recursive=False, filter=plain)
+                member = tar.gettarinfo(path, arcname=os.path.relpath(path, source))
+                why = left_out(member)
+                if why:
+                    skipped.append((member.name, why))
+                elif member.isreg():
+                    with open(path, "rb") as data:
+                        tar.addfile(member, data)
+                else:
+                    tar.addfile(member)
+    return skipped
 
 
-def plain(member):
-    """Files, folders and links only: a FIFO or a device node must not go into the stream."""
-    return member if member.isreg() or member.isdir() or member.issym() or member.islnk() else None
+def left_out(member):
+    """Why an entry may not go into the stream, if it may not: files, folders and links that stay
+    inside only, as the runner accepts."""
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        return "a FIFO, a socket or a device node"
+    if member.issym():
+        leaves = "a symbolic link whose target leaves the folder"
+        if member.linkname.startswith("/"):
+            return leaves
+        depth = len(PurePosixPath(member.name).parts) - 1
+        for part in PurePosixPath(member.linkname).parts:
+            depth += -1 if part == ".." else 0 if part == "." else 1
+            if depth < 0:
+                return leaves
+    return None
 
 
 # --- The executor: one thread per request, shared state under one lock ----------------------
@@ -429,9 +496,9 @@ class Executor:
             raise RpcError(INFRASTRUCTURE, f"cannot list {runner_dir}: {error}")
         kept = {name for name in folders if os.path.exists(os.path.join(runner_dir, name, "kept"))}
         # A session's processes may outlive its folder: they carry its marker.
-        marked = {marker[len(prefix) :] for _, _, marker in scan_processes() if marker and marker.startswith(prefix)}
+        alive = {marker[len(prefix) :] for *_, marker in scan_processes() if marker and marker.startswith(prefix)}
         removed, failures = [], []
-        for session_id in sorted((folders | marked) - kept - keep):
+        for session_id in sorted((folders | alive) - kept - keep):
             if not safe_name(session_id):
                 failures.append(f"left {session_id!r} in {runner_dir}: not a session folder")
                 continue
@@ -509,15 +576,16 @@ class Executor:
             elif time.monotonic() >= request.deadline:
                 ending = RpcError(TIMEOUT, f"step {name} ran past its timeout of {request.timeout_ms} ms and was killed")
         duration_ms = int((time.monotonic() - started) * 1000)
-        if ending is not None:  # timeout or cancel: kill the whole group, then answer the error
-            terminate(lambda pgid, marker: pgid == group)
+        processes = step_processes(shell.pid, group)
+        if ending is not None:  # timeout or cancel: kill the step's processes, then answer the error
+            terminate(processes)
             shell.wait()
             drain()
             self.log(session.id, "error" if ending.code == TIMEOUT else "info", f"step {name}: {ending.message}")
             raise ending
         killed = set()
         if secrets:  # nothing that saw a secret may outlive the step
-            killed = terminate(lambda pgid, marker: pgid == group)
+            killed = terminate(processes)
             if killed:
                 self.log(session.id, "warn", f"step {name} left {len(killed)} process(es) running: killed them")
         drain()  # every output notification is written before the response
@@ -541,7 +609,8 @@ class Executor:
                 os.makedirs(path, exist_ok=True)
                 unpack(channel, os.path.realpath(path))
             else:
-                pack(channel, path)
+                for name, why in pack(channel, path):
+                    self.log(session.id, "warn", f"left {name} out of the download of {path}: {why}")
                 channel.sock.shutdown(socket.SHUT_WR)  # end of stream for the runner
         except tarfile.TarError as error:
             raise RpcError(INFRASTRUCTURE, f"bad tar stream for {path}: {error}")

@@ -6,13 +6,14 @@
 //! staging folder inside its destination first and is merged in only once whole
 //! ([`knotless_protocol::sdk::remote::MERGE`]), so a refused one leaves nothing behind.
 //! `docker cp <container>:<folder>/. -` packs the folder's contents with entries relative to
-//! it (`./a/b`), which is what the protocol's download carries. The SDK counts the bytes and
+//! it (`./a/b`), which is what the protocol's download carries, less what no archive the runner
+//! accepts may hold (special files, links that leave the folder): those are left out, each named
+//! in a warning ([`knotless_protocol::sdk::remote::pass_download`]). The SDK counts the bytes and
 //! enforces the bound; the deadline drops these futures, and every child is killed on drop.
 
 use knotless_protocol::sdk::remote;
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
 use knotless_protocol::*;
-use tokio::io::{AsyncWriteExt, BufReader};
 
 use crate::DockerExecutor;
 use crate::argv;
@@ -82,8 +83,8 @@ async fn copy_in(
 pub async fn download(
     executor: &DockerExecutor,
     params: &TransferParams,
-    mut data: DownloadStream,
-    _context: Context,
+    data: DownloadStream,
+    context: Context,
 ) -> Result<(), ExecutorError> {
     let config = executor.config()?;
     let session = executor.session(&params.session)?;
@@ -96,14 +97,9 @@ pub async fn download(
     let Some(stdout) = child.stdout.take() else {
         return Err(ExecutorError::infrastructure("docker cp has no stdout"));
     };
-    let pump = async move {
-        let mut stdout = BufReader::with_capacity(256 * 1024, stdout);
-        let copied = tokio::io::copy_buf(&mut stdout, &mut data).await;
-        // Dropping docker's stdout on an error makes it stop at its next write.
-        drop(stdout);
-        let flushed = data.shutdown().await;
-        copied.and(flushed)
-    };
+    // Special files and links that leave the folder are left out, each named in a warning.
+    // Dropping docker's stdout on an error makes it stop at its next write.
+    let pump = async move { remote::pass_download(stdout, data).await.1 };
     let (copied, output) = tokio::join!(pump, child.wait_with_output());
     let output = output
         .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp of {path}: {error}")))?;
@@ -130,7 +126,12 @@ pub async fn download(
         }
         return Err(failed(docker, &session, &format!("cannot download {path}"), &failure).await);
     }
-    copied.map_err(|error| ExecutorError::infrastructure(format!("the download of {path} broke off: {error}")))?;
+    let skipped =
+        copied.map_err(|error| ExecutorError::infrastructure(format!("the download of {path} broke off: {error}")))?;
+    for entry in skipped {
+        let message = format!("left {} out of the download of {}: {}", entry.path.display(), params.path, entry.reason);
+        context.log(&session.id, LogLevel::Warn, message).await;
+    }
     tracing::info!(session = %session.id, container = %session.container, %path, "downloaded");
     Ok(())
 }

@@ -38,6 +38,26 @@ pub enum Mode {
     /// `command` does not enforce `timeout_ms`, and answers `cancel` with a normal result,
     /// exit code 0, as if the step had passed.
     CancelAnswersOk,
+    /// Steps run in the session's folder instead of its work folder.
+    WrongWorkdir,
+    /// A second `start` of a live session is accepted, as if it were new.
+    DuplicateStart,
+    /// `stop` of a session never started answers a result, removing nothing.
+    StopUnknownOk,
+    /// `command` answers, then sends the step's output.
+    LateOutput,
+    /// Step output is dropped while stdout is full (the runner reads slowly).
+    DropOutputWhenSlow,
+    /// An upload's FIFOs and device nodes are skipped instead of refusing the upload.
+    AcceptSpecialUploads,
+    /// A download holds the folder's FIFOs and links that leave it.
+    ArchiveSpecialFiles,
+    /// At a step's timeout only its process group is killed, not what left the group.
+    LeaveProcessesAtTimeout,
+    /// At a cancel only a step's process group is killed, not what left the group.
+    LeaveProcessesAtCancel,
+    /// At the end of stdin the fake exits without stopping its sessions.
+    LeaveSessionsAtEof,
 }
 
 /// Every mode with its name and a one-line description, in the order of the usage text.
@@ -57,6 +77,16 @@ pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::BadTransfer, "bad-transfer", "answer download with one byte more than was written"),
     (Mode::SlowUpload, "slow-upload", "read uploads at 1 MiB a second, as a slow link would"),
     (Mode::CancelAnswersOk, "cancel-answers-ok", "ignore timeout_ms and answer cancel with exit code 0"),
+    (Mode::WrongWorkdir, "wrong-workdir", "run steps in the session's folder instead of its work folder"),
+    (Mode::DuplicateStart, "duplicate-start", "accept a second start of a live session, as if it were new"),
+    (Mode::StopUnknownOk, "stop-unknown-ok", "answer stop of a session never started with a result"),
+    (Mode::LateOutput, "late-output", "answer a step's command, then send its output"),
+    (Mode::DropOutputWhenSlow, "drop-output-when-slow", "drop step output while stdout is full (a slow reader)"),
+    (Mode::AcceptSpecialUploads, "accept-special-uploads", "skip FIFOs and device nodes in an upload, not refuse it"),
+    (Mode::ArchiveSpecialFiles, "archive-special-files", "put FIFOs and links that leave the folder in a download"),
+    (Mode::LeaveProcessesAtTimeout, "leave-processes-at-timeout", "at a step's timeout kill only its process group"),
+    (Mode::LeaveProcessesAtCancel, "leave-processes-at-cancel", "at a cancel kill only the step's process group"),
+    (Mode::LeaveSessionsAtEof, "leave-sessions-at-eof", "at the end of stdin exit without stopping the sessions"),
 ];
 
 impl Mode {
@@ -106,7 +136,7 @@ pub fn usage() -> String {
          mode.\n\nmodes:\n",
     );
     for (_, name, description) in MODES {
-        text.push_str(&format!("  {name:<24}{description}\n"));
+        text.push_str(&format!("  {name:<28}{description}\n"));
     }
     text
 }

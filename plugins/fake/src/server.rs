@@ -38,11 +38,22 @@ pub struct Shared {
     /// Whether the `garbage` mode has written its line.
     pub garbage_written: AtomicBool,
     in_flight: Mutex<HashMap<String, CancellationToken>>,
+    /// Lines to write right after the answer to a request, by its id (`late-output`).
+    after_answer: Mutex<HashMap<String, Vec<Vec<u8>>>>,
 }
 
 impl Shared {
     fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
         self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Keeps `lines` to write right after the answer to the request `request`.
+    pub fn keep_until_answered(&self, request: &str, lines: Vec<Vec<u8>>) {
+        self.after_answer.lock().unwrap_or_else(|poison| poison.into_inner()).insert(request.to_string(), lines);
+    }
+
+    fn after_answer(&self, request: &str) -> Vec<Vec<u8>> {
+        self.after_answer.lock().unwrap_or_else(|poison| poison.into_inner()).remove(request).unwrap_or_default()
     }
 }
 
@@ -53,6 +64,7 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
         setup: OnceLock::new(),
         garbage_written: AtomicBool::new(false),
         in_flight: Mutex::new(HashMap::new()),
+        after_answer: Mutex::new(HashMap::new()),
     });
     if cli_mode == Some(Mode::GarbageAtStart) {
         shared.out.line(b"HELLO I AM NOT JSON").await?;
@@ -104,7 +116,7 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
                 shared.out.reply(id, outcome).await;
             }
             method::SHUTDOWN => {
-                wind_down(&shared, &mut tasks).await;
+                wind_down(&shared, &mut tasks, true).await;
                 shared.out.reply(id, Ok(json!({}))).await;
                 return Ok(());
             }
@@ -126,12 +138,17 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
         }
     }
     // The runner closed stdin: it is gone, so nothing it started may outlive it.
-    wind_down(&shared, &mut tasks).await;
+    let leave = shared.setup.get().is_some_and(|setup| setup.mode == Mode::LeaveSessionsAtEof);
+    if leave {
+        eprintln!("fake: leaving the sessions at the end of stdin (simulated)");
+    }
+    wind_down(&shared, &mut tasks, !leave).await;
     Ok(())
 }
 
-/// Cancels every request in flight, waits for their answers, and stops every session.
-async fn wind_down(shared: &Shared, tasks: &mut JoinSet<()>) {
+/// Cancels every request in flight, waits for their answers, and stops every session (unless
+/// `stop_sessions` is false).
+async fn wind_down(shared: &Shared, tasks: &mut JoinSet<()>, stop_sessions: bool) {
     for token in shared.in_flight().values() {
         token.cancel();
     }
@@ -142,7 +159,9 @@ async fn wind_down(shared: &Shared, tasks: &mut JoinSet<()>) {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
-    if let Some(setup) = shared.setup.get() {
+    if let Some(setup) = shared.setup.get()
+        && stop_sessions
+    {
         setup.sessions.stop_all();
     }
 }
@@ -171,12 +190,14 @@ fn spawn(shared: &Arc<Shared>, tasks: &mut JoinSet<()>, id: Value, name: String,
     shared.in_flight().insert(id.to_string(), token.clone());
     let shared = shared.clone();
     tasks.spawn(async move {
+        let request = id.to_string();
         let outcome = match setup(&shared) {
-            Ok(setup) => handle(&shared, setup, &name, params.as_ref(), token).await,
+            Ok(setup) => handle(&shared, setup, &name, params.as_ref(), token, &request).await,
             Err(fault) => Err(fault),
         };
-        shared.in_flight().remove(&id.to_string());
-        shared.out.reply(id, outcome).await;
+        shared.in_flight().remove(&request);
+        let after = shared.after_answer(&request);
+        shared.out.reply_then(id, outcome, after).await;
     });
 }
 
@@ -186,22 +207,28 @@ async fn handle(
     name: &str,
     raw: Option<&Value>,
     token: CancellationToken,
+    request: &str,
 ) -> Result<Value, Fault> {
     let sessions = &setup.sessions;
     match name {
         method::START => {
             let params: StartParams = params(raw)?;
-            guarded(&token, params.timeout_ms, "start", async { result(&sessions.start(&params)?) }).await
+            let again = setup.mode == Mode::DuplicateStart;
+            guarded(&token, params.timeout_ms, "start", async { result(&sessions.start(&params, again)?) }).await
         }
         method::STOP => {
             let params: StopParams = params(raw)?;
+            if setup.mode == Mode::StopUnknownOk && sessions.dir(&params.session).is_err() {
+                eprintln!("fake: stopping session {}, which was never started (simulated)", params.session);
+                return result(&StopResult::default());
+            }
             guarded(&token, params.timeout_ms, "stop", async { result(&sessions.stop(&params)?) }).await
         }
         method::CLEANUP => {
             let params: CleanupParams = params(raw)?;
             guarded(&token, params.timeout_ms, "cleanup", async { result(&sessions.cleanup(&params)?) }).await
         }
-        method::COMMAND => result(&step::command(shared, setup, params(raw)?, token).await?),
+        method::COMMAND => result(&step::command(shared, setup, params(raw)?, token, request).await?),
         method::UPLOAD => {
             let params: TransferParams = params(raw)?;
             guarded(&token, params.timeout_ms, "upload", transfer::upload(setup, &params)).await

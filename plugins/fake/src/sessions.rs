@@ -37,13 +37,16 @@ impl Sessions {
         self.live.lock().unwrap_or_else(|poison| poison.into_inner())
     }
 
-    /// Creates a session's folders.
-    pub fn start(&self, params: &StartParams) -> Result<StartResult, Fault> {
+    /// Creates a session's folders. With `again`, a session already started is started again
+    /// (`duplicate-start`) instead of refused.
+    pub fn start(&self, params: &StartParams, again: bool) -> Result<StartResult, Fault> {
         if !is_plain_name(&params.session) {
             return Err(Fault::configuration(format!("session id {:?} cannot name a folder", params.session)));
         }
         let mut live = self.lock();
-        if live.contains_key(&params.session) {
+        if live.contains_key(&params.session) && again {
+            eprintln!("fake: starting session {} again (simulated)", params.session);
+        } else if live.contains_key(&params.session) {
             return Err(Fault::configuration(format!("session {} is already started", params.session)));
         }
         let dir = self.root.join(&params.session);

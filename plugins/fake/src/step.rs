@@ -1,9 +1,11 @@
 //! `command`: one step as `sh -ec` in its own process group, its output streamed as `output`
-//! notifications, killed at its timeout or on cancellation; and the modes that break it.
+//! notifications, killed with its descendants at its timeout or on cancellation; and the modes
+//! that break it.
 
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use knotless_protocol::error::code;
@@ -12,12 +14,13 @@ use knotless_protocol::version::MAX_OUTPUT_CHUNK;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::mode::Mode;
 use crate::server::{Setup, Shared};
-use crate::wire::{Fault, Out};
+use crate::wire::{Fault, Out, output_frame};
 
 /// The PATH a step gets when the fake itself has none.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -26,36 +29,83 @@ const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// group holding a pipe.
 const DRAIN: Duration = Duration::from_secs(2);
 
-/// Runs one step according to the mode.
+/// Output of a step, chunk by chunk, with the stream of each.
+type Chunks = Vec<(Stream, Vec<u8>)>;
+
+/// Where a step's output goes.
+#[derive(Clone)]
+enum Sink {
+    /// To the runner, as it comes.
+    Send(Out),
+    /// Nowhere (`drop-output`, `garbage`).
+    Drop,
+    /// To the runner through a queue of one chunk, a chunk that finds the queue and stdout
+    /// full dropped (`drop-output-when-slow`); the step's writer is made in [`run`].
+    DropWhenFull(Out),
+    /// The queue of [`Sink::DropWhenFull`].
+    Queue(mpsc::Sender<(Stream, Vec<u8>)>, Out),
+    /// Kept, to send after the answer (`late-output`).
+    Keep(Arc<Mutex<Chunks>>),
+}
+
+/// How a step is run.
+struct Behaviour {
+    sink: Sink,
+    timeout: Option<Duration>,
+    /// Kill what left the step's process group at its timeout.
+    sweep_at_timeout: bool,
+    /// Kill what left the step's process group on a cancel.
+    sweep_at_cancel: bool,
+}
+
+/// Runs one step according to the mode. `request` is the id of its request: output a mode
+/// sends after the answer is kept under it in `shared`.
 pub async fn command(
     shared: &Shared,
     setup: &Setup,
     params: CommandParams,
     token: CancellationToken,
+    request: &str,
 ) -> Result<CommandResult, Fault> {
-    let mut output = Some(shared.out.clone());
-    let mut timeout = Some(Duration::from_millis(params.timeout_ms));
+    let mut behaviour = Behaviour {
+        sink: Sink::Send(shared.out.clone()),
+        timeout: Some(Duration::from_millis(params.timeout_ms)),
+        sweep_at_timeout: setup.mode != Mode::LeaveProcessesAtTimeout,
+        sweep_at_cancel: setup.mode != Mode::LeaveProcessesAtCancel,
+    };
     match setup.mode {
         Mode::LoseSession => return Err(Fault::unknown_session(&params.session)),
         Mode::CrashMidStep => crash(&shared.out, &params).await,
-        Mode::DropOutput => output = None,
-        Mode::IgnoreTimeout | Mode::CancelAnswersOk => timeout = None,
+        Mode::DropOutput => behaviour.sink = Sink::Drop,
+        Mode::DropOutputWhenSlow => behaviour.sink = Sink::DropWhenFull(shared.out.clone()),
+        Mode::LateOutput => behaviour.sink = Sink::Keep(Arc::default()),
+        Mode::IgnoreTimeout | Mode::CancelAnswersOk => behaviour.timeout = None,
         Mode::Garbage if !shared.garbage_written.swap(true, Ordering::SeqCst) => {
             eprintln!("fake: about to write garbage");
             eprintln!("fake: the next stdout line is not json (simulated)");
             if let Err(error) = shared.out.line(b"this is not json {{{").await {
                 eprintln!("fake: cannot write garbage: {error}");
             }
-            output = None;
+            behaviour.sink = Sink::Drop;
         }
         _ => {}
     }
     let dir = setup.sessions.dir(&params.session)?;
+    let work = if setup.mode == Mode::WrongWorkdir { dir.clone() } else { dir.join("work") };
     let workdir = match &params.workdir {
-        Some(workdir) => dir.join("work").join(workdir),
-        None => dir.join("work"),
+        Some(workdir) => work.join(workdir),
+        None => work,
     };
-    let result = run(&params, &workdir, output, timeout, &token).await;
+    let result = run(&params, &workdir, &behaviour, &token).await;
+    if let Sink::Keep(kept) = &behaviour.sink {
+        let kept = std::mem::take(&mut *kept.lock().unwrap_or_else(|poison| poison.into_inner()));
+        let frames = kept
+            .iter()
+            .filter_map(|(stream, bytes)| output_frame(&params.session, params.step, *stream, bytes).ok())
+            .collect();
+        eprintln!("fake: sending the output of step {} after its answer (simulated)", params.step);
+        shared.keep_until_answered(request, frames);
+    }
     match result {
         Err(fault) if setup.mode == Mode::CancelAnswersOk && token.is_cancelled() => {
             eprintln!(
@@ -101,8 +151,7 @@ impl Drop for Group {
 async fn run(
     params: &CommandParams,
     workdir: &Path,
-    output: Option<Out>,
-    timeout: Option<Duration>,
+    behaviour: &Behaviour,
     token: &CancellationToken,
 ) -> Result<CommandResult, Fault> {
     let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
@@ -126,12 +175,30 @@ async fn run(
         .map_err(|error| Fault::infrastructure(format!("cannot start sh in {}: {error}", workdir.display())))?;
     let pid = child.id().ok_or_else(|| Fault::infrastructure("the step ended before it started"))?;
     let mut group = Group { pgid: Pid::from_raw(pid as i32), armed: true };
+    let (sink, writer) = match &behaviour.sink {
+        Sink::DropWhenFull(out) => {
+            let (queue, mut chunks) = mpsc::channel::<(Stream, Vec<u8>)>(1);
+            let (writer_out, session, step) = (out.clone(), params.session.clone(), params.step);
+            let writer = tokio::spawn(async move {
+                while let Some((stream, bytes)) = chunks.recv().await {
+                    if let Err(error) = writer_out.output(&session, step, stream, &bytes).await {
+                        eprintln!("fake: cannot send output: {error}");
+                    }
+                }
+            });
+            (Sink::Queue(queue, out.clone()), Some(writer))
+        }
+        other => (other.clone(), None),
+    };
     let pumps = [
-        child.stdout.take().map(|stdout| pump(stdout, output.clone(), params, Stream::Stdout)),
-        child.stderr.take().map(|stderr| pump(stderr, output.clone(), params, Stream::Stderr)),
+        child.stdout.take().map(|stdout| pump(stdout, sink.clone(), params, Stream::Stdout)),
+        child.stderr.take().map(|stderr| pump(stderr, sink.clone(), params, Stream::Stderr)),
     ];
+    drop(sink);
+    // Every chunk queued is written before the answer.
+    let pumps = Pumps { pumps, writer };
     let deadline = async {
-        match timeout {
+        match behaviour.timeout {
             Some(timeout) => tokio::time::sleep(timeout).await,
             None => std::future::pending().await,
         }
@@ -144,6 +211,16 @@ async fn run(
     let status = match ended {
         Ok(status) => status.map_err(|error| Fault::infrastructure(format!("cannot wait for the step: {error}")))?,
         Err(fault) => {
+            let sweep =
+                if fault.code == code::TIMEOUT { behaviour.sweep_at_timeout } else { behaviour.sweep_at_cancel };
+            if sweep {
+                // What left the group (`setsid`) is still a descendant of the step's shell.
+                for descendant in descendants(pid) {
+                    let _ = nix::sys::signal::kill(descendant, Signal::SIGKILL);
+                }
+            } else {
+                eprintln!("fake: killing the step's process group only (simulated)");
+            }
             group.kill();
             let _ = child.wait().await;
             drain(pumps).await;
@@ -166,11 +243,10 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1)
 }
 
-/// Reads one stream to its end, sending each chunk as an `output` notification (or dropping
-/// it when `out` is `None`).
+/// Reads one stream to its end, each chunk to the sink.
 fn pump(
     mut reader: impl AsyncRead + Unpin + Send + 'static,
-    out: Option<Out>,
+    sink: Sink,
     params: &CommandParams,
     stream: Stream,
 ) -> JoinHandle<()> {
@@ -183,33 +259,77 @@ fn pump(
                 Ok(0) | Err(_) => break,
                 Ok(read) => read,
             };
-            if let Some(out) = &out
-                && let Err(error) = out.output(&session, step, stream, &buffer[..read]).await
-            {
+            let out = match &sink {
+                Sink::Send(out) => out,
+                Sink::Drop => continue,
+                Sink::DropWhenFull(out) => out,
+                Sink::Queue(queue, out) => {
+                    match queue.try_send((stream, buffer[..read].to_vec())) {
+                        Err(mpsc::error::TrySendError::Full(_)) if out.is_full() => {
+                            eprintln!("fake: dropping {read} bytes of output: stdout is full (simulated)");
+                        }
+                        Err(mpsc::error::TrySendError::Full(chunk)) => {
+                            let _ = queue.send(chunk).await;
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+                Sink::Keep(kept) => {
+                    kept.lock().unwrap_or_else(|poison| poison.into_inner()).push((stream, buffer[..read].to_vec()));
+                    continue;
+                }
+            };
+            if let Err(error) = out.output(&session, step, stream, &buffer[..read]).await {
                 eprintln!("fake: cannot send output: {error}");
             }
         }
     })
 }
 
+/// The tasks that read a step's output, and the one that writes what they queued.
+struct Pumps {
+    pumps: [Option<JoinHandle<()>>; 2],
+    writer: Option<JoinHandle<()>>,
+}
+
 /// Waits for the output to be sent, all of it before the answer.
-async fn drain(pumps: [Option<JoinHandle<()>>; 2]) {
-    for pump in pumps.into_iter().flatten() {
+async fn drain(pumps: Pumps) {
+    for pump in pumps.pumps.into_iter().flatten() {
         let abort = pump.abort_handle();
         if tokio::time::timeout(DRAIN, pump).await.is_err() {
             eprintln!("fake: a process outside the step's group holds its output open");
             abort.abort();
         }
     }
+    if let Some(writer) = pumps.writer {
+        let _ = writer.await;
+    }
 }
 
-/// How many live processes are left in the group `pgid` (read from `/proc`).
-fn leftovers(pgid: u32) -> u32 {
+/// Every live descendant of `root`, by their parents in `/proc`.
+fn descendants(root: u32) -> Vec<Pid> {
+    let parents: Vec<(i32, i32)> = processes().into_iter().map(|(pid, ppid, _)| (pid, ppid)).collect();
+    let mut found = vec![root as i32];
+    let mut next = 0;
+    while next < found.len() {
+        let parent = found[next];
+        found.extend(parents.iter().filter(|(_, ppid)| *ppid == parent).map(|(pid, _)| *pid));
+        next += 1;
+    }
+    found.into_iter().skip(1).map(Pid::from_raw).collect()
+}
+
+/// Every live process as (pid, parent, process group), read from `/proc`.
+fn processes() -> Vec<(i32, i32, i32)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+        return Vec::new();
     };
-    let mut count = 0;
+    let mut found = Vec::new();
     for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
@@ -218,9 +338,17 @@ fn leftovers(pgid: u32) -> u32 {
             continue;
         };
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string() {
-            count += 1;
+        if let [state, ppid, pgrp, ..] = fields[..]
+            && state != "Z"
+            && let (Ok(ppid), Ok(pgrp)) = (ppid.parse(), pgrp.parse())
+        {
+            found.push((pid, ppid, pgrp));
         }
     }
-    count
+    found
+}
+
+/// How many live processes are left in the group `pgid` (read from `/proc`).
+fn leftovers(pgid: u32) -> u32 {
+    processes().iter().filter(|(_, _, group)| *group as u32 == pgid).count() as u32
 }

@@ -23,18 +23,26 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
     let max_bytes = params.max_bytes;
     let handle = tokio::runtime::Handle::current();
     let slow_upload = setup.mode == Mode::SlowUpload;
+    let special = setup.mode == Mode::AcceptSpecialUploads;
     let bytes = blocking(move || {
         let stream = SyncIoBridge::new_with_handle(stream, handle);
         let mut input = Counting { inner: Paced { inner: stream, slow: slow_upload }, bytes: 0 };
-        let unpacked = tarball::unpack_vetted(&mut input, &dest, max_bytes);
-        if let Err(error) = unpacked {
-            return Err(match error {
+        let unpacked = if special {
+            without_special_files(&mut input, max_bytes).and_then(|archive| {
+                tarball::unpack_vetted(archive.as_slice(), &dest, max_bytes).map_err(|error| match error {
+                    UnpackError::Io(error) => Fault::infrastructure(format!("cannot unpack: {error}")),
+                    refused => Fault::new(code::TOO_LARGE, refused.to_string()),
+                })
+            })
+        } else {
+            tarball::unpack_vetted(&mut input, &dest, max_bytes).map_err(|error| match error {
                 UnpackError::TooLarge { .. } | UnpackError::Refused { .. } => {
                     Fault::new(code::TOO_LARGE, error.to_string())
                 }
                 UnpackError::Io(_) => Fault::infrastructure(error.to_string()),
-            });
-        }
+            })
+        };
+        unpacked?;
         // Whatever follows the archive is part of the stream the runner counted.
         io::copy(&mut input, &mut io::sink()).map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
         if input.bytes > max_bytes {
@@ -55,7 +63,9 @@ pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, F
     let stream = connect(params).await?;
     let max_bytes = params.max_bytes;
     let handle = tokio::runtime::Handle::current();
-    let bytes = blocking(move || pack(source, SyncIoBridge::new_with_handle(stream, handle), max_bytes)).await?;
+    let special = setup.mode == Mode::ArchiveSpecialFiles;
+    let bytes =
+        blocking(move || pack(source, SyncIoBridge::new_with_handle(stream, handle), max_bytes, special)).await?;
     let bytes = if setup.mode == Mode::BadTransfer {
         eprintln!("fake: answering one byte more than written (simulated)");
         bytes + 1
@@ -65,9 +75,17 @@ pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, F
     result(&TransferResult { bytes })
 }
 
-fn pack<T: AsyncWrite + Unpin>(source: PathBuf, stream: SyncIoBridge<T>, max_bytes: u64) -> Result<u64, Fault> {
+/// Packs `source`; with `special`, its FIFOs and links that leave it too, as a careless
+/// executor would (`archive-special-files`).
+fn pack<T: AsyncWrite + Unpin>(
+    source: PathBuf,
+    stream: SyncIoBridge<T>,
+    max_bytes: u64,
+    special: bool,
+) -> Result<u64, Fault> {
     let output = Counting { inner: stream, bytes: 0 };
-    let packed = tarball::pack_dir(&source, Bounded { inner: output, max_bytes });
+    let bounded = Bounded { inner: output, max_bytes };
+    let packed = if special { pack_everything(&source, bounded) } else { tarball::pack_dir(&source, bounded) };
     let mut bounded = packed.map_err(|error| {
         if error.kind() == io::ErrorKind::FileTooLarge {
             too_large(max_bytes)
@@ -98,7 +116,80 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Fault> + S
         .unwrap_or_else(|error| Err(Fault::infrastructure(format!("the transfer failed: {error}"))))
 }
 
-/// Counts the bytes that pass.
+/// Packs every entry under `root`, special files and links that leave it included, links never
+/// followed: their names and targets written as they are.
+fn pack_everything<W: Write>(root: &std::path::Path, out: W) -> io::Result<W> {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::fs::FileTypeExt as _;
+    eprintln!("fake: packing special files into a download (simulated)");
+    let mut builder = tar::Builder::new(out);
+    let mut folders = vec![PathBuf::new()];
+    while let Some(folder) = folders.pop() {
+        let mut entries = std::fs::read_dir(root.join(&folder))?.collect::<io::Result<Vec<_>>>()?;
+        entries.sort_by_key(|entry| entry.file_name());
+        for entry in entries {
+            let relative = folder.join(entry.file_name());
+            let kind = entry.file_type()?;
+            let mut header = tar::Header::new_gnu();
+            header.set_mode(std::os::unix::fs::PermissionsExt::mode(&entry.metadata()?.permissions()) & 0o7777);
+            header.set_size(0);
+            let raw_name = relative.as_os_str().as_bytes();
+            let name = &mut header.as_old_mut().name;
+            let length = raw_name.len().min(name.len());
+            name[..length].copy_from_slice(&raw_name[..length]);
+            let data = if kind.is_symlink() {
+                header.set_entry_type(tar::EntryType::Symlink);
+                let target = std::fs::read_link(entry.path())?;
+                let raw_target = target.as_os_str().as_bytes();
+                let link = &mut header.as_old_mut().linkname;
+                let length = raw_target.len().min(link.len());
+                link[..length].copy_from_slice(&raw_target[..length]);
+                Vec::new()
+            } else if kind.is_fifo() {
+                header.set_entry_type(tar::EntryType::Fifo);
+                Vec::new()
+            } else if kind.is_dir() {
+                header.set_entry_type(tar::EntryType::Directory);
+                folders.push(relative);
+                Vec::new()
+            } else {
+                let data = std::fs::read(entry.path())?;
+                header.set_size(data.len() as u64);
+                data
+            };
+            header.set_cksum();
+            builder.append(&header, data.as_slice())?;
+        }
+    }
+    builder.into_inner()
+}
+
+/// Reads a whole upload (at most `max_bytes`) and leaves its FIFOs and device nodes out, as a
+/// careless executor would (`accept-special-uploads`); any other entry is kept as it came.
+fn without_special_files(input: &mut impl Read, max_bytes: u64) -> Result<Vec<u8>, Fault> {
+    let mut stream = Vec::new();
+    input
+        .take(max_bytes + 1)
+        .read_to_end(&mut stream)
+        .map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
+    if stream.len() as u64 > max_bytes {
+        return Err(too_large(max_bytes));
+    }
+    let bad = |error: io::Error| Fault::infrastructure(format!("tar stream: {error}"));
+    let mut archive = tar::Archive::new(stream.as_slice());
+    let mut builder = tar::Builder::new(Vec::new());
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        let header = entry.header().clone();
+        if matches!(header.entry_type(), tar::EntryType::Fifo | tar::EntryType::Char | tar::EntryType::Block) {
+            eprintln!("fake: skipping a special file in an upload (simulated)");
+            continue;
+        }
+        builder.append(&header, &mut entry).map_err(bad)?;
+    }
+    builder.into_inner().map_err(bad)
+}
+
 /// A reader that, when `slow`, takes a second for each MiB it gives (`slow-upload`).
 struct Paced<T> {
     inner: T,

@@ -109,38 +109,59 @@ impl Out {
         Ok(())
     }
 
-    /// Writes one JSON message as a line.
-    pub async fn send(&self, message: &Value) -> anyhow::Result<()> {
-        self.line(&serde_json::to_vec(message)?).await
-    }
-
     /// Answers a request. A runner that went away is only reported on stderr.
     pub async fn reply(&self, id: Value, outcome: Result<Value, Fault>) {
+        self.reply_then(id, outcome, Vec::new()).await
+    }
+
+    /// Answers a request and writes the lines `after` it in the same write, so that nothing
+    /// comes between (`late-output`).
+    pub async fn reply_then(&self, id: Value, outcome: Result<Value, Fault>, after: Vec<Vec<u8>>) {
         let message = match outcome {
             Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
             Err(fault) => json!({"jsonrpc": "2.0", "id": id, "error": fault.to_json()}),
         };
-        if let Err(error) = self.send(&message).await {
+        let mut frames = serde_json::to_vec(&message).unwrap_or_default();
+        frames.push(b'\n');
+        for line in after {
+            frames.extend_from_slice(&line);
+            frames.push(b'\n');
+        }
+        let mut stdout = self.stdout.lock().await;
+        let written = async {
+            stdout.write_all(&frames).await?;
+            stdout.flush().await
+        };
+        if let Err(error) = written.await {
             eprintln!("fake: cannot write a reply: {error}");
         }
     }
 
-    /// Sends a notification.
-    pub async fn notify<T: Serialize>(&self, method: &str, params: &T) -> anyhow::Result<()> {
-        let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
-        self.send(&message).await
-    }
-
     /// Sends bytes a step wrote as an `output` notification.
     pub async fn output(&self, session: &str, step: u32, stream: Stream, bytes: &[u8]) -> anyhow::Result<()> {
-        let params = OutputParams {
-            session: session.to_string(),
-            step,
-            stream,
-            data: base64::engine::general_purpose::STANDARD.encode(bytes),
-        };
-        self.notify(method::OUTPUT, &params).await
+        self.line(&output_frame(session, step, stream, bytes)?).await
     }
+
+    /// Whether stdout is full: the runner does not read it as fast as the fake writes
+    /// (`drop-output-when-slow`).
+    pub fn is_full(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd as _;
+        let stdout = std::io::stdout();
+        let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::POLLOUT)];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(0))
+    }
+}
+
+/// An `output` notification of bytes a step wrote, as one line without its newline.
+pub fn output_frame(session: &str, step: u32, stream: Stream, bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let params = OutputParams {
+        session: session.to_string(),
+        step,
+        stream,
+        data: base64::engine::general_purpose::STANDARD.encode(bytes),
+    };
+    Ok(serde_json::to_vec(&json!({"jsonrpc": "2.0", "method": method::OUTPUT, "params": params}))?)
 }
 
 #[cfg(test)]

@@ -2,14 +2,16 @@
 //! `tar c` in the pod over the API's websocket, which keeps modes, symlinks, executable bits
 //! and empty folders; every uploaded entry is vetted on its way
 //! ([`knotless_protocol::tarball::copy_vetted`]), unpacked into a staging folder inside the
-//! destination and merged in only once whole. The exit code comes from the exec's status
+//! destination and merged in only once whole; a download is passed on less what no archive the
+//! runner accepts may hold (special files, links that leave the folder), each named in a warning
+//! ([`knotless_protocol::sdk::remote::pass_download`]). The exit code comes from the exec's status
 //! channel; an unpack also says its own on stdout, which stands in when the Status is lost.
 //! The SDK bounds the bytes and the deadline; a missing folder is `NOT_FOUND`.
 
 use knotless_protocol::sdk::remote::{self, Exec};
 use knotless_protocol::sdk::{Context, DownloadStream, UploadStream};
 use knotless_protocol::*;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncReadExt as _;
 
 use crate::KubernetesExecutor;
 use crate::api::Client;
@@ -143,21 +145,24 @@ async fn unpack(
 pub async fn download(
     executor: &KubernetesExecutor,
     params: &TransferParams,
-    mut data: DownloadStream,
-    _context: Context,
+    data: DownloadStream,
+    context: Context,
 ) -> Result<(), ExecutorError> {
     let session = executor.session(&params.session)?;
     let client = executor.cluster()?.client().await?;
     let path = absolute(&params.path)?;
-    let Exec { stdin, mut stdout, stderr, ended } =
+    let Exec { stdin, stdout, stderr, ended } =
         client.exec(&session.namespace, &session.pod, pack_argv(&path), None).await?;
     drop(stdin);
+    // Special files and links that leave the folder are left out, each named in a warning.
     let copy = async {
-        let copied = tokio::io::copy(&mut stdout, &mut data).await;
-        if copied.is_err() {
+        let (rest, copied) = remote::pass_download(stdout, data).await;
+        if copied.is_err()
+            && let Some(mut rest) = rest
+        {
             // A refused download: the rest is read and dropped, so the exec reaches its end
             // (its websocket task waits for a reader while its buffer is full).
-            let _ = tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await;
+            let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
         }
         copied
     };
@@ -165,18 +170,20 @@ pub async fn download(
     if code == Some(MISSING) {
         return Err(ExecutorError::new(ErrorKind::NotFound, format!("no path {path} in session {}", session.id)));
     }
-    if let Err(error) = copied {
-        return Err(ExecutorError::infrastructure(format!("the download of {path} failed: {error}")));
-    }
+    let skipped = match copied {
+        Ok(skipped) => skipped,
+        Err(error) => return Err(ExecutorError::infrastructure(format!("the download of {path} failed: {error}"))),
+    };
     if code != Some(0) {
         return Err(ExecutorError::infrastructure(format!(
             "cannot pack {path} in pod {} (exit code {code:?}): {said}",
             session.pod
         )));
     }
-    data.shutdown()
-        .await
-        .map_err(|error| ExecutorError::infrastructure(format!("the download of {path} did not end: {error}")))?;
+    for entry in skipped {
+        let message = format!("left {} out of the download of {}: {}", entry.path.display(), params.path, entry.reason);
+        context.log(&session.id, LogLevel::Warn, message).await;
+    }
     tracing::info!(job = %session.job, namespace = %session.namespace, path = %path, "downloaded");
     Ok(())
 }

@@ -120,6 +120,43 @@ where
     }
 }
 
+/// Passes a download that a tool in the environment packs (`docker cp`, `tar c`) to the
+/// runner, leaving out what no archive the runner accepts may hold
+/// ([`crate::tarball::copy_skipping`]: special files and symlinks that leave the folder), then
+/// closes the stream. Returns the reader, to drain what is left of it after an error, and what
+/// was left out, each to name in a warning; or why the copy failed (a bound passed keeps its
+/// `FileTooLarge` kind).
+pub async fn pass_download<R>(
+    from: R,
+    data: crate::sdk::DownloadStream,
+) -> (Option<R>, std::io::Result<Vec<crate::tarball::Skipped>>)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    use crate::tarball::UnpackError;
+    use std::io::Write as _;
+    use tokio_util::io::SyncIoBridge;
+    let passed = tokio::task::spawn_blocking(move || {
+        let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(from));
+        let mut output = SyncIoBridge::new(data);
+        let copied = crate::tarball::copy_skipping(&mut input, &mut output).map_err(|error| match error {
+            UnpackError::Io(error) => error,
+            refusal => std::io::Error::other(refusal),
+        });
+        let ended = copied.and_then(|(_, skipped)| {
+            output.flush()?;
+            output.shutdown()?;
+            Ok(skipped)
+        });
+        (input.into_inner().into_inner(), ended)
+    })
+    .await;
+    match passed {
+        Ok((from, ended)) => (Some(from), ended),
+        Err(error) => (None, Err(std::io::Error::other(format!("the copy failed: {error}")))),
+    }
+}
+
 /// The argv that removes a refused upload's staging folder.
 pub fn discard_argv(staging: &str) -> Vec<String> {
     ["rm", "-rf", "--", staging].into_iter().map(str::to_string).collect()

@@ -8,7 +8,8 @@ use anyhow::bail;
 use clap::{ArgGroup, Args, Subcommand};
 
 use super::ExecutorArgs;
-use crate::{conformance, printable};
+use crate::conformance::{self, Check, Verdict};
+use crate::printable;
 
 /// `plugin` subcommands.
 #[derive(Debug, Subcommand)]
@@ -41,13 +42,24 @@ pub async fn main(command: PluginCommand) -> anyhow::Result<ExitCode> {
     // The group makes PATH, --executor and --executor-plugin one choice, and one is given.
     let config = args.executor.host_config("", &format!("check-{}", std::process::id()))?;
     crate::say!("plugin check {}", printable::name(&config.process.path.display().to_string()));
-    let checks = conformance::run(config, |check| match &check.outcome {
-        // What the executor under test answered is shown escaped: it is its text.
-        Ok(detail) => crate::say!("  ok    {}: {}", check.name, printable::name(detail)),
-        Err(why) => crate::say!("  FAIL  {}: {}", check.name, printable::name(why)),
-    })
-    .await;
-    let failed = checks.iter().filter(|check| check.outcome.is_err()).count();
-    crate::say!("{} passed, {failed} failed", checks.len() - failed);
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    let checks = conformance::run(config, |check| crate::say!("{}", report_line(check))).await;
+    let count = |wanted: fn(&Verdict) -> bool| checks.iter().filter(|check| wanted(&check.verdict)).count();
+    let passed = count(|verdict| matches!(verdict, Verdict::Passed(_)));
+    let failed = count(|verdict| matches!(verdict, Verdict::Failed(_)));
+    let not_run = count(|verdict| matches!(verdict, Verdict::NotRun(_)));
+    crate::say!("{passed} passed, {failed} failed, {not_run} not run");
+    Ok(if failed == 0 && not_run == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// One case's line: `  ok       NAME (12 ms): detail`, `  FAIL     NAME (3 ms): why` or
+/// `  not run  NAME: why`. What the executor under test answered is shown escaped: it is its
+/// text.
+pub fn report_line(check: &Check) -> String {
+    let took = check.took.map(|took| format!(" ({} ms)", took.as_millis())).unwrap_or_default();
+    let (tag, text) = match &check.verdict {
+        Verdict::Passed(detail) => ("ok", detail),
+        Verdict::Failed(why) => ("FAIL", why),
+        Verdict::NotRun(why) => ("not run", why),
+    };
+    format!("  {tag:<7}  {}{took}: {}", check.name, printable::name(text))
 }

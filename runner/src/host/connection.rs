@@ -113,6 +113,9 @@ pub struct Connection {
     /// The step running in each session, as the runner asked for it: output for any other
     /// step, or for a session running none, breaks the protocol.
     running: Mutex<HashMap<String, u32>>,
+    /// The session of each `command` in flight, by request id: its answer ends the step there
+    /// and then, in the order the executor wrote, so output after it breaks the protocol.
+    commands: Mutex<HashMap<u64, String>>,
     closed: CancellationToken,
     cause: Arc<Mutex<Option<Closed>>>,
 }
@@ -135,6 +138,7 @@ impl Connection {
             sessions: Arc::default(),
             next_id: AtomicU64::new(1),
             running: Mutex::default(),
+            commands: Mutex::default(),
             closed: CancellationToken::new(),
             cause: Arc::default(),
         });
@@ -214,6 +218,9 @@ impl Connection {
                 let Some(sender) = lock(&self.pending).remove(&id) else {
                     return Err(not_a_message(&format!("a second answer to request {id}")));
                 };
+                if let Some(session) = lock(&self.commands).remove(&id) {
+                    lock(&self.running).remove(&session);
+                }
                 let _ = sender.send(answer);
                 Ok(None)
             }
@@ -305,8 +312,13 @@ impl Connection {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (sender, receiver) = oneshot::channel();
         lock(&self.pending).insert(id, sender);
-        let frame =
-            framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let message = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        if method == method::COMMAND
+            && let Some(session) = message["params"]["session"].as_str()
+        {
+            lock(&self.commands).insert(id, session.to_string());
+        }
+        let frame = framing::encode(&message);
         if let Some(cause) = self.cause() {
             self.fail(id, cause);
         } else if let Err(error) = self.write(&frame).await {
@@ -319,6 +331,14 @@ impl Connection {
     pub async fn notify<P: Serialize>(&self, method: &str, params: &P) {
         let frame = framing::encode(&serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params}));
         let _ = self.write(&frame).await;
+    }
+
+    /// Closes the executor's stdin (it reads the end of its input) and keeps reading its
+    /// stdout; what is sent after this goes nowhere.
+    pub async fn end_input(&self) {
+        let mut writer = self.writer.lock().await;
+        let _ = writer.shutdown().await;
+        *writer = Box::new(tokio::io::sink());
     }
 
     async fn write(&self, frame: &[u8]) -> std::io::Result<()> {
@@ -474,6 +494,32 @@ mod tests {
         ])
         .await;
         assert!(unknown.contains("output for session nope while it runs no step"), "{unknown}");
+    }
+
+    #[tokio::test]
+    async fn output_after_the_answer_to_its_command_breaks_the_protocol() {
+        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(runner_side);
+        let (unrouted, _) = mpsc::unbounded_channel();
+        let connection = Connection::new(read, write, unrouted);
+        let mut events = connection.subscribe("s1");
+        connection.set_running("s1", Some(0));
+        let (id, answer) = connection.send(method::COMMAND, &serde_json::json!({"session": "s1"})).await;
+        // The runner has not yet taken the answer when the late output comes: the answer
+        // itself ended the step.
+        let lines = format!(
+            "{}\n{}\n",
+            format_args!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"exit_code":0,"duration_ms":1}}}}"#),
+            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":0,"stream":"stdout","data":"aGk="}}"#,
+        );
+        executor_side.write_all(lines.as_bytes()).await.expect("write");
+        connection.closed().await;
+        assert!(answer.await.expect("answered").is_ok());
+        assert!(events.try_recv().is_err(), "the late output reached the session");
+        let Some(Closed::Garbage(detail)) = connection.cause() else {
+            panic!("expected a protocol error, got {:?}", connection.cause());
+        };
+        assert!(detail.contains("output for session s1 while it runs no step"), "{detail}");
     }
 
     #[tokio::test]

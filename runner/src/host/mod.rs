@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use connection::{Closed, Connection, Reply, SessionEvent};
+pub use connection::{Closed, Connection, Reply, SessionEvent, decode};
 pub use locate::{PluginSearch, is_executable};
 pub use options::executor_option_flag;
 pub use process::{ExecutorProcess, INHERITED_VARIABLES, ProcessSpec, StderrTail, describe_status};
@@ -111,6 +111,9 @@ pub struct ExecutorHost {
     config: HostConfig,
     current: tokio::sync::Mutex<Option<Arc<Live>>>,
     needs_cleanup: AtomicBool,
+    /// Whether a dead executor is replaced by a fresh one at the next request (it is, but
+    /// while `plugin check` judges the one it started).
+    replaces_dead: AtomicBool,
     in_flight: Mutex<HashSet<String>>,
     channels: tempfile::TempDir,
     transfers: AtomicU64,
@@ -140,6 +143,7 @@ impl ExecutorHost {
             config,
             current: tokio::sync::Mutex::new(None),
             needs_cleanup: AtomicBool::new(false),
+            replaces_dead: AtomicBool::new(true),
             in_flight: Mutex::new(HashSet::new()),
             channels,
             transfers: AtomicU64::new(0),
@@ -164,10 +168,31 @@ impl ExecutorHost {
         &self.config
     }
 
+    /// Why the executor running now is gone, if its connection ended (it exited, broke the
+    /// protocol, or was stopped as hung): the cause in a few words, and the whole of it with its
+    /// exit status and stderr tail.
+    pub async fn gone(&self) -> Option<(String, String)> {
+        let live = self.current.lock().await.clone()?;
+        let cause = live.connection.cause()?;
+        let status = match live.process.wait_exit(Duration::from_secs(1)).await {
+            Some(status) => Some(status),
+            None => live.process.terminate(self.config.grace).await,
+        };
+        let whole =
+            format!("executor {} {cause} ({}); {}", self.name(), describe_status(status), live.process.tail().render());
+        Some((cause.to_string(), whole))
+    }
+
     /// What the current executor said in its handshake.
     pub async fn info(&self) -> Result<InitializeResult, HostError> {
         let live = self.live().await?;
         live.info.get().cloned().ok_or_else(|| HostError::Fault("the executor has not completed its handshake".into()))
+    }
+
+    /// Whether a dead executor is replaced by a fresh one at the next request; when not, every
+    /// request after it is gone fails, naming why it went.
+    pub fn set_replaces_dead(&self, replaces: bool) {
+        self.replaces_dead.store(replaces, Ordering::SeqCst);
     }
 
     /// The live executor, starting a fresh one (and sweeping what a dead one left) if needed.
@@ -176,6 +201,10 @@ impl ExecutorHost {
         if let Some(live) = current.as_ref() {
             if !live.connection.is_closed() {
                 return Ok(live.clone());
+            }
+            if !self.replaces_dead.load(Ordering::SeqCst) {
+                let cause = live.connection.cause().map(|cause| cause.to_string()).unwrap_or_default();
+                return Err(HostError::Fault(format!("executor {} is gone: it {cause}", self.name())));
             }
             let live = live.clone();
             *current = None;

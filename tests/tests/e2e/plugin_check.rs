@@ -1,10 +1,58 @@
-//! `knotless-run plugin check`: the shell executor passes; fake executors that break the
-//! protocol fail, and the failing check is named.
+//! `knotless-run plugin check`: the shell executor passes every case; the fake executor in each
+//! of its misbehaving modes fails the case that mode breaks, and a fatal fault is reported once,
+//! the cases after it not run.
 
-use knotless_tests::{bin, fake_executor, knotless_run, ran};
+use knotless_tests::{Ran, bin, fake_executor, knotless_run, ran};
+
+/// Every case of the suite, in order.
+const CASES: &[&str] = &[
+    "handshake",
+    "version refusal",
+    "ping",
+    "cleanup at start",
+    "start",
+    "output before the result",
+    "step output and exit code",
+    "non-zero exit",
+    "duplicate start",
+    "unknown sessions",
+    "variables and secrets",
+    "working folder",
+    "step timeout",
+    "processes left after a timeout",
+    "cancellation",
+    "processes left after a cancel",
+    "upload and download",
+    "upload refusals",
+    "special files in a download",
+    "download of a missing path",
+    "1 MiB of output with a slow reader",
+    "stop",
+    "cleanup of sessions not in flight",
+    "end of stdin",
+    "shutdown",
+];
+
+/// The report's line of each case, in order: `(verdict, name, the rest)`.
+fn report(run: &Ran) -> Vec<(String, String, String)> {
+    run.stdout
+        .lines()
+        .filter_map(|line| {
+            let line = line.strip_prefix("  ")?;
+            let (verdict, rest) = ["ok", "FAIL", "not run"].iter().find_map(|verdict| {
+                let rest = line.strip_prefix(verdict)?.strip_prefix(' ')?;
+                Some((verdict.to_string(), rest.trim_start()))
+            })?;
+            let name = CASES
+                .iter()
+                .find(|name| rest.starts_with(&format!("{name} (")) || rest.starts_with(&format!("{name}:")))?;
+            Some((verdict, name.to_string(), rest[name.len()..].to_string()))
+        })
+        .collect()
+}
 
 #[test]
-fn the_shell_executor_passes_every_check() {
+fn the_shell_executor_passes_every_case_each_with_its_time() {
     let work = tempfile::tempdir().expect("tempdir");
     let run = ran(knotless_run(&[
         "plugin",
@@ -14,26 +62,45 @@ fn the_shell_executor_passes_every_check() {
         &format!("work-dir={}", work.path().display()),
     ]));
     assert_eq!(run.code, Some(0), "{}", run.both());
-    assert!(!run.stdout.contains("FAIL"), "{}", run.both());
-    assert!(run.stdout.contains(" passed, 0 failed"), "{}", run.both());
-    for check in [
-        "handshake",
-        "version refusal",
-        "step timeout",
-        "cancellation",
-        "upload and download",
-        "cleanup of sessions not in flight",
-    ] {
-        assert!(run.stdout.contains(&format!("ok    {check}")), "{check}\n{}", run.both());
+    let lines = report(&run);
+    let names: Vec<&str> = lines.iter().map(|(_, name, _)| name.as_str()).collect();
+    assert_eq!(names, CASES, "{}", run.both());
+    for (verdict, name, rest) in &lines {
+        assert_eq!(verdict, "ok", "{name}\n{}", run.both());
+        // `  ok       working folder (12 ms): steps run in ...`
+        let took = rest.strip_prefix(" (").and_then(|rest| rest.split_once(" ms): "));
+        assert!(took.is_some_and(|(ms, _)| ms.parse::<u64>().is_ok()), "{name}: {rest}\n{}", run.both());
     }
+    assert!(run.stdout.ends_with(&format!("{} passed, 0 failed, 0 not run\n", CASES.len())), "{}", run.both());
 }
 
+/// The fake in `mode` fails the case `failing` and no other: the cases after it pass, or are
+/// not run when the executor is gone. Returns the run.
+fn fails_only(mode: &str, failing: &str) -> Ran {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let wrapper = fake_executor(scratch.path(), mode);
+    let run = ran(knotless_run(&["plugin", "check", &wrapper.display().to_string(), "--executor-grace", "1"]));
+    assert_eq!(run.code, Some(1), "{mode}\n{}", run.both());
+    let lines = report(&run);
+    assert_eq!(lines.len(), CASES.len(), "{mode}\n{}", run.both());
+    let failed: Vec<&str> =
+        lines.iter().filter(|(verdict, _, _)| verdict == "FAIL").map(|(_, name, _)| name.as_str()).collect();
+    assert_eq!(failed, [failing], "{mode} should fail `{failing}` alone\n{}", run.both());
+    assert!(!run.both().contains("panicked"), "{}", run.both());
+    run
+}
+
+/// The fake in `mode` fails `failing`, among others.
 fn check_fails(mode: &str, failing: &str) {
     let scratch = tempfile::tempdir().expect("tempdir");
     let wrapper = fake_executor(scratch.path(), mode);
     let run = ran(knotless_run(&["plugin", "check", &wrapper.display().to_string(), "--executor-grace", "1"]));
     assert_eq!(run.code, Some(1), "{mode}\n{}", run.both());
-    assert!(run.stdout.contains(&format!("FAIL  {failing}:")), "{mode} should fail `{failing}`\n{}", run.both());
+    assert!(
+        report(&run).iter().any(|(verdict, name, _)| verdict == "FAIL" && name == failing),
+        "{mode} should fail `{failing}`\n{}",
+        run.both()
+    );
     assert!(!run.both().contains("panicked"), "{}", run.both());
 }
 
@@ -58,11 +125,87 @@ fn an_executor_that_miscounts_a_transfer_fails_the_round_trip() {
 }
 
 #[test]
-fn an_executor_that_refuses_every_version_fails_the_handshake() {
-    check_fails("refuse-version", "handshake");
+fn an_executor_that_refuses_every_version_fails_the_handshake_and_nothing_else_runs() {
+    let run = fails_only("refuse-version", "handshake");
+    let not_run = report(&run)
+        .iter()
+        .filter(|(verdict, _, rest)| verdict == "not run" && rest == ": the handshake failed")
+        .count();
+    assert_eq!(not_run, CASES.len() - 1, "{}", run.both());
 }
 
 #[test]
-fn an_executor_that_writes_garbage_fails_a_step_check() {
-    check_fails("garbage", "step output and exit code");
+fn an_executor_that_writes_garbage_fails_its_first_step_once() {
+    fails_only("garbage", "output before the result");
+}
+
+#[test]
+fn a_crash_is_reported_once_in_its_case_and_every_later_case_is_not_run() {
+    let run = fails_only("crash-mid-step", "output before the result");
+    let lines = report(&run);
+    let (_, _, fault) = &lines[5];
+    assert!(fault.contains("closed its stdout during command (exit status 101)"), "{}", run.both());
+    assert!(fault.contains("crashing mid-step"), "the fault carries the stderr tail\n{}", run.both());
+    for (verdict, name, rest) in &lines[6..] {
+        assert_eq!(verdict, "not run", "{name}\n{}", run.both());
+        assert_eq!(rest, ": the executor was gone in `output before the result`", "{name}\n{}", run.both());
+    }
+    assert!(run.stdout.ends_with("5 passed, 1 failed, 19 not run\n"), "{}", run.both());
+    assert_eq!(run.stdout.matches("exit status 101").count(), 1, "the fault is said once\n{}", run.both());
+}
+
+#[test]
+fn an_executor_that_runs_steps_elsewhere_fails_the_working_folder() {
+    fails_only("wrong-workdir", "working folder");
+}
+
+#[test]
+fn an_executor_that_starts_a_live_session_again_fails_the_duplicate_start() {
+    fails_only("duplicate-start", "duplicate start");
+}
+
+#[test]
+fn an_executor_that_stops_a_session_it_never_started_fails_the_unknown_sessions() {
+    fails_only("stop-unknown-ok", "unknown sessions");
+}
+
+#[test]
+fn an_executor_that_sends_output_after_the_result_fails_that_case() {
+    let run = fails_only("late-output", "output before the result");
+    assert!(run.stdout.contains("when the result came, 0 of the"), "{}", run.both());
+    assert!(run.stdout.contains("while it runs no step"), "{}", run.both());
+}
+
+#[test]
+fn an_executor_that_drops_output_for_a_slow_reader_fails_that_case() {
+    fails_only("drop-output-when-slow", "1 MiB of output with a slow reader");
+}
+
+#[test]
+fn an_executor_that_skips_special_files_in_an_upload_fails_the_refusals() {
+    let run = fails_only("accept-special-uploads", "upload refusals");
+    assert!(run.stdout.contains("a FIFO was accepted; a device node was accepted"), "{}", run.both());
+}
+
+#[test]
+fn an_executor_that_downloads_special_files_fails_that_case() {
+    fails_only("archive-special-files", "special files in a download");
+}
+
+#[test]
+fn an_executor_that_leaves_a_setsid_process_at_a_timeout_fails_that_case() {
+    let run = fails_only("leave-processes-at-timeout", "processes left after a timeout");
+    assert!(run.stdout.contains("outlived the answer -32004 (TIMEOUT): the one after setsid"), "{}", run.both());
+}
+
+#[test]
+fn an_executor_that_leaves_a_setsid_process_at_a_cancel_fails_that_case() {
+    let run = fails_only("leave-processes-at-cancel", "processes left after a cancel");
+    assert!(run.stdout.contains("outlived the answer -32003 (CANCELLED): the one after setsid"), "{}", run.both());
+}
+
+#[test]
+fn an_executor_that_leaves_its_sessions_at_the_end_of_stdin_fails_that_case() {
+    let run = fails_only("leave-sessions-at-eof", "end of stdin");
+    assert!(run.stdout.contains("exited without stopping session"), "{}", run.both());
 }

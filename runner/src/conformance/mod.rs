@@ -1,0 +1,341 @@
+//! The conformance suite of `knotless-run plugin check`: runs an executor binary through every
+//! operation of the protocol and says, case by case, what passed, what failed and what could not
+//! run, and how long each took.
+//!
+//! Every case can fail: each names what it expects, and a misbehaving fake executor mode fails it
+//! (`plugins/fake`). Once the executor is gone (it exited, broke the protocol, or was stopped as
+//! hung) the fault is reported once, in the case that saw it, and every later case is `not run`.
+
+mod processes;
+mod raw;
+mod sessions;
+mod steps;
+mod suite;
+mod transfers;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use knotless_protocol::messages::*;
+use tokio_util::sync::CancellationToken;
+
+use crate::host::{ExecutorHost, HostConfig};
+use suite::Suite;
+
+/// The cases, in the order they run.
+pub mod case {
+    /// `initialize` is answered.
+    pub const HANDSHAKE: &str = "handshake";
+    /// A version the executor does not speak is refused.
+    pub const VERSION_REFUSAL: &str = "version refusal";
+    /// `ping` is answered.
+    pub const PING: &str = "ping";
+    /// The sweep a runner sends when it starts.
+    pub const CLEANUP_AT_START: &str = "cleanup at start";
+    /// A session starts.
+    pub const START: &str = "start";
+    /// A second `start` of a live session is refused.
+    pub const DUPLICATE_START: &str = "duplicate start";
+    /// Requests about a session never started are refused.
+    pub const UNKNOWN_SESSIONS: &str = "unknown sessions";
+    /// A step's output and exit code.
+    pub const OUTPUT_AND_EXIT: &str = "step output and exit code";
+    /// Every output notification of a step comes before its result.
+    pub const OUTPUT_BEFORE_RESULT: &str = "output before the result";
+    /// A non-zero exit is a result.
+    pub const NON_ZERO_EXIT: &str = "non-zero exit";
+    /// Variables arrive verbatim; a secret reaches only its own step.
+    pub const VARIABLES: &str = "variables and secrets";
+    /// Steps run in the work folder.
+    pub const WORKING_FOLDER: &str = "working folder";
+    /// A step past its timeout is killed and answered TIMEOUT.
+    pub const TIMEOUT: &str = "step timeout";
+    /// No process of a timed-out step outlives the answer.
+    pub const LEFT_AFTER_TIMEOUT: &str = "processes left after a timeout";
+    /// A cancelled step is answered CANCELLED.
+    pub const CANCELLATION: &str = "cancellation";
+    /// No process of a cancelled step outlives the answer.
+    pub const LEFT_AFTER_CANCEL: &str = "processes left after a cancel";
+    /// A tree comes back as it went.
+    pub const ROUND_TRIP: &str = "upload and download";
+    /// Hostile uploads are refused.
+    pub const UPLOAD_REFUSALS: &str = "upload refusals";
+    /// Special files stay out of a download.
+    pub const SPECIAL_DOWNLOAD: &str = "special files in a download";
+    /// A missing path is NOT_FOUND.
+    pub const MISSING_DOWNLOAD: &str = "download of a missing path";
+    /// 1 MiB of output reaches a slow reader whole.
+    pub const SLOW_READER: &str = "1 MiB of output with a slow reader";
+    /// A stopped session is gone.
+    pub const STOP: &str = "stop";
+    /// `cleanup` removes what is not kept and keeps what is.
+    pub const CLEANUP: &str = "cleanup of sessions not in flight";
+    /// At the end of its stdin the executor stops its sessions and exits.
+    pub const END_OF_STDIN: &str = "end of stdin";
+    /// `shutdown` is answered and the executor exits.
+    pub const SHUTDOWN: &str = "shutdown";
+
+    /// The cases that run in the session `start` made, before `stop`.
+    pub const IN_SESSION: &[&str] = &[
+        OUTPUT_BEFORE_RESULT,
+        OUTPUT_AND_EXIT,
+        NON_ZERO_EXIT,
+        DUPLICATE_START,
+        UNKNOWN_SESSIONS,
+        VARIABLES,
+        WORKING_FOLDER,
+        TIMEOUT,
+        LEFT_AFTER_TIMEOUT,
+        CANCELLATION,
+        LEFT_AFTER_CANCEL,
+        ROUND_TRIP,
+        UPLOAD_REFUSALS,
+        SPECIAL_DOWNLOAD,
+        MISSING_DOWNLOAD,
+    ];
+
+    /// Every case, in order.
+    pub const ALL: &[&str] = &[
+        HANDSHAKE,
+        VERSION_REFUSAL,
+        PING,
+        CLEANUP_AT_START,
+        START,
+        OUTPUT_BEFORE_RESULT,
+        OUTPUT_AND_EXIT,
+        NON_ZERO_EXIT,
+        DUPLICATE_START,
+        UNKNOWN_SESSIONS,
+        VARIABLES,
+        WORKING_FOLDER,
+        TIMEOUT,
+        LEFT_AFTER_TIMEOUT,
+        CANCELLATION,
+        LEFT_AFTER_CANCEL,
+        ROUND_TRIP,
+        UPLOAD_REFUSALS,
+        SPECIAL_DOWNLOAD,
+        MISSING_DOWNLOAD,
+        SLOW_READER,
+        STOP,
+        CLEANUP,
+        END_OF_STDIN,
+        SHUTDOWN,
+    ];
+}
+
+/// How a case ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// It passed; what it saw.
+    Passed(String),
+    /// It failed; why.
+    Failed(String),
+    /// It could not run; why (the executor was gone, or a case it needs failed).
+    NotRun(String),
+}
+
+/// The outcome of one case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// What was checked (one of [`case::ALL`]).
+    pub name: &'static str,
+    /// How it ended.
+    pub verdict: Verdict,
+    /// How long it took, when it ran.
+    pub took: Option<Duration>,
+}
+
+/// What a case found: `Ok(detail)` when it passed, `Err(why)` when it failed.
+type Outcome = Result<String, String>;
+
+/// Why the cases in the session cannot run.
+const NO_SESSION: &str = "no session: `start` failed";
+
+/// Runs the suite; `report` sees each case as it ends, and every case of [`case::ALL`] is
+/// reported once, in order.
+pub async fn run(config: HostConfig, report: impl FnMut(&Check)) -> Vec<Check> {
+    let mut record = Recorder { checks: Vec::new(), report, host: None, blocked: None };
+    let started = Instant::now();
+    let host = match ExecutorHost::start(config.clone()).await {
+        Ok(host) => host,
+        Err(error) => {
+            record.record(case::HANDSHAKE, Verdict::Failed(error.to_string()), Some(started.elapsed()));
+            return record.finish("the handshake failed");
+        }
+    };
+    // The executor under test is judged alone: one that died is not replaced until the end.
+    host.set_replaces_dead(false);
+    record.host = Some(host.clone());
+    record.case(case::HANDSHAKE, handshake(&host)).await;
+    let suite = Suite::new(host.clone(), config.clone());
+    record.case(case::VERSION_REFUSAL, raw::version_refusal(&config)).await;
+    record.case(case::PING, ping(&host)).await;
+    record.case(case::CLEANUP_AT_START, suite.cleanup_at_start()).await;
+    let session = record
+        .case_with(case::START, async {
+            let session = suite.open("a").await?;
+            let detail = format!("work folder {}", session.paths().work);
+            Ok((session, detail))
+        })
+        .await;
+    match &session {
+        Some(session) => {
+            record.case(case::OUTPUT_BEFORE_RESULT, suite.output_before_result(session)).await;
+            record.case(case::OUTPUT_AND_EXIT, suite.output_and_exit(session)).await;
+            record.case(case::NON_ZERO_EXIT, suite.non_zero(session)).await;
+            record.case(case::DUPLICATE_START, suite.duplicate_start(session)).await;
+            record.case(case::UNKNOWN_SESSIONS, suite.unknown_sessions()).await;
+            record.case(case::VARIABLES, suite.variables(session)).await;
+            record.case(case::WORKING_FOLDER, suite.workdir(session)).await;
+            record.case(case::TIMEOUT, suite.timeout(session)).await;
+            record.case(case::LEFT_AFTER_TIMEOUT, suite.left_after_timeout(session)).await;
+            record.case(case::CANCELLATION, suite.cancellation(session)).await;
+            record.case(case::LEFT_AFTER_CANCEL, suite.left_after_cancel(session)).await;
+            record.case(case::ROUND_TRIP, suite.round_trip(session)).await;
+            record.case(case::UPLOAD_REFUSALS, suite.upload_refusals(session)).await;
+            record.case(case::SPECIAL_DOWNLOAD, suite.special_download(session)).await;
+            record.case(case::MISSING_DOWNLOAD, suite.missing(session)).await;
+        }
+        None => {
+            for name in case::IN_SESSION {
+                record.skip(name, NO_SESSION);
+            }
+        }
+    }
+    record.case(case::SLOW_READER, raw::slow_reader(&config, suite.start_params("slow-reader"))).await;
+    match session {
+        Some(session) => record.case(case::STOP, suite.stop(session)).await,
+        None => record.skip(case::STOP, NO_SESSION),
+    }
+    record.case(case::CLEANUP, suite.cleanup()).await;
+    record.case(case::END_OF_STDIN, suite.end_of_stdin()).await;
+    if record.blocked.is_some() {
+        // The executor is gone: sweep what it left with a fresh one, as a runner would.
+        host.set_replaces_dead(true);
+        host.shutdown().await;
+        return record.finish("");
+    }
+    let started = Instant::now();
+    let outcome = shutdown(&host).await;
+    record.record(case::SHUTDOWN, verdict_of(outcome), Some(started.elapsed()));
+    record.finish("")
+}
+
+fn verdict_of(outcome: Outcome) -> Verdict {
+    match outcome {
+        Ok(detail) => Verdict::Passed(detail),
+        Err(why) => Verdict::Failed(why),
+    }
+}
+
+/// Records the cases as they end, and knows when the executor is gone.
+struct Recorder<F> {
+    checks: Vec<Check>,
+    report: F,
+    host: Option<Arc<ExecutorHost>>,
+    /// Why every later case cannot run, once the executor is gone.
+    blocked: Option<String>,
+}
+
+impl<F: FnMut(&Check)> Recorder<F> {
+    fn record(&mut self, name: &'static str, verdict: Verdict, took: Option<Duration>) {
+        let check = Check { name, verdict, took };
+        (self.report)(&check);
+        self.checks.push(check);
+    }
+
+    /// A case that could not run for a reason of its own (a case it needs failed).
+    fn skip(&mut self, name: &'static str, reason: &str) {
+        let reason = self.blocked.clone().unwrap_or_else(|| reason.to_string());
+        self.record(name, Verdict::NotRun(reason), None);
+    }
+
+    /// Runs a case, unless the executor is gone.
+    async fn case(&mut self, name: &'static str, case: impl Future<Output = Outcome>) {
+        if let Some(reason) = self.blocked.clone() {
+            self.record(name, Verdict::NotRun(reason), None);
+            return;
+        }
+        let started = Instant::now();
+        let outcome = case.await;
+        self.after(name, outcome, started.elapsed()).await;
+    }
+
+    /// Runs a case that makes something later cases need, unless the executor is gone.
+    async fn case_with<T>(
+        &mut self,
+        name: &'static str,
+        case: impl Future<Output = Result<(T, String), String>>,
+    ) -> Option<T> {
+        if let Some(reason) = self.blocked.clone() {
+            self.record(name, Verdict::NotRun(reason), None);
+            return None;
+        }
+        let started = Instant::now();
+        let (made, outcome) = match case.await {
+            Ok((made, detail)) => (Some(made), Ok(detail)),
+            Err(why) => (None, Err(why)),
+        };
+        self.after(name, outcome, started.elapsed()).await;
+        made
+    }
+
+    /// Records a case that ran, and whether the executor was lost in it: its fault is said here,
+    /// once.
+    async fn after(&mut self, name: &'static str, outcome: Outcome, took: Duration) {
+        let lost = match &self.host {
+            Some(host) => host.gone().await,
+            None => None,
+        };
+        if lost.is_some() && self.blocked.is_none() {
+            self.blocked = Some(format!("the executor was gone in `{name}`"));
+        }
+        let verdict = match (outcome, lost) {
+            (outcome, None) => verdict_of(outcome),
+            (Err(why), Some((cause, _))) if why.contains(&cause) => Verdict::Failed(why),
+            (Err(why), Some((_, whole))) => Verdict::Failed(format!("{why}; then the executor was gone: {whole}")),
+            (Ok(_), Some((_, whole))) => Verdict::Failed(format!("the executor was gone after this case: {whole}")),
+        };
+        self.record(name, verdict, Some(took));
+    }
+
+    /// Marks every case not reported yet `not run`, and returns the report.
+    fn finish(mut self, reason: &str) -> Vec<Check> {
+        let reason = self.blocked.clone().unwrap_or_else(|| reason.to_string());
+        for name in case::ALL {
+            if !self.checks.iter().any(|check| check.name == *name) {
+                self.record(name, Verdict::NotRun(reason.clone()), None);
+            }
+        }
+        self.checks
+    }
+}
+
+async fn handshake(host: &Arc<ExecutorHost>) -> Outcome {
+    let info = host.info().await.map_err(|error| error.to_string())?;
+    if info.executor.name.is_empty() || info.executor.version.is_empty() {
+        return Err("the executor did not give its name and version".into());
+    }
+    Ok(format!(
+        "{} {}, protocol {}, isolation {:?}",
+        info.executor.name, info.executor.version, info.protocol_version, info.capabilities.isolation
+    ))
+}
+
+async fn ping(host: &Arc<ExecutorHost>) -> Outcome {
+    let started = Instant::now();
+    host.call::<_, Empty>(method::PING, &Empty {}, Duration::from_secs(10), &CancellationToken::new())
+        .await
+        .map_err(|error| error.to_string())?;
+    Ok(format!("answered in {} µs", started.elapsed().as_micros()))
+}
+
+async fn shutdown(host: &Arc<ExecutorHost>) -> Outcome {
+    if host.shutdown().await {
+        Ok("answered and exited by itself".into())
+    } else {
+        Err("did not exit after answering shutdown; it had to be killed".into())
+    }
+}
