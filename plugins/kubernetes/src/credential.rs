@@ -21,7 +21,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// The resources the runner's Role grants, and the verbs.
 pub const RESOURCES: &[&str] = &["jobs", "pods", "pods/log", "pods/exec", "events", "networkpolicies"];
-const VERBS: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+const VERBS: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
 
 /// What to make.
 #[derive(Debug, Clone)]
@@ -52,6 +52,8 @@ struct Question {
 const QUESTIONS: &[Question] = &[
     Question { verb: "create", resource: "jobs", subresource: "", group: "batch", namespaced: true, want: true },
     Question { verb: "create", resource: "pods", subresource: "exec", group: "", namespaced: true, want: true },
+    // A Job's leftover pods are deleted by their labels, at stop and in the orphan sweep.
+    Question { verb: "deletecollection", resource: "pods", subresource: "", group: "", namespaced: true, want: true },
     Question {
         verb: "create",
         resource: "networkpolicies",

@@ -20,7 +20,8 @@ pub enum KubeconfigCommand {
     /// (mode 0600) once checked.
     Scoped(ScopedArgs),
     /// Say what a kubeconfig's credential may do in a namespace; fails unless it may create
-    /// Jobs, pods/exec and NetworkPolicies and may not read secrets or nodes.
+    /// Jobs, pods/exec and NetworkPolicies and delete collections of pods, and may not read
+    /// secrets or nodes.
     Check(CheckArgs),
 }
 

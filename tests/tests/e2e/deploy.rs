@@ -353,6 +353,7 @@ fn the_kubernetes_guide_runs_against_the_fake_cluster() {
     let scoped = std::fs::read_to_string(&tenant).expect("the tenant kubeconfig");
     let token = scoped.lines().find_map(|line| line.trim().strip_prefix("token: ")).expect("a token").trim_matches('"');
     assert!(!token.is_empty() && !run.both().contains(token), "a token was printed\n{}", run.both());
+    assert!(run.stdout.contains("deletecollection pods: yes"), "{}", run.both());
     assert!(run.stdout.contains("get secrets: no") && run.stdout.contains("get nodes: no"), "{}", run.both());
     // plugin check passed, and the demo's workflows ran as Jobs with the scoped credential.
     assert!(run.stdout.contains(" passed, 0 failed"), "{}", run.both());
