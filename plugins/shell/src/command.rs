@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use knotless_protocol::sdk::Context;
 use knotless_protocol::sdk::output::OutputPipes;
 use knotless_protocol::*;
-use tokio::process::{ChildStderr, ChildStdout};
+use tokio::net::unix::pipe::Receiver;
 
 use crate::ShellExecutor;
 use crate::config::Config;
@@ -56,12 +56,7 @@ pub async fn run(
         )));
     }
     let deadline = tokio::time::Instant::from_std(context.deadline(params.timeout_ms));
-    let spec = StepSpec {
-        program: &executor.reaper_program,
-        script: &params.script,
-        env: step_env(&params, &session, &config),
-        workdir: &workdir,
-    };
+    let spec = StepSpec { script: &params.script, env: step_env(&params, &session, &config), workdir: &workdir };
     let started = Instant::now();
     let (mut reaper, stdout, stderr) = Reaper::spawn(spec).map_err(|error| {
         ExecutorError::infrastructure(format!("cannot start the step {step_name} in session {}: {error}", session.id))
@@ -213,7 +208,7 @@ async fn settle(reaper: &mut Reaper, pipes: &mut Pipes, context: &Context, sessi
 }
 
 /// The step's output pipes.
-type Pipes = OutputPipes<ChildStdout, ChildStderr>;
+type Pipes = OutputPipes<Receiver, Receiver>;
 
 /// Sends what is left in the pipes until both close or [`SETTLE`] passes, then closes them:
 /// what a leftover process writes later is not the step's.

@@ -24,7 +24,6 @@ mod session;
 mod transfer;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -34,38 +33,19 @@ use knotless_protocol::*;
 pub use config::Config;
 pub use session::Session;
 
-/// The shell executor. Build it with `default()` (in the executor's own binary) or
-/// [`ShellExecutor::with_reaper`], and hand it to `sdk::serve`.
+/// The shell executor: build it with `default()` and hand it to `sdk::serve`.
+///
+/// It makes its process a child subreaper, and when a step kills its reaper, every child of
+/// the process that is not a reaper is killed as that step's: a program that serves the
+/// executor (its own binary, or a test) must start no children of its own.
+#[derive(Default)]
 pub struct ShellExecutor {
     config: Mutex<Option<Arc<Config>>>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     image_warned: AtomicBool,
-    /// The binary started as each step's reaper (with [`reaper::FLAG`]).
-    reaper_program: PathBuf,
-}
-
-impl Default for ShellExecutor {
-    /// Steps' reapers are this process's own binary, as it is even if replaced on disk.
-    fn default() -> Self {
-        ShellExecutor::with_reaper(PathBuf::from("/proc/self/exe"))
-    }
 }
 
 impl ShellExecutor {
-    /// An executor whose steps' reapers are `program`, the `knotless-executor-shell` binary
-    /// (for serving the executor inside another program, as tests do). The program becomes a
-    /// child subreaper, and when a step kills its reaper, every child of the program that is
-    /// not a reaper is killed as that step's: a program that serves the executor must start
-    /// no children of its own.
-    pub fn with_reaper(program: PathBuf) -> Self {
-        ShellExecutor {
-            config: Mutex::default(),
-            sessions: Mutex::default(),
-            image_warned: AtomicBool::default(),
-            reaper_program: program,
-        }
-    }
-
     /// The configuration `initialize` accepted.
     fn config(&self) -> Result<Arc<Config>, ExecutorError> {
         lock(&self.config).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))

@@ -1,17 +1,12 @@
 //! The `knotless-executor-shell` binary: logs to stderr and serves the protocol on stdin and
-//! stdout; started with `--step-reaper`, it is one step's reaper instead.
+//! stdout.
 
 use std::process::ExitCode;
 
-use knotless_executor_shell::{ShellExecutor, reaper};
+use knotless_executor_shell::ShellExecutor;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> anyhow::Result<ExitCode> {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    if args.first().is_some_and(|flag| flag == reaper::FLAG) {
-        // Before any thread exists: the reaper blocks SIGCHLD for its only thread.
-        return Ok(reaper::serve(&args[1..]));
-    }
     // Stdout carries protocol frames only: every log line goes to stderr.
     let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // A closed stderr (the runner died) drops log lines instead of panicking the executor.

@@ -1,13 +1,15 @@
 //! The step reaper: a small process between the executor and each step's `/bin/sh`, which
 //! finds every process the step starts, however it hides, and kills them on request.
 //!
-//! It is this executor's own binary started again as `knotless-executor-shell --step-reaper
-//! SCRIPT` (see [`serve`]). It makes itself a child subreaper (`PR_SET_CHILD_SUBREAPER`), so
-//! that every orphan of the step (a `setsid` daemon, a double fork) becomes its child instead
-//! of init's: the step's processes are exactly the reaper's descendants. It runs
-//! `/bin/sh -ec SCRIPT` with its own environment (the step's variables and secrets, which
-//! never reach an argv), its stdout and stderr (the step's pipes) and stdin from
-//! `/dev/null`.
+//! It is a fork of the executor that never execs (see [`Reaper::spawn`]): starting a second
+//! program for every step cost more than the step's own shell. It makes itself a child
+//! subreaper (`PR_SET_CHILD_SUBREAPER`), so that every orphan of the step (a `setsid` daemon,
+//! a double fork) becomes its child instead of init's: the step's processes are exactly the
+//! reaper's descendants. It runs `/bin/sh -ec SCRIPT` with the step's environment (its
+//! variables and secrets, which never reach an argv), its stdout and stderr (the step's
+//! pipes), its working folder and stdin from `/dev/null`. Between the fork and its exit it
+//! keeps only its three descriptors, and it names itself `knotless-reaper` (its `comm`, as
+//! `ps -o comm` and `top` show; its command line stays the executor's).
 //!
 //! Its stdin is one end of a Unix socket pair; the executor holds the other ([`Reaper`]). On
 //! it, one line per message:
@@ -24,57 +26,118 @@
 //! orphans come back to the executor, also a subreaper, which kills them
 //! ([`kill_strays`]).
 
+// The one module of the workspace with unsafe code: the reaper is a fork of the executor.
+#![allow(unsafe_code)]
+
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{ExitCode, Stdio};
+use std::process::Stdio;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, pthread_sigmask, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::Pid;
+use nix::unistd::{ForkResult, Pid};
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe::Receiver;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
 use crate::processes::{self, AFTER_KILL, GRACE, Killed, Process};
-
-/// The argument that starts the executor's binary as a step reaper.
-pub const FLAG: &str = "--step-reaper";
 
 /// The longest line either side sends; a longer one is a broken peer.
 const MAX_LINE: usize = 1 << 20;
 
-/// Runs as the step reaper of one step: `args` are the binary's arguments after [`FLAG`],
-/// the step's script alone. Returns once the step's shell has ended and no descendant is
-/// left, or after killing them all when the executor is gone.
-pub fn serve(args: &[OsString]) -> ExitCode {
-    let [script] = args else {
-        eprintln!("usage: knotless-executor-shell {FLAG} SCRIPT (started by the shell executor, not by hand)");
-        return ExitCode::from(2);
-    };
-    let failed = match Supervisor::start(script) {
+/// The reaper's name in `/proc/PID/comm` (15 bytes at most).
+const NAME: &std::ffi::CStr = c"knotless-reaper";
+
+/// The reaper's descriptors: its copies of what the executor made before the fork.
+struct Descriptors {
+    control: UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// The forked reaper's whole life: it never returns into the executor's code. Only this
+/// thread exists here, and every lock another thread of the executor held at the fork stays
+/// held: the reaper writes its errors to fd 2 itself instead of through `std::io::stderr`,
+/// and touches nothing of the executor's (no runtime, no log, no shared state). Allocation
+/// is safe: glibc's `fork` resets its allocator's locks in the child.
+fn reaper_main(descriptors: Descriptors, shell: std::process::Command) -> ! {
+    let code = match become_reaper(descriptors).and_then(|control| Supervisor::start(control, shell)) {
         Ok(mut supervisor) => match supervisor.run() {
-            Ok(()) => return ExitCode::SUCCESS,
+            Ok(()) => 0,
             Err(error) => {
                 // The socket broke (the executor died): nobody may be left with the secrets.
                 supervisor.kill(GRACE);
-                error
+                say_on_stderr(&error);
+                1
             }
         },
-        Err(error) => error,
+        Err(error) => {
+            say_on_stderr(&error);
+            1
+        }
     };
-    // Stderr is the step's: the message lands in the step's log.
-    eprintln!("knotless step reaper: {failed}");
-    ExitCode::FAILURE
+    // SAFETY: `_exit` ends this process at once, running none of the exit handlers or
+    // destructors, which are the executor's.
+    unsafe { libc::_exit(code) }
+}
+
+/// Writes the reaper's error to its stderr, the step's: the message lands in the step's log.
+fn say_on_stderr(error: &std::io::Error) {
+    let message = format!("knotless step reaper: {error}\n");
+    let _ = nix::unistd::write(std::io::stderr().as_fd(), message.as_bytes());
+}
+
+/// Gives the reaper the default signal dispositions of a fresh program (the executor's
+/// handlers would write to descriptors it no longer has), puts the step's pipes on fds 1
+/// and 2, closes every other descriptor of the executor but the control socket (its
+/// protocol pipes, other steps' pipes: a reaper holding them would keep them from ever
+/// closing), and takes its own process group (a Ctrl-C at the runner's terminal reaches the
+/// runner, which stops the step through the executor). Returns the control socket.
+fn become_reaper(descriptors: Descriptors) -> std::io::Result<UnixStream> {
+    for signal in Signal::iterator() {
+        if matches!(signal, Signal::SIGKILL | Signal::SIGSTOP) {
+            continue;
+        }
+        // A write to a socket whose reader died is an error, not a death, as in the executor.
+        let handler = if signal == Signal::SIGPIPE { SigHandler::SigIgn } else { SigHandler::SigDfl };
+        // SAFETY: no handler is installed, only the default disposition or SIG_IGN.
+        let _ = unsafe { nix::sys::signal::signal(signal, handler) };
+    }
+    // Every signal was blocked across the fork ([`Reaper::spawn`]).
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+    let Descriptors { control, stdout, stderr } = descriptors;
+    let kept = control.as_raw_fd();
+    if [kept, stdout.as_raw_fd(), stderr.as_raw_fd()].iter().any(|fd| *fd <= 2) {
+        return Err(std::io::Error::other("the executor's standard descriptors are closed"));
+    }
+    nix::unistd::dup2_stdout(&stdout)?;
+    nix::unistd::dup2_stderr(&stderr)?;
+    nix::unistd::dup2_stdin(std::fs::File::open("/dev/null")?)?;
+    // SAFETY: closes every descriptor above 2 but the control socket; this process uses
+    // none of them again (`_exit` drops nothing).
+    let closed = unsafe {
+        let below = if kept > 3 { libc::close_range(3, kept as libc::c_uint - 1, 0) } else { 0 };
+        below | libc::close_range(kept as libc::c_uint + 1, libc::c_uint::MAX, 0)
+    };
+    if closed != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    std::mem::forget((stdout, stderr));
+    nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+    let _ = nix::sys::prctl::set_name(NAME);
+    Ok(control)
 }
 
 /// The reaper's state.
@@ -87,20 +150,14 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn start(script: &OsString) -> std::io::Result<Supervisor> {
+    fn start(control: UnixStream, mut shell: std::process::Command) -> std::io::Result<Supervisor> {
         nix::sys::prctl::set_child_subreaper(true)?;
         // SIGCHLD is read from a signalfd; the shell gets an empty mask back from std.
         let mut mask = SigSet::empty();
         mask.add(Signal::SIGCHLD);
         mask.thread_block()?;
         let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
-        let control = UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned()?);
-        let shell = std::process::Command::new("/bin/sh")
-            .arg("-ec")
-            .arg(script)
-            .stdin(Stdio::null())
-            .process_group(0)
-            .spawn()?;
+        let shell = shell.spawn()?;
         Ok(Supervisor {
             control,
             signals,
@@ -313,8 +370,10 @@ pub enum Event {
 
 /// The executor's handle on one step's reaper.
 pub struct Reaper {
-    child: Child,
-    pid: i32,
+    pid: Pid,
+    /// A pidfd, readable once the reaper has exited; `None` on a kernel without them.
+    exited: Option<AsyncFd<OwnedFd>>,
+    collected: bool,
     lines: tokio::io::Lines<BufReader<OwnedReadHalf>>,
     writer: OwnedWriteHalf,
     stuck: Vec<i32>,
@@ -324,8 +383,6 @@ pub struct Reaper {
 
 /// The environment and folder of a step.
 pub struct StepSpec<'a> {
-    /// The reaper's binary: this executor's.
-    pub program: &'a Path,
     /// The step's script.
     pub script: &'a str,
     /// Its whole environment.
@@ -335,53 +392,62 @@ pub struct StepSpec<'a> {
 }
 
 impl Reaper {
-    /// Starts a reaper running the step; returns it and the step's output pipes.
-    pub fn spawn(spec: StepSpec<'_>) -> std::io::Result<(Reaper, ChildStdout, ChildStderr)> {
+    /// Forks a reaper running the step; returns it and the step's output pipes.
+    pub fn spawn(spec: StepSpec<'_>) -> std::io::Result<(Reaper, Receiver, Receiver)> {
         let (ours, theirs) = UnixStream::pair()?;
-        ours.set_nonblocking(true)?;
-        let ours = tokio::net::UnixStream::from_std(ours)?;
-        let mut command = Command::new(spec.program);
-        command
-            .arg(FLAG)
+        let (stdout, stdout_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (stderr, stderr_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        // Made whole before the fork, spawned by the reaper after it.
+        let mut shell = std::process::Command::new("/bin/sh");
+        shell
+            .arg("-ec")
             .arg(spec.script)
             .env_clear()
             .envs(spec.env)
             .current_dir(spec.workdir)
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own group: a Ctrl-C at the runner's terminal reaches the runner, which
-            // stops the step through the executor.
+            .stdin(Stdio::null())
             .process_group(0);
-        let mut child = {
+        let descriptors = Descriptors { control: theirs, stdout: stdout_end, stderr: stderr_end };
+        let forked = {
             // Registered before any stray sweep can see it as a child.
             let mut reapers = reapers();
-            let child = command.spawn()?;
-            if let Some(pid) = child.id() {
-                reapers.insert(pid as i32);
-            }
-            child
+            // No signal reaches the child before it drops the executor's handlers.
+            let mut mask = SigSet::empty();
+            pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), Some(&mut mask))?;
+            // SAFETY: the child runs `reaper_main` alone, which never returns, and holds to
+            // what may be done between a fork of a threaded process and its exit (see there).
+            let forked = match unsafe { nix::unistd::fork() } {
+                Ok(ForkResult::Child) => reaper_main(descriptors, shell),
+                Ok(ForkResult::Parent { child }) => {
+                    reapers.insert(child.as_raw());
+                    drop((descriptors, shell));
+                    Ok(child)
+                }
+                Err(error) => Err(error),
+            };
+            pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&mask), None)?;
+            forked
         };
-        drop(command);
-        let pid = child.id().map(|pid| pid as i32).unwrap_or_default();
-        let stdout = child.stdout.take().ok_or_else(|| std::io::Error::other("the reaper has no stdout"))?;
-        let stderr = child.stderr.take().ok_or_else(|| std::io::Error::other("the reaper has no stderr"))?;
-        let (reader, writer) = ours.into_split();
+        let pid = forked?;
+        let exited = pidfd(pid);
+        ours.set_nonblocking(true)?;
+        let (reader, writer) = tokio::net::UnixStream::from_std(ours)?.into_split();
         let reaper = Reaper {
-            child,
             pid,
+            exited,
+            collected: false,
             lines: BufReader::new(reader).lines(),
             writer,
             stuck: Vec::new(),
             ended: false,
             gone: false,
         };
-        Ok((reaper, stdout, stderr))
+        Ok((reaper, Receiver::from_owned_fd(stdout)?, Receiver::from_owned_fd(stderr)?))
     }
 
     /// The reaper's pid.
     pub fn pid(&self) -> i32 {
-        self.pid
+        self.pid.as_raw()
     }
 
     /// The next thing the reaper says. Cancel-safe.
@@ -473,17 +539,62 @@ impl Reaper {
 
     /// Kills the reaper itself (it does not answer) and collects it.
     pub async fn abandon(mut self) {
-        let _ = self.child.start_kill();
+        let _ = nix::sys::signal::kill(self.pid, Signal::SIGKILL);
         self.collect().await;
     }
 
+    /// Waits for the reaper to exit and collects it.
     async fn collect(&mut self) {
-        let status = self.child.wait().await;
-        reapers().remove(&self.pid);
-        if let Ok(status) = status
-            && (status.signal().is_some() || !status.success())
-        {
-            tracing::debug!(pid = self.pid, ?status, "the step reaper ended badly");
+        if self.collected {
+            return;
+        }
+        let pid = self.pid;
+        let status = match &self.exited {
+            Some(exited) => match exited.readable().await {
+                Ok(_) => waitpid(pid, None),
+                Err(_) => wait_off_thread(pid).await,
+            },
+            None => wait_off_thread(pid).await,
+        };
+        self.collected = true;
+        reapers().remove(&pid.as_raw());
+        match status {
+            Ok(WaitStatus::Exited(_, 0)) => {}
+            status => tracing::debug!(pid = pid.as_raw(), ?status, "the step reaper ended badly"),
         }
     }
+}
+
+impl Drop for Reaper {
+    /// A reaper dropped uncollected sees its socket end, kills its step's processes and
+    /// exits: a thread collects it.
+    fn drop(&mut self) {
+        if self.collected {
+            return;
+        }
+        let pid = self.pid;
+        let collect = move || {
+            let _ = waitpid(pid, None);
+            reapers().remove(&pid.as_raw());
+        };
+        if std::thread::Builder::new().name("reaper-wait".into()).spawn(collect).is_err() {
+            tracing::warn!(pid = pid.as_raw(), "cannot start a thread to collect a step reaper");
+        }
+    }
+}
+
+/// A pidfd of `pid`, a child not yet collected (so its pid is not reused), for waiting on
+/// its exit without a thread.
+fn pidfd(pid: Pid) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    let fd = RawFd::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: the descriptor was just made, nothing else owns it, and the `OwnedFd` keeps it
+    // open and the same for as long as the `AsyncFd` holds it.
+    unsafe { AsyncFd::register_with_interest(OwnedFd::from_raw_fd(fd), tokio::io::Interest::READABLE) }.ok()
+}
+
+/// Waits for `pid` on the blocking pool.
+async fn wait_off_thread(pid: Pid) -> nix::Result<WaitStatus> {
+    tokio::task::spawn_blocking(move || waitpid(pid, None)).await.unwrap_or(Err(Errno::ECHILD))
 }

@@ -222,9 +222,9 @@ pub fn cmdlines_containing(needle: &str) -> Vec<String> {
     found
 }
 
-/// The executor served in this test process, its steps' reapers the executor's binary.
+/// The executor served in this test process.
 pub fn executor() -> ShellExecutor {
-    ShellExecutor::with_reaper(std::path::PathBuf::from(env!("CARGO_BIN_EXE_knotless-executor-shell")))
+    ShellExecutor::default()
 }
 
 /// Leftovers that hide in every way an attacker would, each writing its pid to `pids`
