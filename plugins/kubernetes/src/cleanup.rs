@@ -1,5 +1,5 @@
-//! `cleanup`, the orphan sweep: deletes the Jobs (foreground, their pods first) and any pods
-//! labelled with this runner whose session is not in `keep`, and the runner's NetworkPolicy
+//! `cleanup`, the orphan sweep: deletes the Jobs (foreground, their pods first; not those
+//! already being deleted) and any pods labelled with this runner whose session is not in `keep`, and the runner's NetworkPolicy
 //! when nothing is kept and this process has no session. Logs a sweep count and a failure count.
 
 use std::collections::BTreeSet;
@@ -26,11 +26,16 @@ pub struct Found {
     pub session: Option<String>,
 }
 
-/// The Jobs of a list, with their run label (those without one are not the runner's).
+/// The Jobs of a list, with their run label (those without one are not the runner's). A Job
+/// whose deletion has begun is left out: the garbage collector ends it once its pods are
+/// gone (a foreground delete keeps it until then), and deleting it again removes nothing.
 pub fn jobs(list: &[Job]) -> Vec<Found> {
     list.iter()
         .filter_map(|job| {
             let meta = &job.metadata;
+            if meta.deletion_timestamp.is_some() {
+                return None;
+            }
             Some(Found {
                 name: meta.name.clone()?,
                 run: meta.labels.as_ref()?.get(RUN_LABEL)?.clone(),
@@ -116,6 +121,8 @@ mod tests {
             {"metadata": {"name": "j1", "labels": {"dev.knotless.run": "a"}, "annotations": {"dev.knotless.session": "a"}}},
             {"metadata": {"name": "j2", "labels": {"dev.knotless.run": "b"}}},
             {"metadata": {"name": "j3"}},
+            {"metadata": {"name": "j4", "labels": {"dev.knotless.run": "d"}, "deletionTimestamp": "2026-12-04T00:00:00Z",
+                "finalizers": ["foregroundDeletion"]}},
         ]))
         .expect("jobs");
         let found = jobs(&list);
