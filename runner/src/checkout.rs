@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::forge::Git;
 use anyhow::{Context as _, bail};
 use tokio::io::AsyncRead;
-use tokio::process::Command;
 
 use crate::workflow::{self, Workflow, WorkflowError};
 
@@ -40,28 +40,8 @@ pub struct CheckoutInfo {
     pub repository: String,
 }
 
-/// Runs git and returns its stdout, or an error with its stderr.
-pub async fn git(repo: &Path, args: &[&str]) -> anyhow::Result<Vec<u8>> {
-    let output = Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args(args)
-        .output()
-        .await
-        .with_context(|| format!("cannot run git in {}", repo.display()))?;
-    if !output.status.success() {
-        bail!(
-            "git {} in {} failed: {}",
-            args.join(" "),
-            repo.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(output.stdout)
-}
-
 async fn git_line(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
-    Ok(String::from_utf8_lossy(&git(repo, args).await?).trim().to_string())
+    Git::in_folder(repo).line(args).await
 }
 
 impl Checkout {
@@ -171,11 +151,8 @@ impl Checkout {
                     Some(folder) => format!("{commit}:{folder}"),
                     None => commit.clone(),
                 };
-                let mut child = Command::new("git")
-                    .arg("-C")
-                    .arg(repo)
-                    .args(["archive", "--format=tar", &tree])
-                    .stdin(std::process::Stdio::null())
+                let mut child = Git::in_folder(repo)
+                    .command(&["archive", "--format=tar", &tree])
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .kill_on_drop(true)
@@ -320,7 +297,8 @@ impl AsyncRead for Archive {
 
 /// The files git would commit in `base`: tracked and untracked, not ignored, still present.
 async fn tracked_and_untracked(base: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let listing = git(base, &["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."]).await?;
+    let listing =
+        Git::in_folder(base).run(&["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."]).await?;
     let mut files: Vec<PathBuf> = listing
         .split(|&byte| byte == 0)
         .filter(|name| !name.is_empty())

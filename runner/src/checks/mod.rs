@@ -17,12 +17,13 @@ use serde::{Deserialize, Serialize};
 pub use log::LiveLog;
 
 use crate::engine::{LOG_CAP, OutputFile, RunReport, RunStatus, StepReport};
+use crate::workflow::Event;
 
 /// What a run was for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckTarget {
-    /// `push` or `pull`.
-    pub event: String,
+    /// What started it: a push, a pull, or a merge-queue batch (`queue`).
+    pub event: Event,
     /// The commit the run executed (for a pull: the temporary merge, once made).
     pub commit: String,
     /// The ref: `refs/heads/<branch>`, or `refs/pulls/<n>/head`.
@@ -264,7 +265,7 @@ mod tests {
 
     fn record(run_id: &str, queued_at: u64) -> CheckRecord {
         let target = CheckTarget {
-            event: "push".into(),
+            event: Event::Push,
             commit: "abc".into(),
             git_ref: "refs/heads/main".into(),
             pull: None,

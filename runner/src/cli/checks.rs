@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::daemon::StateArgs;
 use crate::checks::{CheckRecord, CheckStore};
-use crate::forge::{normalize_url, repository_key, repository_name};
+use crate::forge::{Git, normalize_url, repository_key, repository_name};
 use crate::printable;
 use crate::queue::{QueueState, QueueStore, render};
 
@@ -71,15 +71,9 @@ fn resolve_key(store: &CheckStore, given: &str) -> anyhow::Result<String> {
 }
 
 /// The commit a revision names in the repository's mirror, when it names one.
-fn resolve_rev(state: &Path, key: &str, rev: &str) -> Option<String> {
+async fn resolve_rev(state: &Path, key: &str, rev: &str) -> Option<String> {
     let mirror = state.join("mirrors").join(format!("{key}.git"));
-    let output = std::process::Command::new("git")
-        .arg("-C")
-        .arg(&mirror)
-        .args(["rev-parse", "--verify", "--quiet", &format!("{rev}^{{commit}}")])
-        .output()
-        .ok()?;
-    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    Git::in_folder(&mirror).line(&["rev-parse", "--verify", "--quiet", &format!("{rev}^{{commit}}")]).await.ok()
 }
 
 fn matches(record: &CheckRecord, rev: &str, commit: Option<&str>) -> bool {
@@ -115,7 +109,7 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
     let key = resolve_key(&store, &args.repository)?;
     let mut records = store.list(&key)?;
     if let Some(rev) = &args.rev {
-        let commit = resolve_rev(&args.state.state, &key, rev);
+        let commit = resolve_rev(&args.state.state, &key, rev).await;
         records.retain(|record| matches(record, rev, commit.as_deref()));
     }
     let mut stdout = std::io::stdout().lock();

@@ -656,13 +656,7 @@ async fn sweep(host: &ExecutorHost) {
 
 /// Whether git takes `branch` as a branch name (`git check-ref-format --branch`).
 async fn git_check_ref_format(branch: &str) -> bool {
-    tokio::process::Command::new("git")
-        .args(["check-ref-format", "--branch", branch])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .await
-        .is_ok_and(|status| status.success())
+    crate::forge::Git::outside().succeeds(&["check-ref-format", "--branch", branch]).await
 }
 
 /// Whether `name` may be given to steps: letters, digits and `_`, not starting with a digit,

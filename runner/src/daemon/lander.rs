@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use super::Daemon;
 use super::queue_runs::Gate;
 use crate::forge::{Forge, RECORD_FILE, Repository, RepositoryRecord, Snapshot};
-use crate::queue::{BatchRecord, EntryState, QueueState, QueueStore};
+use crate::queue::{BatchRecord, BatchStatus, EntryState, QueueState, QueueStore};
 
 impl<F: Forge> Daemon<F> {
     /// Whether this runner lands `repository`: it runs `--queue` and is the record's lander
@@ -290,7 +290,7 @@ impl<F: Forge> Daemon<F> {
             commit: commit.clone(),
             base: base.to_string(),
             pulls: batch.pulls.clone(),
-            status: "running".into(),
+            status: BatchStatus::Running,
             runs: Vec::new(),
             cause: None,
         });
@@ -316,18 +316,18 @@ impl<F: Forge> Daemon<F> {
         if let Some(record) = queue.batches.last_mut() {
             match &result {
                 Ok(Some((_, _, runs))) => {
-                    record.status = "passed".into();
+                    record.status = BatchStatus::Passed;
                     record.runs = runs.clone();
                 }
                 Ok(None) => {}
                 // Stopped before its checks ended (SIGTERM): not a failure; the next start
                 // batches its pulls again and reuses the checks that passed.
                 Err((cause, _)) if cause == STOPPED => {
-                    record.status = "stopped".into();
+                    record.status = BatchStatus::Stopped;
                     record.cause = Some(format!("{STOPPED} before it landed"));
                 }
                 Err((cause, _)) => {
-                    record.status = "failed".into();
+                    record.status = BatchStatus::Failed;
                     record.cause = Some(cause.clone());
                 }
             }
@@ -352,7 +352,7 @@ impl<F: Forge> Daemon<F> {
         match landed {
             Ok(()) => {
                 if let Some(record) = record {
-                    record.status = "landed".into();
+                    record.status = BatchStatus::Landed;
                 }
                 for number in pulls {
                     if let Some(entry) = queue.active_mut(*number) {
@@ -367,7 +367,7 @@ impl<F: Forge> Daemon<F> {
             Err(error) => {
                 let cause = one_line(&format!("{error:#}"));
                 if let Some(record) = record {
-                    record.status = "stale".into();
+                    record.status = BatchStatus::Stale;
                     record.cause = Some(cause.clone());
                 }
                 let moved =

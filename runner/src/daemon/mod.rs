@@ -28,6 +28,7 @@ use crate::engine::RunStatus;
 use crate::forge::{Forge, Repository, Seen, events};
 use crate::host::ExecutorHost;
 use crate::secrets::RunnerKey;
+use state::InFlightStatus;
 
 /// The cause of a run the runner was in when it stopped.
 pub const STOPPED_DURING: &str = "the runner stopped during this run";
@@ -254,7 +255,7 @@ impl<F: Forge> Daemon<F> {
                     self.state.update(|state| {
                         state.in_flight.insert(
                             run_id.clone(),
-                            InFlight { repository_key: repository.key.clone(), status: "queued".into() },
+                            InFlight { repository_key: repository.key.clone(), status: InFlightStatus::Queued },
                         )
                     });
                     self.put_check(&job.check);

@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use super::Daemon;
 use super::schedule::{Job, new_run_id, selected};
 use super::state::InFlight;
+use super::state::InFlightStatus;
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
 use crate::engine::RunStatus;
 use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot};
@@ -65,7 +66,7 @@ fn owner(workflow: &Workflow) -> Option<&str> {
 /// A pull run's target on `commit`, the pull's head merged with `branch`.
 fn pull_target(number: u64, head: &str, branch: &str, commit: &str) -> CheckTarget {
     CheckTarget {
-        event: "pull".into(),
+        event: Event::Pull,
         commit: commit.to_string(),
         git_ref: format!("refs/pulls/{number}/head"),
         pull: Some(number),
@@ -146,7 +147,7 @@ impl<F: Forge> Daemon<F> {
         let ours = |check: &CheckRecord| {
             check.workflow == workflow.name
                 && check.runner_id == wait.owner
-                && check.target.event == "pull"
+                && check.target.event == Event::Pull
                 && check.target.commit == wait.commit
                 && check.status.is_final()
         };
@@ -298,7 +299,7 @@ impl<F: Forge> Daemon<F> {
         let mut prepared = self.forge.prepare(repository, &event).await?;
         prepared.git_ref = format!("refs/queue/{branch}");
         let target = CheckTarget {
-            event: "queue".into(),
+            event: Event::Queue,
             commit: commit.to_string(),
             git_ref: prepared.git_ref.clone(),
             pull: None,
@@ -430,7 +431,9 @@ impl<F: Forge> Daemon<F> {
         let run_id = job.check.run_id.clone();
         let fallback = job.check.clone();
         self.state.update(|state| {
-            state.in_flight.insert(run_id.clone(), InFlight { repository_key: key.clone(), status: "queued".into() })
+            state
+                .in_flight
+                .insert(run_id.clone(), InFlight { repository_key: key.clone(), status: InFlightStatus::Queued })
         });
         self.put_check(&job.check);
         Arc::clone(&self).queue(job, Vec::new()).await;

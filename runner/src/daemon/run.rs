@@ -9,12 +9,12 @@ use tracing::Instrument as _;
 
 use super::Daemon;
 use super::schedule::Job;
+use super::state::InFlightStatus;
 use crate::cache::check_disk_floor;
 use crate::checks::now_ms;
 use crate::engine::{self, LogLine, LogSink, RunPlan, RunStatus};
 use crate::forge::Forge;
 use crate::secrets::{SEALED_FILE, open_sealed_file, read_operator_file};
-use crate::workflow::Event;
 
 /// A sink that feeds the check's live log and keeps the daemon's own notes for the final log.
 struct Tee {
@@ -64,7 +64,7 @@ impl<F: Forge> Daemon<F> {
             self.put_check(&check);
             self.state.update(|state| {
                 if let Some(entry) = state.in_flight.get_mut(&check.run_id) {
-                    entry.status = "running".into();
+                    entry.status = InFlightStatus::Running;
                 }
             });
             tracing::info!("run {} of {} started", check.run_id, workflow.name);
@@ -93,8 +93,7 @@ impl<F: Forge> Daemon<F> {
             let leases = self.caches.lease(&repository.key, &workflow.name, &workflow.cache, trusted, &check.run_id);
             let outputs_dir = self.config.state.join("outputs").join(&repository.key).join(&check.run_id);
             check.outputs_dir = Some(outputs_dir.clone());
-            let fallback = if trusted { Event::Push } else { Event::Pull };
-            let event = check.target.event.parse::<Event>().unwrap_or(fallback);
+            let event = check.target.event;
             let plan = RunPlan {
                 check_key: format!("{}/{}/{}", repository.key, check.target.commit, workflow.name),
                 workflow: workflow.clone(),

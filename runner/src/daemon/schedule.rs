@@ -68,7 +68,7 @@ pub async fn plan<F: Forge>(
             Event::Push,
             branch.clone(),
             CheckTarget {
-                event: "push".into(),
+                event: Event::Push,
                 commit: commit.clone(),
                 git_ref: format!("refs/heads/{branch}"),
                 pull: None,
@@ -80,7 +80,7 @@ pub async fn plan<F: Forge>(
             Event::Pull,
             pull.base.clone(),
             CheckTarget {
-                event: "pull".into(),
+                event: Event::Pull,
                 commit: pull.head.clone(),
                 git_ref: format!("refs/pulls/{number}/head"),
                 pull: Some(*number),

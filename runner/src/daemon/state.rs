@@ -29,8 +29,26 @@ pub struct RepositoryState {
 pub struct InFlight {
     /// The repository's key (its checks' folder).
     pub repository_key: String,
-    /// `queued` or `running`.
-    pub status: String,
+    /// Whether it waits for its turn or runs.
+    pub status: InFlightStatus,
+}
+
+/// Where a run in flight is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InFlightStatus {
+    Queued,
+    Running,
+}
+
+impl InFlightStatus {
+    /// `queued` or `running`, as `state.json` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InFlightStatus::Queued => "queued",
+            InFlightStatus::Running => "running",
+        }
+    }
 }
 
 /// The contents of `state.json`.
@@ -121,10 +139,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = StateFile::load(dir.path()).expect("empty");
         file.update(|state| {
-            state.in_flight.insert("run".into(), InFlight { repository_key: "k".into(), status: "running".into() })
+            state
+                .in_flight
+                .insert("run".into(), InFlight { repository_key: "k".into(), status: InFlightStatus::Running })
         });
         let again = StateFile::load(dir.path()).expect("reload");
-        assert_eq!(again.snapshot().in_flight["run"].status, "running");
+        assert_eq!(again.snapshot().in_flight["run"].status, InFlightStatus::Running);
         std::fs::write(dir.path().join(STATE_FILE), "nonsense").expect("write");
         let error = StateFile::load(dir.path()).err().expect("refused").to_string();
         assert!(error.contains("state.json"), "{error}");

@@ -11,13 +11,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use tokio::process::Command;
 
+use super::client::Git;
 use super::discover::{RECORD_FILE, RepositoryRecord, candidates};
 use super::merge::{Batch, Merged, commit_tree, make_batch, merge_tree};
 use super::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot};
 use crate::cache::fnv;
-use crate::checkout::{Checkout, git};
+use crate::checkout::Checkout;
 use crate::checks::{CheckRecord, CheckStore};
 use crate::engine::LogSink;
 
@@ -95,7 +95,7 @@ impl GitForge {
 }
 
 async fn git_in(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    Ok(String::from_utf8_lossy(&git(dir, args).await?).into_owned())
+    Git::in_folder(dir).text(args).await
 }
 
 impl Forge for GitForge {
@@ -140,15 +140,11 @@ impl Forge for GitForge {
             std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
             let partial = parent.join(format!(".{}.partial", repository.key));
             let _ = std::fs::remove_dir_all(&partial);
-            let output = Command::new("git")
-                .args(["clone", "--mirror", "--quiet", "--", &repository.url])
-                .arg(&partial)
-                .output()
+            let partial_path = partial.to_string_lossy();
+            Git::outside()
+                .run(&["clone", "--mirror", "--quiet", "--", &repository.url, &partial_path])
                 .await
-                .context("cannot run git clone")?;
-            if !output.status.success() {
-                bail!("cannot mirror {}: {}", repository.url, String::from_utf8_lossy(&output.stderr).trim());
-            }
+                .with_context(|| format!("cannot mirror {}", repository.url))?;
             std::fs::rename(&partial, &mirror).with_context(|| format!("cannot create {}", mirror.display()))?;
         }
         let listing = git_in(
@@ -244,7 +240,7 @@ impl Forge for GitForge {
             if kind != "blob" {
                 continue;
             }
-            let text = git(&mirror, &["cat-file", "blob", blob]).await?;
+            let text = Git::in_folder(&mirror).run(&["cat-file", "blob", blob]).await?;
             match serde_json::from_slice::<CheckRecord>(&text) {
                 Ok(check) if check.target.commit == commit => found.push(check),
                 Ok(_) => tracing::warn!("refs/checks/{commit}: a check of another commit is ignored"),
@@ -328,23 +324,8 @@ fn is_commit_id(text: &str) -> bool {
 
 /// Writes `data` as a blob of `mirror`; its id.
 async fn hash_object(mirror: &Path, data: &[u8]) -> anyhow::Result<String> {
-    use tokio::io::AsyncWriteExt as _;
-    let mut child = Command::new("git")
-        .args(["hash-object", "-w", "--stdin"])
-        .current_dir(mirror)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .context("cannot run git hash-object")?;
-    let mut stdin = child.stdin.take().context("git hash-object has no stdin")?;
-    stdin.write_all(data).await.context("cannot write to git hash-object")?;
-    drop(stdin);
-    let output = child.wait_with_output().await.context("cannot run git hash-object")?;
-    if !output.status.success() {
-        bail!("git hash-object failed: {}", String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    let id = Git::in_folder(mirror).run_with_input(&["hash-object", "-w", "--stdin"], data).await?;
+    Ok(String::from_utf8_lossy(&id).trim().to_string())
 }
 
 /// Reads `for-each-ref` lines into a snapshot.
@@ -391,7 +372,7 @@ mod tests {
     #[test]
     fn a_published_check_is_named_only_by_a_commit_id_and_a_safe_run_id() {
         let target = crate::checks::CheckTarget {
-            event: "pull".into(),
+            event: crate::workflow::Event::Pull,
             commit: "a".repeat(40),
             git_ref: "refs/pulls/1/head".into(),
             pull: Some(1),

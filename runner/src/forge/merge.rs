@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use anyhow::{Context as _, bail};
-use tokio::process::Command;
+use super::client::Git;
+use anyhow::bail;
 
 /// What merging one commit into another gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,12 +31,7 @@ pub struct Batch {
 }
 
 async fn run_git(mirror: &Path, args: &[&str], envs: &[(&str, &str)]) -> anyhow::Result<std::process::Output> {
-    let mut command = Command::new("git");
-    command.arg("-C").arg(mirror).args(args);
-    for (key, value) in envs {
-        command.env(key, value);
-    }
-    command.output().await.with_context(|| format!("cannot run git {}", args.first().unwrap_or(&"")))
+    Git::in_folder(mirror).output_with(args, envs).await
 }
 
 /// `git merge-tree --write-tree ours theirs`.

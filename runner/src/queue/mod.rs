@@ -95,14 +95,51 @@ pub struct BatchRecord {
     pub base: String,
     /// Its pulls, in queue order.
     pub pulls: Vec<u64>,
-    /// `running`, `passed`, `failed`, `stopped` (the runner stopped before it landed), `landed`
-    /// or `stale` (the branch moved under it).
-    pub status: String,
+    /// Where it is.
+    pub status: BatchStatus,
     /// The run ids of its checks.
     #[serde(default)]
     pub runs: Vec<String>,
     /// Why it failed or did not land.
     pub cause: Option<String>,
+}
+
+/// Where a batch is; in records, its lower-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchStatus {
+    /// Its checks run.
+    Running,
+    /// Its checks passed; it is about to land.
+    Passed,
+    /// A check did not pass.
+    Failed,
+    /// The runner stopped before it landed.
+    Stopped,
+    /// Its branch points at it.
+    Landed,
+    /// The branch moved under it.
+    Stale,
+}
+
+impl BatchStatus {
+    /// Its name in records and on screens.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchStatus::Running => "running",
+            BatchStatus::Passed => "passed",
+            BatchStatus::Failed => "failed",
+            BatchStatus::Stopped => "stopped",
+            BatchStatus::Landed => "landed",
+            BatchStatus::Stale => "stale",
+        }
+    }
+}
+
+impl std::fmt::Display for BatchStatus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
 }
 
 /// The queue of one branch.

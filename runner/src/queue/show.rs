@@ -83,7 +83,7 @@ mod tests {
                 commit: "fedcba9876543210".into(),
                 base: "aaaaaaaaaaaa".into(),
                 pulls: vec![3, 4],
-                status: "failed".into(),
+                status: crate::queue::BatchStatus::Failed,
                 runs: vec!["test-2".into()],
                 cause: Some("batch test failed".into()),
             }],

@@ -2,6 +2,7 @@
 //! text only; the templates escape it.
 
 use crate::checks::CheckRecord;
+use crate::workflow::Event;
 
 /// A duration in milliseconds: `350 ms`, `4.2 s`, `3 min 5 s`, `2 h 4 min`.
 pub fn duration(ms: u64) -> String {
@@ -48,11 +49,11 @@ pub fn short(commit: &str) -> &str {
 
 /// The trust level of a check: `push`, `pull` or `batch`.
 pub fn trust(record: &CheckRecord) -> &'static str {
-    match record.target.event.as_str() {
-        "push" => "push",
-        "queue" => "batch",
-        _ if record.trusted => "push",
-        _ => "pull",
+    match record.target.event {
+        Event::Push => "push",
+        Event::Queue => "batch",
+        Event::Pull if record.trusted => "push",
+        Event::Pull => "pull",
     }
 }
 
@@ -61,7 +62,7 @@ pub fn target(record: &CheckRecord) -> String {
     if let Some(number) = record.target.pull {
         return format!("pull/{number}");
     }
-    if record.target.event == "queue" {
+    if record.target.event == Event::Queue {
         return format!("batch of {}", record.target.base.as_deref().unwrap_or("?"));
     }
     record.target.git_ref.trim_start_matches("refs/heads/").to_string()

@@ -364,7 +364,7 @@ pub fn queue(key: &str, queue: &QueueState, checks: &HashMap<&str, &CheckRecord>
                             td.commit { (format::short(&batch.commit)) }
                             td.commit { (format::short(&batch.base)) }
                             td { @for number in &batch.pulls { "pull/" (number) " " } }
-                            td { (status(&batch.status)) }
+                            td { (status(batch.status.as_str())) }
                             td { @if let Some(cause) = &batch.cause { (name(cause)) } }
                             td { @for run_id in &batch.runs { (check_link(run_id)) } }
                         }
@@ -415,7 +415,7 @@ pub fn runner(runner: &RunnerNow) -> Markup {
             @if runner.in_flight.is_empty() { p.none { "None." } }
             ul {
                 @for (run_id, entry) in &runner.in_flight {
-                    li { a href={ "/repositories/" (entry.repository_key) "/checks/" (run_id) } { (name(run_id)) } " " (status(&entry.status)) }
+                    li { a href={ "/repositories/" (entry.repository_key) "/checks/" (run_id) } { (name(run_id)) } " " (status(entry.status.as_str())) }
                 }
             }
             h2 { "Last orphan sweep" }

@@ -9,6 +9,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use super::*;
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
 use crate::engine::{OutputFile, RunStatus, StepReport, StepStatus};
+use crate::queue::BatchStatus;
+use crate::workflow::Event;
 
 /// A 1x1 PNG.
 const PNG: &[u8] = &[
@@ -20,7 +22,7 @@ const PNG: &[u8] = &[
 
 fn record(key: &str, run_id: &str, outputs: &[&str]) -> CheckRecord {
     let target = CheckTarget {
-        event: "push".into(),
+        event: Event::Push,
         commit: "0123456789abcdef0123456789abcdef01234567".into(),
         git_ref: "refs/heads/main".into(),
         pull: None,
@@ -89,7 +91,7 @@ fn state_folder(state: &Path) {
         commit: "badbadbadbadbadbadbadbadbadbadbadbadbadb".into(),
         base: "0123456789abcdef0123456789abcdef01234567".into(),
         pulls: vec![7, 8],
-        status: "failed".into(),
+        status: BatchStatus::Failed,
         runs: vec!["run-a".into(), "run-gone".into()],
         cause: Some("build failed".into()),
     };

@@ -313,8 +313,9 @@ pub fn glob_matches(pattern: &str, text: &str) -> bool {
     pattern[p..].iter().all(|&c| c == b'*')
 }
 
-/// A kind of event that starts runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A kind of event that starts runs; in records, `push`, `pull` or `queue`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Event {
     /// New commits on a branch.
     Push,

@@ -23,7 +23,7 @@ fn records(state: &Path) -> anyhow::Result<String> {
     for index in 0..CHECKS {
         let commit = format!("{:040x}", index / WORKFLOWS + 1);
         let target = CheckTarget {
-            event: "push".into(),
+            event: knotless_run::workflow::Event::Push,
             commit: commit.clone(),
             git_ref: "refs/heads/main".into(),
             pull: None,
