@@ -74,8 +74,13 @@ pub(super) async fn save(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>
     for lease in &plan.caches {
         let Some(upper) = &lease.upper else { continue };
         let source = resolve(session.paths(), &lease.path);
-        let _ = std::fs::remove_dir_all(upper);
-        if let Err(error) = std::fs::create_dir_all(upper) {
+        let fresh = upper.clone();
+        let made = super::blocking(move || {
+            let _ = std::fs::remove_dir_all(&fresh);
+            std::fs::create_dir_all(&fresh)
+        })
+        .await;
+        if let Err(error) = made {
             log.note(format!("cache {}: cannot create {}: {error}", lease.path, upper.display()));
             continue;
         }
@@ -88,7 +93,8 @@ pub(super) async fn save(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>
             }
             Err(error) => {
                 log.note(format!("cache {}: not saved: {error}", lease.path));
-                let _ = std::fs::remove_dir_all(upper);
+                let gone = upper.clone();
+                let _ = super::blocking(move || std::fs::remove_dir_all(gone)).await;
             }
         }
     }

@@ -471,12 +471,13 @@ async fn fetch_outputs(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) 
     let Some(dir) = &plan.outputs_dir else {
         return Ok(Vec::new());
     };
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|error| Ended {
+    let cleared = dir.clone();
+    blocking(move || if cleared.exists() { std::fs::remove_dir_all(&cleared) } else { Ok(()) }).await.map_err(
+        |error| Ended {
             status: RunStatus::Error,
             cause: format!("cannot clear the outputs folder {}: {error}", dir.display()),
-        })?;
-    }
+        },
+    )?;
     let paths = session.paths();
     let never = CancellationToken::new();
     let download =
@@ -486,11 +487,21 @@ async fn fetch_outputs(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) 
         .map_err(|error| Ended::from_host("cannot download the outputs", &error))?;
     // What the executor said of the download (entries it left out) came before its answer.
     notes(log, session.drain_events().await);
-    let files = list_outputs(dir);
+    let listed = dir.clone();
+    let files = blocking(move || list_outputs(&listed)).await;
     if !files.is_empty() {
         log.note(format!("{} output file(s) in {}", files.len(), dir.display()));
     }
     Ok(files)
+}
+
+/// Runs filesystem work (removing a folder, walking one) on the blocking pool, off the
+/// threads that drive runs.
+pub(crate) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(error) => std::panic::resume_unwind(error.into_panic()),
+    }
 }
 
 /// Awaits `transfer` on `session`, telling the sink how far it has got every half second once
