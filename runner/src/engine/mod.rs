@@ -287,83 +287,13 @@ async fn in_session(
     cancel: &CancellationToken,
     started: Instant,
 ) -> Result<(), Ended> {
-    let limits = &plan.limits;
-    let paths = session.paths().clone();
-    let mut checkout = plan
-        .checkout
-        .archive(None)
-        .await
-        .map_err(|error| Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {error:#}") })?;
-    let upload = session.upload(&paths.work, &mut checkout, limits.checkout_max_bytes, limits.transfer_timeout, cancel);
-    let uploaded = watched(log, session, "checkout", upload).await;
-    let bytes = uploaded.map_err(|error| match checkout.failure() {
-        Some(failure) => Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {failure}") },
-        None => Ended::from_host("cannot upload the checkout", &error),
-    })?;
-    log.note(format!("checked out {bytes} bytes of tar into {}", paths.work));
+    upload_checkout(session, plan, log, cancel).await?;
     cache::restore(session, plan, log, cancel).await?;
+    let scripts = step_scripts(session, plan, cancel).await?;
     let workflow = &plan.workflow;
-    let mut scripts = Vec::with_capacity(workflow.steps.len());
-    for (index, step) in workflow.steps.iter().enumerate() {
-        match (&step.run, &step.uses) {
-            (Some(script), _) => scripts.push(step_script(step, script)),
-            (None, Some(shared)) => {
-                let folder = format!(".knotless/steps/{shared}");
-                if !plan.checkout.has_folder(&folder).await {
-                    return Err(Ended {
-                        status: RunStatus::Error,
-                        cause: format!("step {} uses shared step {shared}, but {folder}/ does not exist", step.name),
-                    });
-                }
-                let packed = |failure: &str| Ended {
-                    status: RunStatus::Error,
-                    cause: format!("cannot pack shared step {shared}: {failure}"),
-                };
-                let mut archive =
-                    plan.checkout.archive(Some(&folder)).await.map_err(|error| packed(&format!("{error:#}")))?;
-                let target = format!("{}/{index}", paths.steps);
-                let uploaded = session
-                    .upload(&target, &mut archive, limits.checkout_max_bytes, limits.transfer_timeout, cancel)
-                    .await;
-                uploaded.map_err(|error| match archive.failure() {
-                    Some(failure) => packed(failure),
-                    None => Ended::from_host(&format!("cannot upload shared step {shared}"), &error),
-                })?;
-                scripts.push(step_script(step, &format!("exec '{target}/run'")));
-            }
-            (None, None) => {
-                return Err(Ended {
-                    status: RunStatus::Error,
-                    cause: format!("step {} has nothing to run", step.name),
-                });
-            }
-        }
-    }
-    let mut base = plan.extra_env.clone();
-    base.insert("CI".to_string(), "true".to_string());
-    base.insert("KNOTLESS_RUN_OUTPUTS".to_string(), paths.outputs.clone());
-    base.insert("KNOTLESS_REPOSITORY".to_string(), plan.repository.clone());
-    base.insert("KNOTLESS_COMMIT".to_string(), plan.commit.clone());
-    base.insert("KNOTLESS_REF".to_string(), plan.git_ref.clone());
-    base.insert("KNOTLESS_EVENT".to_string(), plan.event.as_str().to_string());
-    base.insert("KNOTLESS_RUN_ID".to_string(), plan.run_id.clone());
-    base.insert("KNOTLESS_WORKFLOW".to_string(), workflow.name.clone());
-    base.extend(workflow.env.clone());
+    let base = run_env(plan, session.paths());
     let deadline = started + workflow.timeout;
     for (index, step) in workflow.steps.iter().enumerate() {
-        let mut env = base.clone();
-        env.extend(step.env.clone());
-        let mut secrets = BTreeMap::new();
-        for name in &step.secrets {
-            match plan.secrets.get(name) {
-                Some(value) => {
-                    secrets.insert(name.clone(), value.clone());
-                }
-                None => {
-                    log.note(format!("secret {name} is not granted to this run; step {} runs without it", step.name))
-                }
-            }
-        }
         let remaining = deadline.saturating_duration_since(Instant::now());
         let timeout = workflow.step_timeout(index).min(remaining);
         if timeout.is_zero() {
@@ -373,6 +303,9 @@ async fn in_session(
                 cause: format!("the run passed its timeout of {:?} before step {}", workflow.timeout, step.name),
             });
         }
+        let mut env = base.clone();
+        env.extend(step.env.clone());
+        let secrets = step_secrets(plan, step, log);
         log.note(format!("step {} ({}/{})", step.name, index + 1, workflow.steps.len()));
         log.begin_step(&step.name);
         let params = CommandParams {
@@ -397,57 +330,167 @@ async fn in_session(
         log.end_step();
         let report = &mut steps[index];
         report.duration_ms = step_started.elapsed().as_millis() as u64;
-        match result {
-            Ok(result) => {
-                report.exit_code = Some(result.exit_code);
-                if result.killed_processes > 0 {
-                    log.note(format!(
-                        "killed {} process(es) step {} left running after using secrets",
-                        result.killed_processes, step.name
-                    ));
-                }
-                if result.exit_code == 0 {
-                    report.status = StepStatus::Success;
-                } else if step.continue_on_error {
-                    report.status = StepStatus::Failure;
-                    log.note(format!(
-                        "step {} exited with {}; the run goes on (continue-on-error)",
-                        step.name, result.exit_code
-                    ));
-                } else {
-                    report.status = StepStatus::Failure;
-                    return Err(Ended {
-                        status: RunStatus::Failure,
-                        cause: format!("step {} exited with {}", step.name, result.exit_code),
-                    });
-                }
-            }
-            Err(error) => {
-                let (step_status, run_status) = match error.class() {
-                    FailureClass::Step if error.kind() == Some(knotless_protocol::ErrorKind::Timeout) => {
-                        (StepStatus::TimedOut, RunStatus::Failure)
-                    }
-                    FailureClass::Step => (StepStatus::Failure, RunStatus::Failure),
-                    FailureClass::Cancelled => (StepStatus::Cancelled, RunStatus::Cancelled),
-                    FailureClass::Infrastructure | FailureClass::Configuration => (StepStatus::Error, RunStatus::Error),
-                };
-                report.status = step_status;
-                let cause = match step_status {
-                    StepStatus::TimedOut => format!("step {} was killed at its timeout of {:?}", step.name, timeout),
-                    StepStatus::Cancelled => format!("cancelled during step {}", step.name),
-                    _ => format!("step {}: {error}", step.name),
-                };
-                if step.continue_on_error && run_status == RunStatus::Failure {
-                    // A step that failed or passed its own timeout; the run's own deadline is
-                    // checked before the next step.
-                    log.note(format!("{cause}; the run goes on (continue-on-error)"));
-                    continue;
-                }
-                return Err(Ended { status: run_status, cause });
-            }
-        }
+        step_ended(step, result, timeout, report, log)?;
     }
     Ok(())
+}
+
+/// Packs the checkout and uploads it into the session's work folder.
+async fn upload_checkout(
+    session: &Session,
+    plan: &RunPlan,
+    log: &mut RunLog<'_>,
+    cancel: &CancellationToken,
+) -> Result<(), Ended> {
+    let limits = &plan.limits;
+    let work = &session.paths().work;
+    let mut checkout = plan
+        .checkout
+        .archive(None)
+        .await
+        .map_err(|error| Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {error:#}") })?;
+    let upload = session.upload(work, &mut checkout, limits.checkout_max_bytes, limits.transfer_timeout, cancel);
+    let uploaded = watched(log, session, "checkout", upload).await;
+    let bytes = uploaded.map_err(|error| match checkout.failure() {
+        Some(failure) => Ended { status: RunStatus::Error, cause: format!("cannot pack the checkout: {failure}") },
+        None => Ended::from_host("cannot upload the checkout", &error),
+    })?;
+    log.note(format!("checked out {bytes} bytes of tar into {work}"));
+    Ok(())
+}
+
+/// What the executor runs for each step: its script, or the `run` of the shared step it
+/// uses, uploaded into the session's steps folder first.
+async fn step_scripts(session: &Session, plan: &RunPlan, cancel: &CancellationToken) -> Result<Vec<String>, Ended> {
+    let limits = &plan.limits;
+    let steps = &plan.workflow.steps;
+    let mut scripts = Vec::with_capacity(steps.len());
+    for (index, step) in steps.iter().enumerate() {
+        let shared = match (&step.run, &step.uses) {
+            (Some(script), _) => {
+                scripts.push(step_script(step, script));
+                continue;
+            }
+            (None, Some(shared)) => shared,
+            (None, None) => {
+                return Err(Ended {
+                    status: RunStatus::Error,
+                    cause: format!("step {} has nothing to run", step.name),
+                });
+            }
+        };
+        let folder = format!(".knotless/steps/{shared}");
+        if !plan.checkout.has_folder(&folder).await {
+            return Err(Ended {
+                status: RunStatus::Error,
+                cause: format!("step {} uses shared step {shared}, but {folder}/ does not exist", step.name),
+            });
+        }
+        let packed = |failure: &str| Ended {
+            status: RunStatus::Error,
+            cause: format!("cannot pack shared step {shared}: {failure}"),
+        };
+        let mut archive = plan.checkout.archive(Some(&folder)).await.map_err(|error| packed(&format!("{error:#}")))?;
+        let target = format!("{}/{index}", session.paths().steps);
+        let uploaded =
+            session.upload(&target, &mut archive, limits.checkout_max_bytes, limits.transfer_timeout, cancel).await;
+        uploaded.map_err(|error| match archive.failure() {
+            Some(failure) => packed(failure),
+            None => Ended::from_host(&format!("cannot upload shared step {shared}"), &error),
+        })?;
+        scripts.push(step_script(step, &format!("exec '{target}/run'")));
+    }
+    Ok(scripts)
+}
+
+/// The variables every step of the run gets: the run's own (`CI`, `KNOTLESS_*`), then the
+/// workflow's.
+fn run_env(plan: &RunPlan, paths: &SessionPaths) -> BTreeMap<String, String> {
+    let mut base = plan.extra_env.clone();
+    base.insert("CI".to_string(), "true".to_string());
+    base.insert("KNOTLESS_RUN_OUTPUTS".to_string(), paths.outputs.clone());
+    base.insert("KNOTLESS_REPOSITORY".to_string(), plan.repository.clone());
+    base.insert("KNOTLESS_COMMIT".to_string(), plan.commit.clone());
+    base.insert("KNOTLESS_REF".to_string(), plan.git_ref.clone());
+    base.insert("KNOTLESS_EVENT".to_string(), plan.event.as_str().to_string());
+    base.insert("KNOTLESS_RUN_ID".to_string(), plan.run_id.clone());
+    base.insert("KNOTLESS_WORKFLOW".to_string(), plan.workflow.name.clone());
+    base.extend(plan.workflow.env.clone());
+    base
+}
+
+/// The secrets `step` names that the run was granted; a note for each it was not.
+fn step_secrets(plan: &RunPlan, step: &crate::workflow::Step, log: &mut RunLog<'_>) -> BTreeMap<String, String> {
+    let mut secrets = BTreeMap::new();
+    for name in &step.secrets {
+        match plan.secrets.get(name) {
+            Some(value) => {
+                secrets.insert(name.clone(), value.clone());
+            }
+            None => log.note(format!("secret {name} is not granted to this run; step {} runs without it", step.name)),
+        }
+    }
+    secrets
+}
+
+/// Records how `step` ended in `report`; an error when the run ends with it.
+fn step_ended(
+    step: &crate::workflow::Step,
+    result: Result<CommandResult, HostError>,
+    timeout: Duration,
+    report: &mut StepReport,
+    log: &mut RunLog<'_>,
+) -> Result<(), Ended> {
+    match result {
+        Ok(result) => {
+            report.exit_code = Some(result.exit_code);
+            if result.killed_processes > 0 {
+                log.note(format!(
+                    "killed {} process(es) step {} left running after using secrets",
+                    result.killed_processes, step.name
+                ));
+            }
+            if result.exit_code == 0 {
+                report.status = StepStatus::Success;
+                return Ok(());
+            }
+            report.status = StepStatus::Failure;
+            if step.continue_on_error {
+                log.note(format!(
+                    "step {} exited with {}; the run goes on (continue-on-error)",
+                    step.name, result.exit_code
+                ));
+                return Ok(());
+            }
+            Err(Ended {
+                status: RunStatus::Failure,
+                cause: format!("step {} exited with {}", step.name, result.exit_code),
+            })
+        }
+        Err(error) => {
+            let (step_status, run_status) = match error.class() {
+                FailureClass::Step if error.kind() == Some(knotless_protocol::ErrorKind::Timeout) => {
+                    (StepStatus::TimedOut, RunStatus::Failure)
+                }
+                FailureClass::Step => (StepStatus::Failure, RunStatus::Failure),
+                FailureClass::Cancelled => (StepStatus::Cancelled, RunStatus::Cancelled),
+                FailureClass::Infrastructure | FailureClass::Configuration => (StepStatus::Error, RunStatus::Error),
+            };
+            report.status = step_status;
+            let cause = match step_status {
+                StepStatus::TimedOut => format!("step {} was killed at its timeout of {:?}", step.name, timeout),
+                StepStatus::Cancelled => format!("cancelled during step {}", step.name),
+                _ => format!("step {}: {error}", step.name),
+            };
+            if step.continue_on_error && run_status == RunStatus::Failure {
+                // A step that failed or passed its own timeout; the run's own deadline is
+                // checked before the next step.
+                log.note(format!("{cause}; the run goes on (continue-on-error)"));
+                return Ok(());
+            }
+            Err(Ended { status: run_status, cause })
+        }
+    }
 }
 
 /// What the executor runs for `step`, whose own command is `command` (a `run` script, or the
