@@ -40,7 +40,7 @@ pub async fn cleanup(
     params: CleanupParams,
     _context: Context,
 ) -> Result<CleanupResult, ExecutorError> {
-    let config = executor.config()?;
+    let config = executor.config.get()?;
     let keep: BTreeSet<&str> = params.keep.iter().map(String::as_str).collect();
     let stdout = config.docker.output(&argv::list(&config.runner_id), SHORT_CALL).await.map_err(|failure| {
         ExecutorError::infrastructure(format!(
@@ -55,7 +55,7 @@ pub async fn cleanup(
             continue;
         }
         if let Some(session) = &listed.session {
-            executor.sessions().remove(session);
+            executor.sessions.lock().remove(session);
         }
         match remove_container(&config.docker, &listed.name, listed.session.as_deref()).await {
             Ok(Some(resource)) => result.removed.push(resource),

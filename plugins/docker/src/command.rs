@@ -29,8 +29,8 @@ pub async fn run(
     params: CommandParams,
     context: Context,
 ) -> Result<CommandResult, ExecutorError> {
-    let config = executor.config()?;
-    let session = executor.session(&params.session)?;
+    let config = executor.config.get()?;
+    let session = executor.sessions.get(&params.session)?;
     let workdir = session.resolve(params.workdir.as_deref().unwrap_or("/work"))?;
     tracing::info!(session = %session.id, container = %session.container, image = %session.image,
         step = params.step, name = %params.name, "step started");

@@ -24,10 +24,7 @@ pub mod resources;
 mod session;
 mod transfer;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use knotless_protocol::sdk::{Context, DownloadStream, Executor, UploadStream};
+use knotless_protocol::sdk::{Context, DownloadStream, Executor, Initialized, Sessions, UploadStream};
 use knotless_protocol::*;
 
 pub use config::Config;
@@ -36,30 +33,8 @@ pub use session::Session;
 /// The Docker executor. Build it with `default()` and hand it to `sdk::serve`.
 #[derive(Default)]
 pub struct DockerExecutor {
-    config: Mutex<Option<Arc<Config>>>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
-}
-
-impl DockerExecutor {
-    /// The configuration `initialize` accepted.
-    fn config(&self) -> Result<Arc<Config>, ExecutorError> {
-        lock(&self.config).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
-    }
-
-    /// The sessions this process started and has not stopped.
-    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        lock(&self.sessions)
-    }
-
-    /// A session this process started, or the protocol's unknown-session error.
-    fn session(&self, session: &str) -> Result<Arc<Session>, ExecutorError> {
-        self.sessions().get(session).cloned().ok_or_else(|| ExecutorError::unknown_session(session))
-    }
-}
-
-/// Locks a mutex, taking the data even if a panicking thread poisoned it.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+    config: Initialized<Config>,
+    sessions: Sessions<Session>,
 }
 
 impl Executor for DockerExecutor {
@@ -72,7 +47,7 @@ impl Executor for DockerExecutor {
         let version = config.probe().await?;
         tracing::info!(engine = %version, host = %config.docker.host_shown(), docker = %config.docker.program.display(),
             "the docker engine answers");
-        *lock(&self.config) = Some(Arc::new(config));
+        self.config.set(config);
         Ok(config::capabilities())
     }
 

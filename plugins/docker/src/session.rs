@@ -81,9 +81,9 @@ pub async fn start(
     params: StartParams,
     context: Context,
 ) -> Result<StartResult, ExecutorError> {
-    let config = executor.config()?;
+    let config = executor.config.get()?;
     check_name("session id", &params.session)?;
-    if executor.sessions().contains_key(&params.session) {
+    if executor.sessions.lock().contains_key(&params.session) {
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
     let spec = container_spec(&config, &params)?;
@@ -130,7 +130,7 @@ pub async fn start(
     tracing::info!(session = %session.id, container = %session.container, image = %session.image,
         network = spec.network, "container started");
     context.log(&session.id, LogLevel::Info, description.clone()).await;
-    executor.sessions().insert(session.id.clone(), Arc::new(session));
+    executor.sessions.lock().insert(session.id.clone(), Arc::new(session));
     let paths = SessionPaths { work: "/work".into(), steps: "/steps".into(), outputs: "/outputs".into() };
     Ok(StartResult { paths, description: Some(description) })
 }
@@ -142,9 +142,9 @@ pub async fn stop(
     params: StopParams,
     context: Context,
 ) -> Result<StopResult, ExecutorError> {
-    let config = executor.config()?;
-    let session = executor.session(&params.session)?;
-    executor.sessions().remove(&params.session);
+    let config = executor.config.get()?;
+    let session = executor.sessions.get(&params.session)?;
+    executor.sessions.lock().remove(&params.session);
     if params.keep || session.keep {
         context.log(&session.id, LogLevel::Info, format!("kept the container {}", session.container)).await;
         return Ok(StopResult { removed: Vec::new() });
@@ -155,10 +155,10 @@ pub async fn stop(
 
 /// `shutdown`: removes the container of every session this process started that is not kept.
 pub async fn shutdown(executor: &DockerExecutor) {
-    let Ok(config) = executor.config() else {
+    let Ok(config) = executor.config.get() else {
         return;
     };
-    let sessions: Vec<Arc<Session>> = executor.sessions().drain().map(|(_, session)| session).collect();
+    let sessions: Vec<Arc<Session>> = executor.sessions.lock().drain().map(|(_, session)| session).collect();
     for session in sessions {
         if session.keep {
             tracing::info!(session = %session.id, container = %session.container, "keeping the container at shutdown");

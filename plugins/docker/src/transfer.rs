@@ -29,8 +29,8 @@ pub async fn upload(
     data: UploadStream,
     _context: Context,
 ) -> Result<(), ExecutorError> {
-    let config = executor.config()?;
-    let session = executor.session(&params.session)?;
+    let config = executor.config.get()?;
+    let session = executor.sessions.get(&params.session)?;
     let path = session.resolve(&params.path)?;
     let docker = &config.docker;
     let staging = remote::staging_path(&path)?;
@@ -86,8 +86,8 @@ pub async fn download(
     data: DownloadStream,
     context: Context,
 ) -> Result<(), ExecutorError> {
-    let config = executor.config()?;
-    let session = executor.session(&params.session)?;
+    let config = executor.config.get()?;
+    let session = executor.sessions.get(&params.session)?;
     let path = session.resolve(&params.path)?;
     let docker = &config.docker;
     let mut child = docker

@@ -79,7 +79,7 @@ impl Cluster {
             len: metadata.len(),
             inode: metadata.ino(),
         };
-        if let Some((known, client)) = &*crate::lock(&self.cached)
+        if let Some((known, client)) = &*knotless_protocol::sdk::lock(&self.cached)
             && *known == stamp
         {
             return Ok(client.clone());
@@ -98,7 +98,7 @@ impl Cluster {
             ExecutorError::configuration(format!("--kubeconfig {shown}: cannot make a client for {server}: {error}"))
         })?;
         let client = Client { inner, server, kubeconfig: self.kubeconfig.clone() };
-        *crate::lock(&self.cached) = Some((stamp, client.clone()));
+        *knotless_protocol::sdk::lock(&self.cached) = Some((stamp, client.clone()));
         tracing::debug!(server = %client.server, "kubernetes client made from the kubeconfig");
         Ok(client)
     }
@@ -263,7 +263,7 @@ impl Client {
             {
                 let reason = status.reason.clone().unwrap_or_default();
                 let message = status.message.clone().unwrap_or_default();
-                *crate::lock(said) = Some(format!("{reason} {message}").trim().to_string());
+                *knotless_protocol::sdk::lock(said) = Some(format!("{reason} {message}").trim().to_string());
             }
             code
         };

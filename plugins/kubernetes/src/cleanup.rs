@@ -57,8 +57,8 @@ pub async fn cleanup(
     params: CleanupParams,
     _context: Context,
 ) -> Result<CleanupResult, ExecutorError> {
-    let config = executor.config()?;
-    let client = executor.cluster()?.client().await?;
+    let config = executor.config.get()?;
+    let client = executor.cluster.get()?.client().await?;
     let runner = format!("{RUNNER_LABEL}={}", names::label_value(&config.runner_id));
     let api: Api<Job> = client.api(&config.namespace);
     let listed = client.limited("list the runner's Jobs", api.list(&ListParams::default().labels(&runner))).await?;
@@ -94,7 +94,7 @@ pub async fn cleanup(
         result.failures.push(error.message);
     }
     // Sessions of this process not kept are gone now: forget them.
-    executor.sessions().retain(|session, _| params.keep.contains(session));
+    executor.sessions.lock().retain(|session, _| params.keep.contains(session));
     if params.keep.is_empty() {
         match session::retire_policy(executor, &client).await {
             Ok(true) => result.removed.push(Resource {

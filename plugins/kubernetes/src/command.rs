@@ -31,8 +31,8 @@ pub async fn run(
     params: CommandParams,
     context: Context,
 ) -> Result<CommandResult, ExecutorError> {
-    let session = executor.session(&params.session)?;
-    let client = executor.cluster()?.client().await?;
+    let session = executor.sessions.get(&params.session)?;
+    let client = executor.cluster.get()?.client().await?;
     let workdir = match &params.workdir {
         Some(dir) if dir.starts_with('/') => dir.clone(),
         Some(dir) => format!("/work/{dir}"),
@@ -61,7 +61,7 @@ impl Shell for Pod<'_> {
 
     async fn lost(&self, step: &str, exited: Option<i32>, _said: &[u8]) -> ExecutorError {
         let session = self.session;
-        let status = crate::lock(&self.said).take();
+        let status = knotless_protocol::sdk::lock(&self.said).take();
         let status = match (exited, status) {
             (Some(code), _) => format!("the exec ended with {code} but the step never said it ended"),
             (None, Some(status)) => format!("the exec ended: {status}"),

@@ -29,10 +29,7 @@ mod session;
 mod transfer;
 mod watch;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use knotless_protocol::sdk::{Context, DownloadStream, Executor, UploadStream};
+use knotless_protocol::sdk::{Context, DownloadStream, Executor, Initialized, Sessions, UploadStream};
 use knotless_protocol::*;
 
 pub use config::Config;
@@ -43,9 +40,9 @@ use crate::api::Cluster;
 /// The Kubernetes executor. Build it with `default()` and hand it to `sdk::serve`.
 #[derive(Default)]
 pub struct KubernetesExecutor {
-    config: Mutex<Option<Arc<Config>>>,
-    cluster: Mutex<Option<Arc<Cluster>>>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    config: Initialized<Config>,
+    cluster: Initialized<Cluster>,
+    sessions: Sessions<Session>,
     /// Serializes the NetworkPolicy's create and delete with the sessions starting.
     policy: tokio::sync::Mutex<Policy>,
 }
@@ -57,33 +54,6 @@ struct Policy {
     starting: usize,
     /// Whether this process made it (or found it) and has not deleted it since.
     applied: bool,
-}
-
-impl KubernetesExecutor {
-    /// The configuration `initialize` accepted.
-    fn config(&self) -> Result<Arc<Config>, ExecutorError> {
-        lock(&self.config).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
-    }
-
-    /// The cluster of the configuration.
-    fn cluster(&self) -> Result<Arc<Cluster>, ExecutorError> {
-        lock(&self.cluster).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
-    }
-
-    /// The sessions this process started and has not stopped.
-    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        lock(&self.sessions)
-    }
-
-    /// A session this process started, or the protocol's unknown-session error.
-    fn session(&self, session: &str) -> Result<Arc<Session>, ExecutorError> {
-        self.sessions().get(session).cloned().ok_or_else(|| ExecutorError::unknown_session(session))
-    }
-}
-
-/// Locks a mutex, taking the data even if a panicking thread poisoned it.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 impl Executor for KubernetesExecutor {
@@ -102,8 +72,8 @@ impl Executor for KubernetesExecutor {
             image = %config.image,
             "kubernetes executor ready"
         );
-        *lock(&self.cluster) = Some(Arc::new(cluster));
-        *lock(&self.config) = Some(Arc::new(config));
+        self.cluster.set(cluster);
+        self.config.set(config);
         Ok(config::capabilities())
     }
 

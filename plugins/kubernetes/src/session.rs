@@ -18,12 +18,12 @@ use knotless_protocol::*;
 use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
 use kube::core::Status;
 
+use crate::KubernetesExecutor;
 use crate::api::Client;
 use crate::manifest::{self, JobSpecInput};
 use crate::names::{self, RUN_LABEL, RUNNER_LABEL};
 use crate::pod::{self, PodState, Said, Scale};
 use crate::watch::{EventWatch, PodWatch};
-use crate::{KubernetesExecutor, lock};
 
 /// How long `stop` waits for the pod to be gone once deleted with no grace.
 const GONE_WITHIN: Duration = Duration::from_secs(30);
@@ -59,11 +59,11 @@ pub async fn start(
     params: StartParams,
     context: Context,
 ) -> Result<StartResult, ExecutorError> {
-    let config = executor.config()?;
-    if executor.sessions().contains_key(&params.session) {
+    let config = executor.config.get()?;
+    if executor.sessions.lock().contains_key(&params.session) {
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
-    let client = executor.cluster()?.client().await?;
+    let client = executor.cluster.get()?.client().await?;
     let image = params.image.clone().filter(|image| !image.is_empty()).unwrap_or_else(|| config.image.clone());
     let input = JobSpecInput {
         runner_id: config.runner_id.clone(),
@@ -119,7 +119,7 @@ pub async fn start(
                 keep: params.keep,
                 pods,
             };
-            executor.sessions().insert(params.session.clone(), std::sync::Arc::new(session));
+            executor.sessions.lock().insert(params.session.clone(), std::sync::Arc::new(session));
             Ok(description)
         }
         Err(error) => {
@@ -347,9 +347,9 @@ const FORCE_AFTER: Duration = Duration::from_secs(15);
 
 /// Deletes the runner's NetworkPolicy when no session is live or starting.
 pub async fn retire_policy(executor: &KubernetesExecutor, client: &Client) -> Result<bool, ExecutorError> {
-    let config = executor.config()?;
+    let config = executor.config.get()?;
     let mut policy = executor.policy.lock().await;
-    if policy.starting > 0 || !executor.sessions().is_empty() {
+    if policy.starting > 0 || !executor.sessions.lock().is_empty() {
         return Ok(false);
     }
     let name = names::policy_name(&config.runner_id);
@@ -368,13 +368,16 @@ pub async fn stop(
     params: StopParams,
     _context: Context,
 ) -> Result<StopResult, ExecutorError> {
-    let session =
-        executor.sessions().remove(&params.session).ok_or_else(|| ExecutorError::unknown_session(&params.session))?;
+    let session = executor
+        .sessions
+        .lock()
+        .remove(&params.session)
+        .ok_or_else(|| ExecutorError::unknown_session(&params.session))?;
     if params.keep || session.keep {
         tracing::info!(job = %session.job, namespace = %session.namespace, image = %session.image, "job kept");
         return Ok(StopResult::default());
     }
-    let client = executor.cluster()?.client().await?;
+    let client = executor.cluster.get()?.client().await?;
     let deleted =
         delete_job(&client, &session.namespace, &session.job, &session.selector, &session.image, Some(&session.pods))
             .await;
@@ -387,7 +390,7 @@ pub async fn stop(
         Resource { kind: "pod".into(), name: session.pod.clone(), session: Some(session.id.clone()) },
     ];
     if let Ok(true) = retire_policy(executor, &client).await {
-        let config = executor.config()?;
+        let config = executor.config.get()?;
         removed.push(Resource {
             kind: "networkpolicy".into(),
             name: names::policy_name(&config.runner_id),
@@ -400,9 +403,9 @@ pub async fn stop(
 /// `shutdown`: deletes the Job of every session still here but those started with `keep`
 /// (and those kept at `stop`, which were forgotten then).
 pub async fn shutdown(executor: &KubernetesExecutor) {
-    let Ok(cluster) = executor.cluster() else { return };
+    let Ok(cluster) = executor.cluster.get() else { return };
     let Ok(client) = cluster.client().await else { return };
-    let sessions: Vec<_> = lock(&executor.sessions).drain().map(|(_, session)| session).collect();
+    let sessions: Vec<_> = executor.sessions.lock().drain().map(|(_, session)| session).collect();
     for session in &sessions {
         if session.keep {
             tracing::info!(job = %session.job, namespace = %session.namespace, "keeping the job at shutdown");

@@ -85,8 +85,8 @@ pub async fn upload(
     data: UploadStream,
     _context: Context,
 ) -> Result<(), ExecutorError> {
-    let session = executor.session(&params.session)?;
-    let client = executor.cluster()?.client().await?;
+    let session = executor.sessions.get(&params.session)?;
+    let client = executor.cluster.get()?.client().await?;
     let path = absolute(&params.path)?;
     let staging = remote::staging_path(&path)?;
     let unpacked = unpack(&client, &session, &staging, &path, data).await;
@@ -148,8 +148,8 @@ pub async fn download(
     data: DownloadStream,
     context: Context,
 ) -> Result<(), ExecutorError> {
-    let session = executor.session(&params.session)?;
-    let client = executor.cluster()?.client().await?;
+    let session = executor.sessions.get(&params.session)?;
+    let client = executor.cluster.get()?.client().await?;
     let path = absolute(&params.path)?;
     let Exec { stdin, stdout, stderr, ended } =
         client.exec(&session.namespace, &session.pod, pack_argv(&path), None).await?;

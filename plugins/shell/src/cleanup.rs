@@ -18,14 +18,14 @@ pub async fn cleanup(
     params: CleanupParams,
     _context: Context,
 ) -> Result<CleanupResult, ExecutorError> {
-    let config = executor.config()?;
+    let config = executor.config.get()?;
     let keep: BTreeSet<&str> = params.keep.iter().map(String::as_str).collect();
     let runner_dir = config.runner_dir();
     let mut result = CleanupResult::default();
 
     // The sessions to sweep: folders under this runner's folder, and the sessions this
     // process started (a step may have removed its own folder).
-    let mut sessions: BTreeSet<String> = executor.sessions().keys().cloned().collect();
+    let mut sessions: BTreeSet<String> = executor.sessions.lock().keys().cloned().collect();
     match std::fs::read_dir(&runner_dir) {
         Ok(entries) => {
             for entry in entries {
@@ -53,7 +53,7 @@ pub async fn cleanup(
         if keep.contains(session.as_str()) {
             continue;
         }
-        let started = executor.sessions().remove(&session);
+        let started = executor.sessions.lock().remove(&session);
         let removal = match started {
             Some(started) => remove_session(&started).await,
             None => remove_folder(&session, &runner_dir.join(&session)).await,

@@ -41,8 +41,8 @@ pub async fn run(
     params: CommandParams,
     context: Context,
 ) -> Result<CommandResult, ExecutorError> {
-    let config = executor.config()?;
-    let session = executor.session(&params.session)?;
+    let config = executor.config.get()?;
+    let session = executor.sessions.get(&params.session)?;
     let step_name = if params.name.is_empty() { params.step.to_string() } else { params.name.clone() };
     let workdir = match &params.workdir {
         Some(workdir) => session.folder("work").join(workdir),

@@ -23,11 +23,9 @@ pub mod reaper;
 mod session;
 mod transfer;
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
 
-use knotless_protocol::sdk::{Context, DownloadStream, Executor, UploadStream};
+use knotless_protocol::sdk::{Context, DownloadStream, Executor, Initialized, Sessions, UploadStream};
 use knotless_protocol::*;
 
 pub use config::Config;
@@ -40,31 +38,9 @@ pub use session::Session;
 /// executor (its own binary, or a test) must start no children of its own.
 #[derive(Default)]
 pub struct ShellExecutor {
-    config: Mutex<Option<Arc<Config>>>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    config: Initialized<Config>,
+    sessions: Sessions<Session>,
     image_warned: AtomicBool,
-}
-
-impl ShellExecutor {
-    /// The configuration `initialize` accepted.
-    fn config(&self) -> Result<Arc<Config>, ExecutorError> {
-        lock(&self.config).clone().ok_or_else(|| ExecutorError::new(ErrorKind::NotInitialized, "initialize first"))
-    }
-
-    /// The sessions this process started and has not stopped.
-    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
-        lock(&self.sessions)
-    }
-
-    /// A session this process started, or the protocol's unknown-session error.
-    fn session(&self, session: &str) -> Result<Arc<Session>, ExecutorError> {
-        self.sessions().get(session).cloned().ok_or_else(|| ExecutorError::unknown_session(session))
-    }
-}
-
-/// Locks a mutex, taking the data even if a panicking thread poisoned it.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 impl Executor for ShellExecutor {
@@ -81,7 +57,7 @@ impl Executor for ShellExecutor {
             work_dir = %config.work_dir.display(),
             "the shell executor isolates nothing: steps run as host processes with this user's rights"
         );
-        *lock(&self.config) = Some(Arc::new(config));
+        self.config.set(config);
         Ok(config::capabilities())
     }
 

@@ -33,12 +33,12 @@ pub struct Session {
 impl Session {
     /// Keeps the reaper of a step whose processes go on running, until the session stops.
     pub fn linger(&self, reaper: Reaper) {
-        crate::lock(&self.lingering).push(reaper);
+        knotless_protocol::sdk::lock(&self.lingering).push(reaper);
     }
 
     /// Kills every process the session's steps left running. Returns their pids.
     pub async fn kill_lingering(&self) -> Vec<i32> {
-        let reapers = std::mem::take(&mut *crate::lock(&self.lingering));
+        let reapers = std::mem::take(&mut *knotless_protocol::sdk::lock(&self.lingering));
         let mut killed = Vec::new();
         let mut lost = false;
         for reaper in reapers {
@@ -102,7 +102,7 @@ pub async fn start(
     params: StartParams,
     context: Context,
 ) -> Result<StartResult, ExecutorError> {
-    let config = executor.config()?;
+    let config = executor.config.get()?;
     check_component("session id", &params.session)?;
     if let Some(image) = &params.image {
         if !executor.image_warned.swap(true, Ordering::SeqCst) {
@@ -116,7 +116,7 @@ pub async fn start(
             )
             .await;
     }
-    if executor.sessions().contains_key(&params.session) {
+    if executor.sessions.lock().contains_key(&params.session) {
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
     let runner_dir = config.runner_dir();
@@ -154,16 +154,16 @@ pub async fn start(
     };
     let description = format!("folder {}", session.root.display());
     tracing::debug!(session = %session.id, root = %session.root.display(), "session started");
-    executor.sessions().insert(session.id.clone(), Arc::new(session));
+    executor.sessions.lock().insert(session.id.clone(), Arc::new(session));
     Ok(StartResult { paths, description: Some(description) })
 }
 
 /// `stop`: kills the session's processes and removes its folder, unless keeping (then the
 /// session is only forgotten, and nothing is removed).
 pub async fn stop(executor: &ShellExecutor, params: StopParams, context: Context) -> Result<StopResult, ExecutorError> {
-    let session = executor.session(&params.session)?;
+    let session = executor.sessions.get(&params.session)?;
     let keep = params.keep || session.keep;
-    executor.sessions().remove(&params.session);
+    executor.sessions.lock().remove(&params.session);
     if keep {
         context.log(&session.id, LogLevel::Info, format!("kept the session folder {}", session.root.display())).await;
         return Ok(StopResult { removed: Vec::new() });
@@ -174,7 +174,7 @@ pub async fn stop(executor: &ShellExecutor, params: StopParams, context: Context
 
 /// `shutdown`: stops every session this process started that is not kept.
 pub async fn shutdown(executor: &ShellExecutor) {
-    let sessions: Vec<Arc<Session>> = executor.sessions().drain().map(|(_, session)| session).collect();
+    let sessions: Vec<Arc<Session>> = executor.sessions.lock().drain().map(|(_, session)| session).collect();
     for session in sessions {
         if session.keep {
             tracing::info!(session = %session.id, root = %session.root.display(), "keeping the session at shutdown");

@@ -17,7 +17,7 @@ pub async fn upload(
     data: UploadStream,
     _context: Context,
 ) -> Result<(), ExecutorError> {
-    let session = executor.session(&params.session)?;
+    let session = executor.sessions.get(&params.session)?;
     let dest = session.resolve(&params.path)?;
     let max_bytes = params.max_bytes;
     let bridge = SyncIoBridge::new(data);
@@ -46,7 +46,7 @@ pub async fn download(
     data: DownloadStream,
     context: Context,
 ) -> Result<(), ExecutorError> {
-    let session = executor.session(&params.session)?;
+    let session = executor.sessions.get(&params.session)?;
     let source = session.resolve(&params.path)?;
     let shown = source.display().to_string();
     match tokio::fs::metadata(&source).await {

@@ -23,6 +23,7 @@ pub mod output;
 pub mod payload;
 pub mod remote;
 mod serve;
+pub mod state;
 mod transfer;
 
 use std::future::Future;
@@ -38,6 +39,7 @@ use crate::messages::*;
 use crate::version::MAX_OUTPUT_CHUNK;
 
 pub use serve::{serve, serve_io};
+pub use state::{Initialized, Sessions, lock};
 pub use transfer::{DownloadStream, UploadStream};
 
 /// An executor: what the runner's six operations do in one kind of environment.
