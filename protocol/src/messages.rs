@@ -36,6 +36,58 @@ pub mod method {
     pub const LOG: &str = "log";
 }
 
+/// A request method: its name and the types of its parameters and its result, so that a
+/// request and its answer cannot be paired with another method's types. One unit type per
+/// method in [`rpc`].
+pub trait Method {
+    /// Its name on the wire ([`method`]).
+    const NAME: &'static str;
+    /// Its `params`.
+    type Params: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static;
+    /// Its `result`.
+    type Result: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static;
+}
+
+/// The request methods, as types ([`Method`]).
+pub mod rpc {
+    use super::*;
+
+    macro_rules! methods {
+        ($($(#[$doc:meta])* $name:ident = $wire:path: $params:ty => $result:ty;)*) => {$(
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy)]
+            pub struct $name;
+
+            impl Method for $name {
+                const NAME: &'static str = $wire;
+                type Params = $params;
+                type Result = $result;
+            }
+        )*};
+    }
+
+    methods! {
+        /// `initialize`.
+        Initialize = method::INITIALIZE: InitializeParams => InitializeResult;
+        /// `start`.
+        Start = method::START: StartParams => StartResult;
+        /// `command`.
+        Command = method::COMMAND: CommandParams => CommandResult;
+        /// `stop`.
+        Stop = method::STOP: StopParams => StopResult;
+        /// `cleanup`.
+        Cleanup = method::CLEANUP: CleanupParams => CleanupResult;
+        /// `upload`.
+        Upload = method::UPLOAD: TransferParams => TransferResult;
+        /// `download`.
+        Download = method::DOWNLOAD: TransferParams => TransferResult;
+        /// `ping`.
+        Ping = method::PING: Empty => Empty;
+        /// `shutdown`.
+        Shutdown = method::SHUTDOWN: Empty => Empty;
+    }
+}
+
 /// `initialize` parameters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct InitializeParams {

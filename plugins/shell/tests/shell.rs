@@ -33,6 +33,20 @@ async fn initialize_says_it_isolates_nothing_and_refuses_unknown_options() {
 }
 
 #[tokio::test]
+async fn ping_is_answered_with_params_without_them_and_only_once_initialized() {
+    let mut harness = Harness::uninitialized().await;
+    let early = harness.request("ping", json!({})).await.expect_err("not yet initialized");
+    assert_eq!(early.0, code::NOT_INITIALIZED as i64, "{early:?}");
+    let work_dir = harness.work_dir.path().to_string_lossy().into_owned();
+    harness.initialize(json!({"work-dir": work_dir})).await.expect("initialize");
+    assert_eq!(harness.request("ping", json!({})).await.expect("ping"), json!({}));
+    assert_eq!(harness.request("ping", serde_json::Value::Null).await.expect("ping without params"), json!({}));
+    let wrong = harness.request("start", serde_json::Value::Null).await.expect_err("start needs params");
+    // JSON-RPC's invalid params.
+    assert_eq!(wrong.0, -32602, "{wrong:?}");
+}
+
+#[tokio::test]
 async fn start_makes_private_folders_and_refuses_duplicates_and_unsafe_ids() {
     let harness = Harness::new().await;
     let result = harness.start("s1").await;

@@ -208,7 +208,10 @@ async fn dispatch<E: Executor>(
 
 type Reply<T> = Result<T, ErrorObjectOwned>;
 
+/// A request's parameters as `T`; a request without any has `{}` (a `ping` needs none).
 fn parse<T: DeserializeOwned>(params: &Params<'_>) -> Result<T, ExecutorError> {
+    let none = Params::new(Some("{}"));
+    let params = if params.as_str().is_some() { params } else { &none };
     params
         .parse::<T>()
         .map_err(|error| ExecutorError::new(ErrorKind::Protocol, format!("invalid params: {}", error.message())))
@@ -256,93 +259,67 @@ async fn guarded<T>(
 
 fn methods<E: Executor>(state: Arc<State<E>>) -> anyhow::Result<RpcModule<State<E>>> {
     let mut module = RpcModule::from_arc(state);
-    module.register_async_method(method::INITIALIZE, |params, state, _| async move {
+    module.register_async_method(rpc::Initialize::NAME, |params, state, _| async move {
         to_reply(initialize(&state, &params).await)
     })?;
-    module.register_async_method(method::PING, |_, state, _| async move {
-        to_reply(require_initialized(&state).map(|()| Empty {}))
+    register::<rpc::Ping, E, _, _>(&mut module, |_, _, _| async { Ok(Empty {}) })?;
+    register::<rpc::Start, E, _, _>(&mut module, |state, params, context| async move {
+        let timeout_ms = params.timeout_ms;
+        guarded(&context, timeout_ms, "start", state.executor.start(params, context.clone())).await
     })?;
-    module.register_async_method(method::START, |params, state, extensions| async move {
-        to_reply(
-            async {
-                require_initialized(&state)?;
-                let params: StartParams = parse(&params)?;
-                let context = context(&extensions);
-                let timeout_ms = params.timeout_ms;
-                guarded(&context, timeout_ms, "start", state.executor.start(params, context.clone())).await
-            }
-            .await,
-        )
+    register::<rpc::Command, E, _, _>(&mut module, |state, params, context| async move {
+        state.executor.command(params, context).await
     })?;
-    module.register_async_method(method::COMMAND, |params, state, extensions| async move {
-        to_reply(
-            async {
-                require_initialized(&state)?;
-                let params: CommandParams = parse(&params)?;
-                state.executor.command(params, context(&extensions)).await
-            }
-            .await,
-        )
+    register::<rpc::Stop, E, _, _>(&mut module, |state, params, context| async move {
+        let timeout_ms = params.timeout_ms;
+        guarded(&context, timeout_ms, "stop", state.executor.stop(params, context.clone())).await
     })?;
-    module.register_async_method(method::STOP, |params, state, extensions| async move {
-        to_reply(
-            async {
-                require_initialized(&state)?;
-                let params: StopParams = parse(&params)?;
-                let context = context(&extensions);
-                let timeout_ms = params.timeout_ms;
-                guarded(&context, timeout_ms, "stop", state.executor.stop(params, context.clone())).await
-            }
-            .await,
-        )
+    register::<rpc::Cleanup, E, _, _>(&mut module, |state, params, context| async move {
+        let timeout_ms = params.timeout_ms;
+        guarded(&context, timeout_ms, "cleanup", state.executor.cleanup(params, context.clone())).await
     })?;
-    module.register_async_method(method::CLEANUP, |params, state, extensions| async move {
-        to_reply(
-            async {
-                require_initialized(&state)?;
-                let params: CleanupParams = parse(&params)?;
-                let context = context(&extensions);
-                let timeout_ms = params.timeout_ms;
-                guarded(&context, timeout_ms, "cleanup", state.executor.cleanup(params, context.clone())).await
-            }
-            .await,
-        )
+    register::<rpc::Upload, E, _, _>(&mut module, |state, params, context| async move {
+        let work = async {
+            let (upload, counter) = UploadStream::new(connect(&params).await?, params.max_bytes);
+            transfer_result(state.executor.upload(&params, upload, context.clone()).await, &counter, params.max_bytes)
+        };
+        guarded(&context, params.timeout_ms, "upload", work).await
     })?;
-    module.register_async_method(method::UPLOAD, |params, state, extensions| async move {
-        to_reply(
-            async {
-                require_initialized(&state)?;
-                let params: TransferParams = parse(&params)?;
-                let context = context(&extensions);
-                let work = async {
-                    let stream = connect(&params).await?;
-                    let (upload, counter) = UploadStream::new(stream, params.max_bytes);
-                    let result = state.executor.upload(&params, upload, context.clone()).await;
-                    transfer_result(result, &counter, params.max_bytes)
-                };
-                guarded(&context, params.timeout_ms, "upload", work).await
-            }
-            .await,
-        )
-    })?;
-    module.register_async_method(method::DOWNLOAD, |params, state, extensions| async move {
-        to_reply(
-            async {
-                require_initialized(&state)?;
-                let params: TransferParams = parse(&params)?;
-                let context = context(&extensions);
-                let work = async {
-                    let stream = connect(&params).await?;
-                    let (download, counter) = DownloadStream::new(stream, params.max_bytes);
-                    let result = state.executor.download(&params, download, context.clone()).await;
-                    transfer_result(result, &counter, params.max_bytes)
-                };
-                guarded(&context, params.timeout_ms, "download", work).await
-            }
-            .await,
-        )
+    register::<rpc::Download, E, _, _>(&mut module, |state, params, context| async move {
+        let work = async {
+            let (download, counter) = DownloadStream::new(connect(&params).await?, params.max_bytes);
+            transfer_result(
+                state.executor.download(&params, download, context.clone()).await,
+                &counter,
+                params.max_bytes,
+            )
+        };
+        guarded(&context, params.timeout_ms, "download", work).await
     })?;
     Ok(module)
+}
+
+/// Registers method `M`, answered by `handler` once the executor is initialized and the
+/// parameters parse as `M`'s.
+fn register<M, E, F, Fut>(module: &mut RpcModule<State<E>>, handler: F) -> anyhow::Result<()>
+where
+    M: Method,
+    E: Executor,
+    F: Fn(Arc<State<E>>, M::Params, Context) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<M::Result, ExecutorError>> + Send,
+{
+    module.register_async_method(M::NAME, move |params, state, extensions| {
+        let handler = handler.clone();
+        async move {
+            let answer = async {
+                require_initialized(&state)?;
+                let params: M::Params = parse(&params)?;
+                handler(state, params, context(&extensions)).await
+            };
+            to_reply(answer.await)
+        }
+    })?;
+    Ok(())
 }
 
 /// The `data` of a version refusal: both sides' versions.

@@ -326,7 +326,7 @@ async fn handshake(host: &Arc<ExecutorHost>) -> Outcome {
 
 async fn ping(host: &Arc<ExecutorHost>) -> Outcome {
     let started = Instant::now();
-    host.call::<_, Empty>(method::PING, &Empty {}, Duration::from_secs(10), &CancellationToken::new())
+    host.call::<rpc::Ping>(&Empty {}, Duration::from_secs(10), &CancellationToken::new())
         .await
         .map_err(|error| error.to_string())?;
     Ok(format!("answered in {} µs", started.elapsed().as_micros()))

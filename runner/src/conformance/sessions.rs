@@ -24,7 +24,7 @@ impl Suite {
 
     async fn sweep(&self, keep: Vec<String>) -> Result<CleanupResult, HostError> {
         let params = CleanupParams { keep, timeout_ms: 120_000 };
-        self.host.call(method::CLEANUP, &params, Duration::from_secs(120), &CancellationToken::new()).await
+        self.host.call::<rpc::Cleanup>(&params, Duration::from_secs(120), &CancellationToken::new()).await
     }
 
     /// A second `start` with the id of a live session is refused with CONFIGURATION, and the
@@ -34,7 +34,7 @@ impl Suite {
         exited(&ran, 0).map_err(|why| format!("a step before the second start: {why}"))?;
         let params = self.start_params("a");
         let never = CancellationToken::new();
-        let answer = self.host.call::<_, StartResult>(method::START, &params, Duration::from_secs(300), &never).await;
+        let answer = self.host.call::<rpc::Start>(&params, Duration::from_secs(300), &never).await;
         let refusal = match answer {
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Configuration => error.message,
             Err(HostError::Answered { error, .. }) => {
@@ -60,9 +60,9 @@ impl Suite {
     /// answered UNKNOWN_SESSION.
     pub async fn unknown_sessions(&self) -> Outcome {
         let session = self.session_id("never-started");
-        self.expect_unknown::<_, CommandResult>(method::COMMAND, &command_params(&session, "true")).await?;
+        self.expect_unknown::<rpc::Command>(&command_params(&session, "true")).await?;
         let stop = StopParams { session: session.clone(), keep: false, timeout_ms: 30_000 };
-        self.expect_unknown::<_, StopResult>(method::STOP, &stop).await?;
+        self.expect_unknown::<rpc::Stop>(&stop).await?;
         for method in [method::UPLOAD, method::DOWNLOAD] {
             self.unknown_transfer(method, &session).await?;
         }
@@ -94,7 +94,10 @@ impl Suite {
             max_bytes: 1 << 20,
             timeout_ms: 30_000,
         };
-        let outcome = self.expect_unknown::<_, TransferResult>(method, &params).await;
+        let outcome = match upload {
+            true => self.expect_unknown::<rpc::Upload>(&params).await,
+            false => self.expect_unknown::<rpc::Download>(&params).await,
+        };
         served.abort();
         outcome
     }

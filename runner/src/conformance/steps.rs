@@ -32,7 +32,7 @@ impl Suite {
         );
         let ran = self.step(session, &script).await;
         let never = CancellationToken::new();
-        let after = self.host.call::<_, Empty>(method::PING, &Empty {}, Duration::from_secs(10), &never).await;
+        let after = self.host.call::<rpc::Ping>(&Empty {}, Duration::from_secs(10), &never).await;
         if let Err(error) = &ran.result {
             return Err(error.to_string());
         }

@@ -114,13 +114,10 @@ impl Suite {
     }
 
     /// A request about a session that should be unknown must fail as one.
-    pub async fn expect_unknown<P: serde::Serialize, R: serde::de::DeserializeOwned>(
-        &self,
-        method: &str,
-        params: &P,
-    ) -> Result<(), String> {
+    pub async fn expect_unknown<M: Method>(&self, params: &M::Params) -> Result<(), String> {
+        let method = M::NAME;
         let never = CancellationToken::new();
-        match self.host.call::<_, R>(method, params, Duration::from_secs(30), &never).await {
+        match self.host.call::<M>(params, Duration::from_secs(30), &never).await {
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::UnknownSession => Ok(()),
             Err(HostError::Answered { error, .. }) => Err(format!(
                 "{method} answered {} ({}), expected -32006 (UNKNOWN_SESSION)",
@@ -135,7 +132,7 @@ impl Suite {
     /// A command on a session that should be gone must fail as an unknown session.
     pub async fn expect_gone(&self, session: &str) -> Result<(), String> {
         let params = command_params(session, "true");
-        self.expect_unknown::<_, CommandResult>(method::COMMAND, &params)
+        self.expect_unknown::<rpc::Command>(&params)
             .await
             .map_err(|why| format!("session {session} should be gone: {why}"))
     }

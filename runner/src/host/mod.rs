@@ -15,8 +15,6 @@ use std::time::Duration;
 
 use knotless_protocol::messages::*;
 use knotless_protocol::{ErrorKind, ExecutorError, FailureClass, SUPPORTED_VERSIONS};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -238,9 +236,7 @@ impl ExecutorHost {
             config: self.config.options.clone(),
         };
         let never = CancellationToken::new();
-        let answer = self
-            .call_on::<_, InitializeResult>(&live, method::INITIALIZE, &params, self.config.handshake_timeout, &never)
-            .await;
+        let answer = self.call_on::<rpc::Initialize>(&live, &params, self.config.handshake_timeout, &never).await;
         let name = self.name();
         let refused = |message: String| async {
             live.connection.close(Closed::ByRunner("handshake failed".into()));
@@ -291,7 +287,7 @@ impl ExecutorHost {
     async fn sweep_after_crash(&self, live: &Arc<Live>) {
         let params = CleanupParams { keep: Vec::new(), timeout_ms: 120_000 };
         let never = CancellationToken::new();
-        match self.call_on::<_, CleanupResult>(live, method::CLEANUP, &params, Duration::from_secs(120), &never).await {
+        match self.call_on::<rpc::Cleanup>(live, &params, Duration::from_secs(120), &never).await {
             Ok(result) => log_cleanup(self.name(), "after a crash", &result),
             Err(error) => tracing::error!(executor = %self.name(), "cleanup after a crash failed: {error}"),
         }
@@ -305,14 +301,14 @@ impl ExecutorHost {
 
     /// Sends a request to `live` and waits for its answer: up to `timeout` plus a grace
     /// period, then `cancel`, then another grace period, then the executor is killed.
-    pub(crate) async fn call_on<P: Serialize, R: DeserializeOwned>(
+    pub(crate) async fn call_on<M: Method>(
         &self,
         live: &Arc<Live>,
-        method: &str,
-        params: &P,
+        params: &M::Params,
         timeout: Duration,
         cancel: &CancellationToken,
-    ) -> Result<R, HostError> {
+    ) -> Result<M::Result, HostError> {
+        let method = M::NAME;
         let grace = self.config.grace;
         let (id, mut answer) = live.connection.send(method, params).await;
         let mut answered = tokio::select! {
@@ -329,7 +325,7 @@ impl ExecutorHost {
         }
         let name = self.name();
         match answered {
-            Some(Ok(Ok(value))) => match connection::decode::<R>(method, value) {
+            Some(Ok(Ok(value))) => match connection::decode::<M::Result>(method, value) {
                 Ok(result) => Ok(result),
                 Err(detail) => Err(self.kill(live, format!("executor {name} {detail}")).await),
             },
@@ -383,16 +379,15 @@ impl ExecutorHost {
         self.lose_sessions();
     }
 
-    /// Sends a request to the live executor.
-    pub async fn call<P: Serialize, R: DeserializeOwned>(
+    /// Sends a request of method `M` to the live executor.
+    pub async fn call<M: Method>(
         &self,
-        method: &str,
-        params: &P,
+        params: &M::Params,
         timeout: Duration,
         cancel: &CancellationToken,
-    ) -> Result<R, HostError> {
+    ) -> Result<M::Result, HostError> {
         let live = self.live().await?;
-        self.call_on(&live, method, params, timeout, cancel).await
+        self.call_on::<M>(&live, params, timeout, cancel).await
     }
 
     /// Creates a session.
@@ -402,7 +397,7 @@ impl ExecutorHost {
         let timeout = Duration::from_millis(params.timeout_ms);
         let session_id = params.session.clone();
         self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).insert(session_id.clone());
-        match self.call_on::<_, StartResult>(&live, method::START, &params, timeout, cancel).await {
+        match self.call_on::<rpc::Start>(&live, &params, timeout, cancel).await {
             Ok(result) => Ok(Session::new(self.clone(), live, session_id, result, events)),
             Err(error) => {
                 live.connection.unsubscribe(&session_id);
@@ -411,9 +406,7 @@ impl ExecutorHost {
                 if !live.connection.is_closed() {
                     let stop = StopParams { session: session_id.clone(), keep: false, timeout_ms: 60_000 };
                     let never = CancellationToken::new();
-                    let _ = self
-                        .call_on::<_, StopResult>(&live, method::STOP, &stop, Duration::from_secs(60), &never)
-                        .await;
+                    let _ = self.call_on::<rpc::Stop>(&live, &stop, Duration::from_secs(60), &never).await;
                 }
                 self.session_ended(&session_id);
                 Err(error)
@@ -436,7 +429,7 @@ impl ExecutorHost {
     /// Sweeps everything this runner left, but the sessions in flight, and logs it.
     pub async fn cleanup(&self, timeout: Duration) -> Result<CleanupResult, HostError> {
         let params = CleanupParams { keep: self.sessions_in_flight(), timeout_ms: timeout.as_millis() as u64 };
-        let result: CleanupResult = self.call(method::CLEANUP, &params, timeout, &CancellationToken::new()).await?;
+        let result: CleanupResult = self.call::<rpc::Cleanup>(&params, timeout, &CancellationToken::new()).await?;
         log_cleanup(self.name(), "sweep", &result);
         Ok(result)
     }
@@ -453,7 +446,7 @@ impl ExecutorHost {
         let live = self.current.lock().await.take();
         if let Some(live) = live {
             let never = CancellationToken::new();
-            let _ = self.call_on::<_, Empty>(&live, method::SHUTDOWN, &Empty {}, Duration::from_secs(60), &never).await;
+            let _ = self.call_on::<rpc::Shutdown>(&live, &Empty {}, Duration::from_secs(60), &never).await;
             live.connection.close(Closed::ByRunner("shut down".into()));
             if live.process.wait_exit(self.config.grace).await.is_none() {
                 live.process.terminate(self.config.grace).await;

@@ -96,7 +96,7 @@ impl Session {
     ) -> Result<CommandResult, HostError> {
         let timeout = Duration::from_millis(params.timeout_ms);
         self.live.connection.set_running(&params.session, Some(params.step));
-        let call = self.host.call_on::<_, CommandResult>(&self.live, method::COMMAND, &params, timeout, cancel);
+        let call = self.host.call_on::<rpc::Command>(&self.live, &params, timeout, cancel);
         tokio::pin!(call);
         let mut events = self.events.lock().await;
         let result = loop {
@@ -136,7 +136,7 @@ impl Session {
         cancel: &CancellationToken,
     ) -> Result<u64, HostError> {
         let (listener, params) = self.transfer(path, max_bytes, timeout)?;
-        let call = self.host.call_on::<_, TransferResult>(&self.live, method::UPLOAD, &params, timeout, cancel);
+        let call = self.host.call_on::<rpc::Upload>(&self.live, &params, timeout, cancel);
         let send = async {
             let mut stream = listener.accept().await?;
             // Large reads and writes: tokio's `copy` moves 8 KiB at a time.
@@ -167,7 +167,7 @@ impl Session {
         cancel: &CancellationToken,
     ) -> Result<Unpacked, HostError> {
         let (listener, params) = self.transfer(path, max_bytes, timeout)?;
-        let call = self.host.call_on::<_, TransferResult>(&self.live, method::DOWNLOAD, &params, timeout, cancel);
+        let call = self.host.call_on::<rpc::Download>(&self.live, &params, timeout, cancel);
         let dest = dest.to_path_buf();
         let receive = async {
             let stream = listener.accept().await?;
@@ -231,7 +231,7 @@ impl Session {
     pub async fn stop(self, keep: bool, timeout: Duration) -> Result<StopResult, HostError> {
         let params = StopParams { session: self.id.clone(), keep, timeout_ms: timeout.as_millis() as u64 };
         let never = CancellationToken::new();
-        let result = self.host.call_on::<_, StopResult>(&self.live, method::STOP, &params, timeout, &never).await;
+        let result = self.host.call_on::<rpc::Stop>(&self.live, &params, timeout, &never).await;
         self.live.connection.unsubscribe(&self.id);
         self.host.session_ended(&self.id);
         result

@@ -116,7 +116,7 @@ async fn round_trip(host: &std::sync::Arc<ExecutorHost>) -> anyhow::Result<Row> 
     let mut ours = Vec::with_capacity(CALLS);
     for index in 0..CALLS + 200 {
         let started = Instant::now();
-        host.call::<_, Empty>(method::PING, &Empty {}, Duration::from_secs(10), &never).await?;
+        host.call::<rpc::Ping>(&Empty {}, Duration::from_secs(10), &never).await?;
         if index >= 200 {
             ours.push(started.elapsed());
         }
