@@ -95,34 +95,16 @@ pub mod case {
         MISSING_DOWNLOAD,
     ];
 
+    /// The cases before the session of [`IN_SESSION`] starts, in order.
+    pub const BEFORE_SESSION: &[&str] = &[HANDSHAKE, VERSION_REFUSAL, PING, CLEANUP_AT_START, START];
+
+    /// The cases after it, in order.
+    pub const AFTER_SESSION: &[&str] = &[SLOW_READER, STOP, CLEANUP, END_OF_STDIN, SHUTDOWN];
+
     /// Every case, in order.
-    pub const ALL: &[&str] = &[
-        HANDSHAKE,
-        VERSION_REFUSAL,
-        PING,
-        CLEANUP_AT_START,
-        START,
-        OUTPUT_BEFORE_RESULT,
-        OUTPUT_AND_EXIT,
-        NON_ZERO_EXIT,
-        DUPLICATE_START,
-        UNKNOWN_SESSIONS,
-        VARIABLES,
-        WORKING_FOLDER,
-        TIMEOUT,
-        LEFT_AFTER_TIMEOUT,
-        CANCELLATION,
-        LEFT_AFTER_CANCEL,
-        ROUND_TRIP,
-        UPLOAD_REFUSALS,
-        SPECIAL_DOWNLOAD,
-        MISSING_DOWNLOAD,
-        SLOW_READER,
-        STOP,
-        CLEANUP,
-        END_OF_STDIN,
-        SHUTDOWN,
-    ];
+    pub fn all() -> impl Iterator<Item = &'static str> {
+        BEFORE_SESSION.iter().chain(IN_SESSION).chain(AFTER_SESSION).copied()
+    }
 }
 
 /// How a case ended.
@@ -139,7 +121,7 @@ pub enum Verdict {
 /// The outcome of one case.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
-    /// What was checked (one of [`case::ALL`]).
+    /// What was checked (one of [`case::all`]).
     pub name: &'static str,
     /// How it ended.
     pub verdict: Verdict,
@@ -153,7 +135,7 @@ type Outcome = Result<String, String>;
 /// Why the cases in the session cannot run.
 const NO_SESSION: &str = "no session: `start` failed";
 
-/// Runs the suite; `report` sees each case as it ends, and every case of [`case::ALL`] is
+/// Runs the suite; `report` sees each case as it ends, and every case of [`case::all`] is
 /// reported once, in order.
 pub async fn run(config: HostConfig, report: impl FnMut(&Check)) -> Vec<Check> {
     let mut record = Recorder { checks: Vec::new(), report, host: None, blocked: None };
@@ -304,8 +286,8 @@ impl<F: FnMut(&Check)> Recorder<F> {
     /// Marks every case not reported yet `not run`, and returns the report.
     fn finish(mut self, reason: &str) -> Vec<Check> {
         let reason = self.blocked.clone().unwrap_or_else(|| reason.to_string());
-        for name in case::ALL {
-            if !self.checks.iter().any(|check| check.name == *name) {
+        for name in case::all() {
+            if !self.checks.iter().any(|check| check.name == name) {
                 self.record(name, Verdict::NotRun(reason.clone()), None);
             }
         }

@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use knotless_protocol::ErrorKind;
 use knotless_protocol::messages::*;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::mpsc;
 
@@ -51,13 +49,23 @@ impl Raw {
         Ok(Raw { process, connection, name: config.process.name.clone() })
     }
 
-    /// Sends a request and waits `within` for its answer.
-    async fn request<P: Serialize, R: DeserializeOwned>(
+    /// Initializes the executor and starts `start`'s session; its id and its events.
+    async fn open(
         &self,
-        method: &str,
-        params: &P,
-        within: Duration,
-    ) -> Result<R, String> {
+        config: &HostConfig,
+        start: &StartParams,
+    ) -> Result<(String, tokio::sync::mpsc::Receiver<SessionEvent>), String> {
+        self.initialize(config, config.offer_versions.clone()).await.map_err(|why| self.failed(why))?;
+        let events = self.connection.subscribe(&start.session);
+        self.request::<rpc::Start>(start, Duration::from_millis(start.timeout_ms))
+            .await
+            .map_err(|why| self.failed(why))?;
+        Ok((start.session.clone(), events))
+    }
+
+    /// Sends a request and waits `within` for its answer.
+    async fn request<M: Method>(&self, params: &M::Params, within: Duration) -> Result<M::Result, String> {
+        let method = M::NAME;
         let (_, answer) = self.connection.send(method, params).await;
         match tokio::time::timeout(within, answer).await {
             Ok(Ok(Ok(value))) => crate::host::decode(method, value),
@@ -76,12 +84,12 @@ impl Raw {
             runner: config.runner.clone(),
             config: config.options.clone(),
         };
-        self.request(method::INITIALIZE, &params, config.handshake_timeout).await
+        self.request::<rpc::Initialize>(&params, config.handshake_timeout).await
     }
 
     /// Asks the executor to shut down, then makes sure it is gone.
     async fn end(self, grace: Duration) {
-        let _ = self.request::<_, Empty>(method::SHUTDOWN, &Empty {}, Duration::from_secs(60)).await;
+        let _ = self.request::<rpc::Shutdown>(&Empty {}, Duration::from_secs(60)).await;
         self.connection.close(Closed::ByRunner("check done".into()));
         if self.process.wait_exit(grace).await.is_none() {
             self.process.terminate(grace).await;
@@ -134,19 +142,14 @@ pub(super) async fn slow_reader(config: &HostConfig, start: StartParams) -> Outc
 }
 
 async fn read_slowly(raw: &Raw, config: &HostConfig, start: StartParams) -> Outcome {
-    raw.initialize(config, config.offer_versions.clone()).await.map_err(|why| raw.failed(why))?;
-    let session = start.session.clone();
-    let mut events = raw.connection.subscribe(&session);
-    raw.request::<_, StartResult>(method::START, &start, Duration::from_millis(start.timeout_ms))
-        .await
-        .map_err(|why| raw.failed(why))?;
+    let (session, mut events) = raw.open(config, &start).await?;
     let params = CommandParams {
         timeout_ms: 120_000,
         ..command_params(&session, &format!("seq 1 1000000 | head -c {SLOW_OUTPUT}"))
     };
     raw.connection.set_running(&session, Some(params.step));
     let started = Instant::now();
-    let answer = raw.request::<_, CommandResult>(method::COMMAND, &params, Duration::from_secs(180));
+    let answer = raw.request::<rpc::Command>(&params, Duration::from_secs(180));
     tokio::pin!(answer);
     let mut stdout = Vec::new();
     let mut take = |event: SessionEvent| {
@@ -167,7 +170,7 @@ async fn read_slowly(raw: &Raw, config: &HostConfig, start: StartParams) -> Outc
     let took = started.elapsed();
     raw.connection.set_running(&session, None);
     let stop = StopParams { session: session.clone(), keep: false, timeout_ms: 60_000 };
-    let stopped = raw.request::<_, StopResult>(method::STOP, &stop, Duration::from_secs(60)).await;
+    let stopped = raw.request::<rpc::Stop>(&stop, Duration::from_secs(60)).await;
     let result = result.map_err(|why| raw.failed(why))?;
     if result.exit_code != 0 {
         return Err(format!("the step exited {}, expected 0", result.exit_code));
@@ -212,12 +215,7 @@ pub(super) async fn end_of_stdin(config: &HostConfig, start: StartParams) -> Res
 }
 
 async fn close_stdin(raw: &Raw, config: &HostConfig, start: StartParams) -> Result<String, String> {
-    raw.initialize(config, config.offer_versions.clone()).await.map_err(|why| raw.failed(why))?;
-    let session = start.session.clone();
-    let mut events = raw.connection.subscribe(&session);
-    raw.request::<_, StartResult>(method::START, &start, Duration::from_millis(start.timeout_ms))
-        .await
-        .map_err(|why| raw.failed(why))?;
+    let (session, mut events) = raw.open(config, &start).await?;
     let params = CommandParams { timeout_ms: 600_000, ..command_params(&session, "echo started; sleep 120") };
     raw.connection.set_running(&session, Some(params.step));
     // The step's answer comes after stdin ended, if at all: it is not waited for here.

@@ -410,12 +410,18 @@ mod tests {
         assert!(serde_json::from_slice::<OutputNotification>(with_id).is_err());
     }
 
-    #[tokio::test]
-    async fn output_reaches_the_session_before_the_answer_that_follows_it() {
-        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
+    /// A connection to an executor played by the test through the other end of a pipe of
+    /// `capacity` bytes.
+    fn connected(capacity: usize) -> (Arc<Connection>, tokio::io::DuplexStream) {
+        let (runner_side, executor_side) = tokio::io::duplex(capacity);
         let (read, write) = tokio::io::split(runner_side);
         let (unrouted, _) = mpsc::unbounded_channel();
-        let connection = Connection::new(read, write, unrouted);
+        (Connection::new(read, write, unrouted), executor_side)
+    }
+
+    #[tokio::test]
+    async fn output_reaches_the_session_before_the_answer_that_follows_it() {
+        let (connection, mut executor_side) = connected(1 << 16);
         let mut events = connection.subscribe("s1");
         connection.set_running("s1", Some(0));
         let (id, answer) = connection.send("command", &serde_json::json!({})).await;
@@ -433,10 +439,7 @@ mod tests {
 
     #[tokio::test]
     async fn garbage_closes_the_connection_and_fails_what_waits() {
-        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
-        let (read, write) = tokio::io::split(runner_side);
-        let (unrouted, _) = mpsc::unbounded_channel();
-        let connection = Connection::new(read, write, unrouted);
+        let (connection, mut executor_side) = connected(1 << 16);
         let (_, answer) = connection.send("ping", &serde_json::json!({})).await;
         executor_side.write_all(b"hello there\n").await.expect("write");
         let reply = answer.await.expect("answered");
@@ -449,10 +452,7 @@ mod tests {
     /// Sends `lines` after a `command` for step 0 of session `s1` (marked running) and returns
     /// why the connection closed.
     async fn closed_by(lines: &[&str]) -> String {
-        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
-        let (read, write) = tokio::io::split(runner_side);
-        let (unrouted, _) = mpsc::unbounded_channel();
-        let connection = Connection::new(read, write, unrouted);
+        let (connection, mut executor_side) = connected(1 << 16);
         let _events = connection.subscribe("s1");
         connection.set_running("s1", Some(0));
         let (id, answer) = connection.send("command", &serde_json::json!({})).await;
@@ -498,10 +498,7 @@ mod tests {
 
     #[tokio::test]
     async fn output_after_the_answer_to_its_command_breaks_the_protocol() {
-        let (runner_side, mut executor_side) = tokio::io::duplex(1 << 16);
-        let (read, write) = tokio::io::split(runner_side);
-        let (unrouted, _) = mpsc::unbounded_channel();
-        let connection = Connection::new(read, write, unrouted);
+        let (connection, mut executor_side) = connected(1 << 16);
         let mut events = connection.subscribe("s1");
         connection.set_running("s1", Some(0));
         let (id, answer) = connection.send(method::COMMAND, &serde_json::json!({"session": "s1"})).await;
@@ -524,10 +521,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_run_that_does_not_take_its_output_slows_the_executor_and_loses_nothing() {
-        let (runner_side, mut executor_side) = tokio::io::duplex(4096);
-        let (read, write) = tokio::io::split(runner_side);
-        let (unrouted, _) = mpsc::unbounded_channel();
-        let connection = Connection::new(read, write, unrouted);
+        let (connection, mut executor_side) = connected(4096);
         let mut events = connection.subscribe("s1");
         connection.set_running("s1", Some(0));
         let frames = SESSION_EVENTS * 8;
