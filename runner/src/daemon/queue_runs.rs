@@ -295,7 +295,7 @@ impl<F: Forge> Daemon<F> {
         base: &str,
         commit: &str,
     ) -> anyhow::Result<Result<Outcome, String>> {
-        let event = ForgeEvent::Push { branch: branch.to_string(), commit: commit.to_string() };
+        let event = ForgeEvent::Push { branch: branch.to_string(), commit: commit.to_string(), before: None };
         let mut prepared = self.forge.prepare(repository, &event).await?;
         prepared.git_ref = format!("refs/queue/{branch}");
         let target = CheckTarget {
@@ -336,7 +336,7 @@ impl<F: Forge> Daemon<F> {
         prepared: &Prepared,
         wanted: impl Fn(&Workflow) -> bool,
     ) -> Result<Vec<(Workflow, bool)>, String> {
-        let event = ForgeEvent::Push { branch: branch.to_string(), commit: base.to_string() };
+        let event = ForgeEvent::Push { branch: branch.to_string(), commit: base.to_string(), before: None };
         let tip =
             self.forge.prepare(repository, &event).await.map_err(|error| {
                 format!("cannot read the gating workflows of {branch} at {}: {error:#}", short(base))

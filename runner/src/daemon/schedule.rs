@@ -64,7 +64,7 @@ pub async fn plan<F: Forge>(
     runner_id: &str,
 ) -> (Vec<Job>, Vec<CheckRecord>) {
     let (kind, branch, target) = match event {
-        ForgeEvent::Push { branch, commit } => (
+        ForgeEvent::Push { branch, commit, .. } => (
             Event::Push,
             branch.clone(),
             CheckTarget {
@@ -100,7 +100,8 @@ pub async fn plan<F: Forge>(
         Err(error) => match event {
             // A pull that does not merge: its head's workflows each get an error check.
             ForgeEvent::Pull { number, pull } => {
-                let head = ForgeEvent::Push { branch: format!("pulls/{number}"), commit: pull.head.clone() };
+                let head =
+                    ForgeEvent::Push { branch: format!("pulls/{number}"), commit: pull.head.clone(), before: None };
                 match forge.prepare(repository, &head).await {
                     Ok(prepared) => (prepared, Some(format!("{error:#}"))),
                     Err(_) => {
@@ -140,9 +141,28 @@ pub async fn plan<F: Forge>(
         _ => Vec::new(),
     };
     let mut jobs = Vec::new();
+    // What the event changed, read once and only when a workflow filters on it.
+    let mut changed: Option<Option<Vec<String>>> = None;
     for workflow in workflows {
         if !workflow.on.matches(kind, Some(&branch)) || !runs_here(&workflow, runner_id, &named) {
             continue;
+        }
+        if workflow.on.paths(kind).is_some() {
+            if changed.is_none() {
+                changed = Some(match forge.changed_paths(repository, event).await {
+                    Ok(paths) => paths,
+                    Err(error) => {
+                        tracing::warn!(repository = %repository.url, "cannot list the paths {} changed, so paths filters pass: {error:#}", target.commit);
+                        None
+                    }
+                });
+            }
+            if let Some(Some(paths)) = &changed
+                && let Some(why) = workflow.on.paths_refusal(kind, paths)
+            {
+                tracing::info!(repository = %repository.url, workflow = %workflow.name, commit = %target.commit, "not run: {why}");
+                continue;
+            }
         }
         let check = record(&workflow.name, &target);
         if let Some(cause) = &merge_error {

@@ -162,7 +162,7 @@ impl Forge for GitForge {
     async fn prepare(&self, repository: &Repository, event: &ForgeEvent) -> anyhow::Result<Prepared> {
         let mirror = self.mirror(repository);
         match event {
-            ForgeEvent::Push { branch, commit } => Ok(Prepared {
+            ForgeEvent::Push { branch, commit, .. } => Ok(Prepared {
                 checkout: Checkout::Revision { repo: mirror, commit: commit.clone() },
                 commit: commit.clone(),
                 git_ref: format!("refs/heads/{branch}"),
@@ -194,6 +194,19 @@ impl Forge for GitForge {
                 })
             }
         }
+    }
+
+    async fn changed_paths(&self, repository: &Repository, event: &ForgeEvent) -> anyhow::Result<Option<Vec<String>>> {
+        let range = match event {
+            ForgeEvent::Push { before: Some(before), commit, .. } => format!("{before}..{commit}"),
+            ForgeEvent::Push { before: None, .. } => return Ok(None),
+            // From the merge base of the base branch and the head.
+            ForgeEvent::Pull { pull, .. } => format!("refs/heads/{}...{}", pull.base, pull.head),
+        };
+        let mirror = self.mirror(repository);
+        let listing = Git::in_folder(&mirror).run(&["diff", "--name-only", "--no-renames", "-z", &range, "--"]).await?;
+        let paths = listing.split(|&byte| byte == 0).filter(|path| !path.is_empty());
+        Ok(Some(paths.map(|path| String::from_utf8_lossy(path).into_owned()).collect()))
     }
 
     async fn read_default(&self, repository: &Repository, path: &str) -> anyhow::Result<Option<String>> {

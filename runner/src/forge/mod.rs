@@ -83,6 +83,10 @@ pub enum ForgeEvent {
         branch: String,
         /// Its new head.
         commit: String,
+        /// Its head before, when it had one this runner saw (not a new branch, not the first
+        /// sight of the repository): what `on.push.paths` compares the new head with.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        before: Option<String>,
     },
     /// A pull's head is new.
     Pull {
@@ -114,7 +118,8 @@ pub fn events(previous: Option<&Seen>, snapshot: &Snapshot, pulls: bool) -> Vec<
             continue;
         }
         if seen.branches.get(branch) != Some(commit) && commits.insert(commit.clone()) {
-            found.push(ForgeEvent::Push { branch: branch.clone(), commit: commit.clone() });
+            let before = seen.branches.get(branch).cloned();
+            found.push(ForgeEvent::Push { branch: branch.clone(), commit: commit.clone(), before });
         }
     }
     if pulls {
@@ -153,6 +158,15 @@ pub trait Forge: Send + Sync + 'static {
         repository: &Repository,
         event: &ForgeEvent,
     ) -> impl Future<Output = anyhow::Result<Prepared>> + Send;
+
+    /// The paths an event changed, for `paths:` filters: a push's, from its head before to
+    /// its new head; a pull's, from where its head left its base branch to its head. `None`
+    /// when it cannot say (a push with no head before it).
+    fn changed_paths(
+        &self,
+        repository: &Repository,
+        event: &ForgeEvent,
+    ) -> impl Future<Output = anyhow::Result<Option<Vec<String>>>> + Send;
 
     /// A file of the repository's default branch (the repository record, the sealed secrets),
     /// `None` when absent. Pulls cannot change what this reads.
@@ -241,8 +255,8 @@ mod tests {
         assert_eq!(
             first,
             vec![
-                ForgeEvent::Push { branch: "main".into(), commit: "a".into() },
-                ForgeEvent::Push { branch: "x".into(), commit: "b".into() },
+                ForgeEvent::Push { branch: "main".into(), commit: "a".into(), before: None },
+                ForgeEvent::Push { branch: "x".into(), commit: "b".into(), before: None },
                 ForgeEvent::Pull { number: 1, pull: PullRef { head: "c".into(), base: "main".into() } },
             ]
         );
@@ -251,7 +265,7 @@ mod tests {
         let later = snapshot(&[("dev", "a"), ("main", "d"), ("x", "b")], &[(1, "c")]);
         assert_eq!(
             events(Some(&seen), &later, false),
-            vec![ForgeEvent::Push { branch: "main".into(), commit: "d".into() }]
+            vec![ForgeEvent::Push { branch: "main".into(), commit: "d".into(), before: Some("a".into()) }]
         );
         let mut landed = later.clone();
         landed.landed.insert("d".into());

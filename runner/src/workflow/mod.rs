@@ -244,6 +244,30 @@ impl Triggers {
         }
     }
 
+    /// The path patterns of `event`'s trigger, if it has any.
+    pub fn paths(&self, event: Event) -> Option<&[String]> {
+        let filter = match event {
+            Event::Push => self.push.as_ref(),
+            Event::Pull => self.pull.as_ref(),
+            Event::Queue => None,
+        };
+        filter.and_then(|filter| filter.paths.as_deref())
+    }
+
+    /// Why `event` starts no run when `changed` are the paths it changed (its trigger's
+    /// `paths:` match none of them), or `None` when it starts one.
+    pub fn paths_refusal(&self, event: Event, changed: &[String]) -> Option<String> {
+        let patterns = self.paths(event)?;
+        if paths_match(patterns, changed) {
+            return None;
+        }
+        Some(format!(
+            "on.{event}.paths is [{}], and none of the {} changed path(s) matches",
+            patterns.join(", "),
+            changed.len()
+        ))
+    }
+
     /// Why `event` on `branch` starts no run (the filter that refused it), or `None` when it
     /// starts one.
     pub fn refusal(&self, event: Event, branch: Option<&str>) -> Option<String> {
@@ -271,11 +295,13 @@ impl Triggers {
     }
 }
 
-/// Branch patterns of a trigger (`branches:`).
+/// Branch and path patterns of a trigger (`branches:`, `paths:`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BranchFilter {
     /// Glob patterns where `*` matches any run of characters (`/` included); `None` matches every branch.
     pub branches: Option<Vec<String>>,
+    /// Path patterns ([`paths_match`]); `None` runs whatever changed.
+    pub paths: Option<Vec<String>>,
 }
 
 impl BranchFilter {
@@ -286,6 +312,47 @@ impl BranchFilter {
             (Some(_), None) => false,
             (Some(patterns), Some(branch)) => patterns.iter().any(|p| glob_matches(p, branch)),
         }
+    }
+}
+
+/// Whether a change of `changed` (paths from the repository's root) concerns a trigger with
+/// path `patterns`: some path matches the patterns, read in order, where a pattern starting
+/// with `!` takes back the paths it matches from those matched before it. In a pattern, `*`
+/// matches any run of characters but `/`, and `**` any run with `/` (`docs/**`, `**.md`).
+pub fn paths_match(patterns: &[String], changed: &[String]) -> bool {
+    changed.iter().any(|path| {
+        let mut matched = false;
+        for pattern in patterns {
+            match pattern.strip_prefix('!') {
+                Some(negated) if path_glob(negated.as_bytes(), path.as_bytes()) => matched = false,
+                Some(_) => {}
+                None if path_glob(pattern.as_bytes(), path.as_bytes()) => matched = true,
+                None => {}
+            }
+        }
+        matched
+    })
+}
+
+/// `*` within a path segment, `**` across segments.
+fn path_glob(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) if rest.first() == Some(&b'*') => {
+            let rest = &rest[1..];
+            // `**/` also matches no folder at all.
+            if let Some(after) = rest.strip_prefix(b"/")
+                && path_glob(after, text)
+            {
+                return true;
+            }
+            (0..=text.len()).any(|skip| path_glob(rest, &text[skip..]))
+        }
+        Some((b'*', rest)) => {
+            let segment = text.iter().position(|&byte| byte == b'/').unwrap_or(text.len());
+            (0..=segment).any(|skip| path_glob(rest, &text[skip..]))
+        }
+        Some((first, rest)) => text.first() == Some(first) && path_glob(rest, &text[1..]),
     }
 }
 

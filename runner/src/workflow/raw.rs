@@ -192,6 +192,7 @@ struct ResourcesRaw {
 #[serde(deny_unknown_fields)]
 struct BranchFilterRaw {
     branches: Option<Vec<Spanned<String>>>,
+    paths: Option<Vec<Spanned<String>>>,
 }
 
 /// `on:` as written: a single event name, a list of them, or a mapping of event to filter.
@@ -653,9 +654,37 @@ impl Check<'_> {
                     Some(patterns.iter().map(|pattern| pattern.value.clone()).collect())
                 }
             };
+            let paths = match filter.as_ref().and_then(|filter| filter.paths.as_ref()) {
+                None => None,
+                Some(_) if event == Event::Queue => {
+                    let message = "a queue trigger takes no paths (a batch runs whatever it changes)";
+                    return Err(self.at(name, on_at, &path, message));
+                }
+                Some(patterns) => {
+                    if patterns.is_empty() {
+                        let message = "no path patterns; leave `paths` out to run whatever changed";
+                        return Err(self.at(name, on_at, &format!("{path}.paths"), message));
+                    }
+                    for (index, pattern) in patterns.iter().enumerate() {
+                        let field = format!("{path}.paths[{index}]");
+                        self.not_blank(pattern, on_at, &field)?;
+                        let bare = pattern.value.strip_prefix('!').unwrap_or(&pattern.value);
+                        if bare.is_empty() || bare.starts_with('/') {
+                            let message =
+                                "a path pattern is relative to the repository's root, like src/** or !docs/**";
+                            return Err(self.at(pattern, on_at, &field, message));
+                        }
+                    }
+                    if patterns[0].value.starts_with('!') {
+                        let message = "the first path pattern takes back paths no pattern matched yet: start with the paths that run";
+                        return Err(self.at(&patterns[0], on_at, &format!("{path}.paths[0]"), message));
+                    }
+                    Some(patterns.iter().map(|pattern| pattern.value.clone()).collect())
+                }
+            };
             match event {
-                Event::Push => triggers.push = Some(BranchFilter { branches }),
-                Event::Pull => triggers.pull = Some(BranchFilter { branches }),
+                Event::Push => triggers.push = Some(BranchFilter { branches, paths }),
+                Event::Pull => triggers.pull = Some(BranchFilter { branches, paths }),
                 Event::Queue => triggers.queue = true,
             }
         }

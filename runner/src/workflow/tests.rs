@@ -63,8 +63,8 @@ fn reads_every_field() {
         name: "build".to_string(),
         file: FILE.to_string(),
         on: Triggers {
-            push: Some(BranchFilter { branches: Some(vec!["main".to_string(), "release/*".to_string()]) }),
-            pull: Some(BranchFilter { branches: Some(vec!["main".to_string()]) }),
+            push: Some(BranchFilter { branches: Some(vec!["main".to_string(), "release/*".to_string()]), paths: None }),
+            pull: Some(BranchFilter { branches: Some(vec!["main".to_string()]), paths: None }),
             queue: true,
         },
         image: Some("debian:stable".to_string()),
@@ -201,7 +201,7 @@ fn yaml_errors_name_line_column_and_field() {
     );
     check(
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
-        "1:13: on.push.branch: unknown field `branch`, expected one of branches",
+        "1:13: on.push.branch: unknown field `branch`, expected one of branches, paths",
     );
     check("queue: last\nsteps:\n  - {name: a, run: x}\n", "1:8: queue: unknown variant `last`, expected one of first");
     check("steps:\n  - name: a\n    run: x\n    env: {A: ~}\n", "4:14: steps[0].env.A: null is not allowed here");
@@ -284,6 +284,49 @@ fn semantic_errors_point_at_the_field() {
         "on: {push: {branches: []}}\nsteps:\n  - {name: a, run: x}\n",
         "1:6: on.push.branches: no branch patterns; leave `branches` out to match every branch",
     );
+    check(
+        "on: {push: {paths: []}}\nsteps:\n  - {name: a, run: x}\n",
+        "1:6: on.push.paths: no path patterns; leave `paths` out to run whatever changed",
+    );
+    check(
+        "on: {queue: {paths: [src]}}\nsteps:\n  - {name: a, run: x}\n",
+        "1:6: on.queue: a queue trigger takes no paths (a batch runs whatever it changes)",
+    );
+    check(
+        "on:\n  pull:\n    paths: [src/**, /etc/passwd]\nsteps:\n  - {name: a, run: x}\n",
+        "3:21: on.pull.paths[1]: a path pattern is relative to the repository's root, like src/** or !docs/**",
+    );
+    check(
+        "on:\n  push:\n    paths: [\"!docs/**\"]\nsteps:\n  - {name: a, run: x}\n",
+        "3:13: on.push.paths[0]: the first path pattern takes back paths no pattern matched yet: start with the paths that run",
+    );
+}
+
+#[test]
+fn paths_match_by_segment_and_across_them_and_negations_take_back_in_order() {
+    let patterns = |list: &[&str]| list.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let changed = |list: &[&str]| list.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let docs = patterns(&["docs/**", "*.md", "!docs/draft/**"]);
+    assert!(paths_match(&docs, &changed(&["docs/a/b/c.txt"])));
+    assert!(paths_match(&docs, &changed(&["README.md"])));
+    // `*` stays within one folder: a Markdown file in a folder is not `*.md`.
+    assert!(!paths_match(&docs, &changed(&["src/notes.md"])));
+    assert!(!paths_match(&docs, &changed(&["docs/draft/x.md"])));
+    assert!(paths_match(&docs, &changed(&["docs/draft/x.md", "docs/final.md"])));
+    assert!(!paths_match(&docs, &[]));
+    // `**/` also matches no folder; a later positive pattern gives back what a negation took.
+    assert!(paths_match(&patterns(&["**/Cargo.toml"]), &changed(&["Cargo.toml"])));
+    assert!(paths_match(&patterns(&["**/Cargo.toml"]), &changed(&["a/b/Cargo.toml"])));
+    assert!(paths_match(&patterns(&["src/**", "!src/gen/**", "src/gen/keep.rs"]), &changed(&["src/gen/keep.rs"])));
+    assert!(!paths_match(&patterns(&["src/*.rs"]), &changed(&["src/a/b.rs"])));
+    assert!(paths_match(&patterns(&["src/**.rs"]), &changed(&["src/a/b.rs"])));
+    let triggers =
+        Triggers { push: Some(BranchFilter { branches: None, paths: Some(docs) }), pull: None, queue: false };
+    assert_eq!(
+        triggers.paths_refusal(Event::Push, &changed(&["src/lib.rs", "build.rs"])).as_deref(),
+        Some("on.push.paths is [docs/**, *.md, !docs/draft/**], and none of the 2 changed path(s) matches")
+    );
+    assert_eq!(triggers.paths_refusal(Event::Push, &changed(&["guide.md"])), None);
 }
 
 #[test]
@@ -415,7 +458,7 @@ fn load_dir_refuses_dot_stems() -> Result<(), Box<dyn std::error::Error>> {
 
 #[test]
 fn a_refusal_names_the_filter_that_refused() {
-    let filter = BranchFilter { branches: Some(vec!["main".into(), "release/*".into()]) };
+    let filter = BranchFilter { branches: Some(vec!["main".into(), "release/*".into()]), paths: None };
     let triggers = Triggers { push: Some(filter), pull: None, queue: false };
     assert_eq!(triggers.refusal(Event::Push, Some("release/1")), None);
     assert_eq!(
@@ -656,4 +699,20 @@ fn the_references_needs_example_parses() {
     assert!(text.contains("```yaml\nneeds: [build, lint]\n```"));
     let workflow = parse("deploy", FILE, "needs: [build, lint]\nsteps:\n  - {name: a, run: x}\n").expect("parses");
     assert_eq!(workflow.needs, ["build", "lint"]);
+}
+
+#[test]
+fn the_references_paths_example_parses() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/workflows.md"))
+        .expect("the reference");
+    let start = text.find("```yaml\non:\n  push:\n    branches: [main]\n    paths:").expect("the paths example");
+    let body = &text[start + "```yaml\n".len()..];
+    let example = &body[..body.find("```").expect("its end")];
+    let workflow = parse_ok(&format!("{example}steps:\n  - {{name: a, run: x}}\n"));
+    let changed = |path: &str| vec![path.to_string()];
+    assert_eq!(workflow.on.paths(Event::Push).map(<[String]>::len), Some(3));
+    assert!(workflow.on.paths_refusal(Event::Push, &changed("src/main.rs")).is_none());
+    assert!(workflow.on.paths_refusal(Event::Push, &changed("Cargo.lock")).is_none());
+    assert!(workflow.on.paths_refusal(Event::Push, &changed("src/generated/api.rs")).is_some());
+    assert!(workflow.on.paths_refusal(Event::Pull, &changed("README.md")).is_some());
 }

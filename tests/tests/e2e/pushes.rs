@@ -284,3 +284,34 @@ fn a_workflow_that_needs_one_this_event_does_not_run_is_skipped_at_once() {
     let log = runner.run_log(ship["run_id"].as_str().expect("a run id"));
     assert!(log.contains("skipped: it needs review"), "{log}");
 }
+
+#[test]
+fn paths_filters_run_a_workflow_only_for_the_changes_they_match() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let docs = "on:\n  push:\n    paths: [\"docs/**\", \"*.md\", \"!docs/draft/**\"]\nsteps:\n  - name: go\n    run: echo docs\n";
+    let (repo, first) = repo_with(dir.path(), &[("docs", docs), ("always", PASS)]);
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-paths", &[]), vec![repo.url().as_str()]].concat());
+    // The first sight of the branch: no head before it to compare with, so it runs.
+    let checks = runner.final_checks(&repo.url(), &first, 2);
+    assert_eq!(by_workflow(&checks, "docs")["status"], "success");
+
+    let changes: [(&str, bool); 4] =
+        [("src/lib.rs", false), ("docs/draft/idea.md", false), ("docs/guide/intro.txt", true), ("README.md", true)];
+    for (path, runs) in changes {
+        repo.write(path, "changed");
+        let commit = repo.commit(&format!("change {path}"));
+        runner.notify(&repo.url());
+        let checks = runner.final_checks(&repo.url(), &commit, if runs { 2 } else { 1 });
+        let names: Vec<&str> = checks.iter().filter_map(|check| check["workflow"].as_str()).collect();
+        let expected: &[&str] = if runs { &["always", "docs"] } else { &["always"] };
+        let mut names = names;
+        names.sort();
+        assert_eq!(names, expected, "a change of {path}");
+    }
+    // The two changes it did not run for, each said once.
+    let said = runner.stderr();
+    let refusal =
+        "not run: on.push.paths is [docs/**, *.md, !docs/draft/**], and none of the 1 changed path(s) matches";
+    assert_eq!(said.matches(refusal).count(), 2, "{said}");
+}
