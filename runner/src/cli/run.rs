@@ -406,6 +406,8 @@ async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, 
     let mut ended: BTreeMap<String, RunStatus> = BTreeMap::new();
     let mut waiting: Vec<(usize, crate::workflow::Workflow)> = selected.into_iter().enumerate().collect();
     let mut running = futures::stream::FuturesUnordered::new();
+    // How many combinations of each matrix run, by file stem.
+    let mut active: BTreeMap<String, usize> = BTreeMap::new();
     loop {
         // A skip can decide what waited for it: scan again until nothing changes.
         let mut index = 0;
@@ -421,14 +423,24 @@ async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, 
                     ended.insert(workflow.name.clone(), RunStatus::Skipped);
                     results[at] = Some((skipped(&workflow, cause), None, terminal.tail));
                 }
-                Readiness::Ready if running.len() < jobs => {
+                Readiness::Ready if running.len() < jobs && !at_max_parallel(&waiting[index].1, &active) => {
                     let (at, workflow) = waiting.remove(index);
+                    if let Some(base) = &workflow.base {
+                        *active.entry(base.clone()).or_default() += 1;
+                    }
                     running.push(async move { (at, context.run(workflow).await) });
                 }
                 Readiness::Ready => index += 1,
             }
         }
-        match running.next().await {
+        let next = running.next().await;
+        if let Some((at, _)) = &next
+            && let Some(base) = &names[*at].1
+            && let Some(count) = active.get_mut(base)
+        {
+            *count = count.saturating_sub(1);
+        }
+        match next {
             Some((at, Some(ran))) => {
                 ended.insert(ran.0.workflow.clone(), ran.0.status);
                 results[at] = Some(ran);
@@ -439,6 +451,14 @@ async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, 
         }
     }
     results.into_iter().flatten().collect()
+}
+
+/// Whether `workflow` is a combination of a matrix that already runs its `max-parallel`.
+fn at_max_parallel(workflow: &crate::workflow::Workflow, active: &BTreeMap<String, usize>) -> bool {
+    match (&workflow.base, workflow.max_parallel) {
+        (Some(base), Some(limit)) => active.get(base).is_some_and(|running| *running >= limit),
+        _ => false,
+    }
 }
 
 /// Whether a workflow can start now.

@@ -69,6 +69,9 @@ pub struct Daemon<F: Forge> {
     caches: CacheStore,
     state: StateFile,
     slots: Arc<Semaphore>,
+    /// The slots of each matrix with a `max-parallel`, by repository, commit, event and
+    /// workflow file, while one of its combinations waits or runs.
+    matrix_slots: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
     handover: CancellationToken,
     /// The repositories whose merge queue a task drives now.
     driving: std::sync::Mutex<std::collections::BTreeSet<String>>,
@@ -91,6 +94,7 @@ impl<F: Forge> Daemon<F> {
             caches,
             state,
             slots,
+            matrix_slots: std::sync::Mutex::default(),
             handover: CancellationToken::new(),
             driving: std::sync::Mutex::new(std::collections::BTreeSet::new()),
             serving: std::sync::Mutex::new(std::collections::BTreeSet::new()),
@@ -308,13 +312,27 @@ impl<F: Forge> Daemon<F> {
                 }
             }
         }
-        let slots = Arc::clone(&self.slots);
-        let permit = tokio::select! {
-            biased;
-            () = self.handover.cancelled() => None,
-            permit = slots.acquire_owned() => permit.ok(),
+        // A combination of a matrix with `max-parallel` takes its matrix's slot first, so that
+        // one waiting for it holds none of the runner's.
+        let matrix = self.matrix_slots(&job);
+        let matrix_permit = match &matrix {
+            Some((_, slots)) => tokio::select! {
+                biased;
+                () = self.handover.cancelled() => None,
+                permit = Arc::clone(slots).acquire_owned() => permit.ok().map(Some),
+            },
+            None => Some(None),
         };
-        match permit {
+        let slots = Arc::clone(&self.slots);
+        let permit = match matrix_permit {
+            None => None,
+            Some(_) => tokio::select! {
+                biased;
+                () = self.handover.cancelled() => None,
+                permit = slots.acquire_owned() => permit.ok(),
+            },
+        };
+        let ended = match permit {
             Some(_permit) => Arc::clone(&self).run_job(job).await,
             None => {
                 let mut check = job.check;
@@ -323,6 +341,28 @@ impl<F: Forge> Daemon<F> {
                 self.finish(&check, &format!("==> cancelled: {STOPPED_BEFORE}\n"));
                 RunStatus::Cancelled
             }
+        };
+        drop(matrix_permit);
+        if let Some((key, slots)) = matrix {
+            let mut all = knotless_protocol::sdk::lock(&self.matrix_slots);
+            // The last combination of its matrix to end forgets the matrix's slots.
+            if Arc::strong_count(&slots) == 2 {
+                all.remove(&key);
+            }
         }
+        ended
+    }
+
+    /// The slots of `job`'s matrix when it has a `max-parallel`, with their key.
+    fn matrix_slots(&self, job: &schedule::Job) -> Option<(String, Arc<Semaphore>)> {
+        let limit = job.workflow.max_parallel?;
+        let base = job.workflow.base.as_deref()?;
+        let target = &job.check.target;
+        let key = format!("{}\n{}\n{}\n{}\n{base}", job.repository.key, target.commit, target.event, target.git_ref);
+        let slots = knotless_protocol::sdk::lock(&self.matrix_slots)
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(limit)))
+            .clone();
+        Some((key, slots))
     }
 }

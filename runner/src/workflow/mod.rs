@@ -59,6 +59,9 @@ pub struct Workflow {
     /// The combinations of `matrix:`, each its variables and values in the order written;
     /// empty without a matrix. [`expand`] makes one workflow of each.
     pub matrix: Vec<Vec<(String, String)>>,
+    /// How many combinations of its matrix run at once (`matrix.max-parallel`); `None`: as
+    /// many as the runner's concurrency allows.
+    pub max_parallel: Option<usize>,
     /// For one combination of a matrix: the file's stem (the workflow's name is
     /// `STEM (VALUE, VALUE)`).
     pub base: Option<String>,

@@ -133,6 +133,7 @@ struct MatrixRaw {
     variables: Vec<(Spanned<String>, Vec<Spanned<String>>)>,
     include: Vec<EnvRaw>,
     exclude: Vec<EnvRaw>,
+    max_parallel: Option<Spanned<i64>>,
 }
 
 impl<'de> Deserialize<'de> for MatrixRaw {
@@ -141,7 +142,9 @@ impl<'de> Deserialize<'de> for MatrixRaw {
         impl<'de> Visitor<'de> for MatrixVisitor {
             type Value = MatrixRaw;
             fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
-                formatter.write_str("a mapping of variable names to lists of values, with `include` and `exclude`")
+                formatter.write_str(
+                    "a mapping of variable names to lists of values, with `include`, `exclude` and `max-parallel`",
+                )
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<MatrixRaw, A::Error> {
                 let mut matrix = MatrixRaw::default();
@@ -149,6 +152,7 @@ impl<'de> Deserialize<'de> for MatrixRaw {
                     match name.value.as_str() {
                         "include" => matrix.include = map.next_value()?,
                         "exclude" => matrix.exclude = map.next_value()?,
+                        "max-parallel" => matrix.max_parallel = Some(map.next_value()?),
                         _ => {
                             let values = map.next_value()?;
                             matrix.variables.push((name, values));
@@ -355,6 +359,19 @@ impl Check<'_> {
             Some(matrix) => self.matrix(name, matrix, &env, root)?,
             None => Vec::new(),
         };
+        let max_parallel = match raw.matrix.as_ref().and_then(|matrix| matrix.value.max_parallel.as_ref()) {
+            None => None,
+            Some(limit) => {
+                let at = raw.matrix.as_ref().and_then(|matrix| Position::of(matrix.referenced)).unwrap_or(root);
+                match usize::try_from(limit.value) {
+                    Ok(limit @ 1..=MAX_COMBINATIONS) => Some(limit),
+                    _ => {
+                        let message = format!("runs at most this many combinations at once: 1 to {MAX_COMBINATIONS}");
+                        return Err(self.at(limit, at, "matrix.max-parallel", &message));
+                    }
+                }
+            }
+        };
         let cache = raw.cache.unwrap_or_default();
         for (index, path) in cache.iter().enumerate() {
             self.cache_path(path, root, &format!("cache[{index}]"))?;
@@ -420,6 +437,7 @@ impl Check<'_> {
             network,
             steps,
             matrix,
+            max_parallel,
             base: None,
             needs: needs.into_iter().map(|need| need.value).collect(),
         })

@@ -100,6 +100,7 @@ fn reads_every_field() {
             },
         ],
         matrix: Vec::new(),
+        max_parallel: None,
         base: None,
         needs: Vec::new(),
     };
@@ -641,8 +642,9 @@ fn the_references_matrix_example_parses_into_the_runs_it_names() {
     let start = text.find("```yaml\nmatrix:\n").expect("the matrix example");
     let body = &text[start + "```yaml\n".len()..];
     let example = &body[..body.find("```").expect("its end")];
-    let names: Vec<String> =
-        expand(parse("test", FILE, example).expect("parses")).into_iter().map(|cell| cell.name).collect();
+    let cells = expand(parse("test", FILE, example).expect("parses"));
+    assert!(cells.iter().all(|cell| cell.max_parallel == Some(2)));
+    let names: Vec<String> = cells.into_iter().map(|cell| cell.name).collect();
     let said = "This runs `test (stable, debian)`, `test (stable, alpine)`, `test (1.80, debian)` and `test (nightly, debian)`.";
     assert!(text.contains(said));
     assert_eq!(
@@ -715,4 +717,17 @@ fn the_references_paths_example_parses() {
     assert!(workflow.on.paths_refusal(Event::Push, &changed("Cargo.lock")).is_none());
     assert!(workflow.on.paths_refusal(Event::Push, &changed("src/generated/api.rs")).is_some());
     assert!(workflow.on.paths_refusal(Event::Pull, &changed("README.md")).is_some());
+}
+
+#[test]
+fn max_parallel_is_from_1_to_64() {
+    let with =
+        |limit: &str| format!("matrix:\n  n: [1, 2]\n  max-parallel: {limit}\nsteps:\n  - {{name: a, run: x}}\n");
+    assert_eq!(parse_ok(&with("1")).max_parallel, Some(1));
+    assert_eq!(parse_ok(&with("64")).max_parallel, Some(64));
+    let message = "matrix.max-parallel: runs at most this many combinations at once: 1 to 64";
+    check(&with("0"), &format!("3:17: {message}"));
+    check(&with("65"), &format!("3:17: {message}"));
+    check(&with("-1"), &format!("3:17: {message}"));
+    assert!(parse("build", FILE, &with("two")).expect_err("not a number").to_string().contains("max-parallel"));
 }

@@ -315,3 +315,20 @@ fn paths_filters_run_a_workflow_only_for_the_changes_they_match() {
         "not run: on.push.paths is [docs/**, *.md, !docs/draft/**], and none of the 1 changed path(s) matches";
     assert_eq!(said.matches(refusal).count(), 2, "{said}");
 }
+
+#[test]
+fn max_parallel_holds_a_matrix_to_so_many_runs_at_once_in_the_daemon() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let meet = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(dir.path(), &[("m", crate::workflow_features::TWO_AT_A_TIME)]);
+    let meet_env = format!("MEET={}", meet.path().display());
+    let runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-max-parallel", &["--concurrency", "4", "--env", &meet_env]), vec![repo.url().as_str()]].concat(),
+    );
+    let checks = runner.final_checks(&repo.url(), &first, 4);
+    for n in 1..=4 {
+        assert_eq!(by_workflow(&checks, &format!("m ({n})"))["status"], "success", "{checks:#?}");
+    }
+    assert_eq!(crate::workflow_features::most_at_once(meet.path()), 2);
+}

@@ -166,3 +166,34 @@ fn needs_run_workflows_in_order_and_skip_what_a_failure_leaves_behind() {
         alone.both()
     );
 }
+
+/// A matrix of four combinations, two at a time (`max-parallel: 2`), whose steps each mark
+/// themselves running in `$MEET`, wait (up to 5 s) for a second to run, and record how many
+/// run then and half a second later, in `$MEET/counts`.
+pub(crate) const TWO_AT_A_TIME: &str = "matrix:\n  n: [1, 2, 3, 4]\n  max-parallel: 2\nsteps:\n  - name: count\n    run: |\n      touch \"$MEET/run-$n\"\n      running() { ls -d \"$MEET\"/run-* | wc -l; }\n      i=0\n      while [ \"$(running)\" -lt 2 ] && [ $i -lt 50 ]; do i=$((i+1)); sleep 0.1; done\n      running >> \"$MEET/counts\"\n      sleep 0.5\n      running >> \"$MEET/counts\"\n      rm \"$MEET/run-$n\"\n";
+
+/// The most combinations `$MEET/counts` saw running at once.
+pub(crate) fn most_at_once(meet: &std::path::Path) -> usize {
+    let counts = std::fs::read_to_string(meet.join("counts")).expect("the counts");
+    assert_eq!(counts.lines().count(), 8, "{counts}");
+    counts.lines().filter_map(|line| line.trim().parse().ok()).max().expect("a count")
+}
+
+#[test]
+fn max_parallel_runs_a_matrix_so_many_at_a_time_however_many_jobs() {
+    let repo = Repo::new();
+    repo.workflow("m", TWO_AT_A_TIME);
+    let meet = tempfile::tempdir().expect("tempdir");
+    let meet_env = format!("MEET={}", meet.path().display());
+    let ran = run_with(&repo, &["--jobs", "4", "--env", &meet_env]);
+    assert_eq!(ran.code, Some(0), "{}", ran.both());
+    for n in 1..=4 {
+        assert!(ran.stdout.contains(&format!("m ({n}): success in")), "{}", ran.both());
+    }
+    assert_eq!(
+        most_at_once(meet.path()),
+        2,
+        "{}",
+        std::fs::read_to_string(meet.path().join("counts")).unwrap_or_default()
+    );
+}
