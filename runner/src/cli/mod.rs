@@ -13,6 +13,7 @@ mod notify;
 mod plugin;
 mod run;
 mod secrets;
+mod trigger;
 
 use std::process::ExitCode;
 
@@ -47,6 +48,8 @@ pub enum Command {
     Logs(logs::LogsArgs),
     /// Wake the daemon to look at a repository now (for a post-receive hook).
     Notify(notify::NotifyArgs),
+    /// Ask the daemon to run a workflow that has a manual trigger, on the head of a branch.
+    Trigger(trigger::TriggerArgs),
     /// The runner's secrets key: print its recipient, seal a value to it.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
@@ -78,6 +81,7 @@ pub fn main() -> ExitCode {
             Some(Command::Checks(args)) => checks::checks(args).await,
             Some(Command::Logs(args)) => logs::main(args).await,
             Some(Command::Notify(args)) => notify::main(args).await,
+            Some(Command::Trigger(args)) => trigger::main(args).await,
             Some(Command::Secrets(command)) => secrets::main(command).await,
             Some(Command::Kubeconfig(command)) => kubeconfig::main(command).await,
             Some(Command::Completions(args)) => completions::main(args),
@@ -159,7 +163,7 @@ mod tests {
         let mut command = Cli::command();
         let run = command.find_subcommand_mut("run").expect("run");
         let help = run.render_long_help().to_string();
-        for values in ["[possible values: push, pull, queue]", "auto:", "always:", "never:"] {
+        for values in ["[possible values: push, pull, queue, manual]", "auto:", "always:", "never:"] {
             assert!(help.contains(values), "run --help lacks {values:?}:\n{help}");
         }
     }

@@ -542,6 +542,18 @@ struct Context {
 }
 
 impl Context {
+    /// The variables under the workflow's own for every step: `--env` and the defaults
+    /// files', and for `--event manual` each input `--env` does not give, at its default.
+    fn extra_env_of(&self, workflow: &crate::workflow::Workflow) -> BTreeMap<String, String> {
+        let mut env = self.step_env.clone();
+        if let (Event::Manual, Some(manual)) = (self.event, &workflow.on.manual) {
+            for (name, default) in &manual.inputs {
+                env.entry(name.clone()).or_insert_with(|| default.clone());
+            }
+        }
+        env
+    }
+
     /// Runs one workflow, unless the run was cancelled before it started: its report, its
     /// outputs folder when it has outputs, and its failed step's last lines.
     async fn run(&self, workflow: crate::workflow::Workflow) -> Option<(RunReport, Option<PathBuf>, StepTail)> {
@@ -563,6 +575,7 @@ impl Context {
                 Vec::new()
             }
         };
+        let extra_env = self.extra_env_of(&workflow);
         let plan = RunPlan {
             outputs_dir: Some(self.outputs_root.join(&name)),
             check_key: format!("{}/{}/{}", self.info.repository, self.info.commit, name),
@@ -574,7 +587,7 @@ impl Context {
             event: self.event,
             checkout: self.checkout.clone(),
             secrets: self.secrets.clone(),
-            extra_env: self.step_env.clone(),
+            extra_env,
             keep: self.keep,
             limits: engine::Limits::default(),
             caches: leases,

@@ -23,7 +23,7 @@ pub use schedule::{new_run_id, selected};
 use state::{InFlight, RepositoryState, StateFile};
 
 use crate::cache::CacheStore;
-use crate::checks::CheckStore;
+use crate::checks::{CheckRecord, CheckStore, CheckTarget};
 use crate::engine::RunStatus;
 use crate::forge::{Forge, Repository, Seen, events};
 use crate::host::ExecutorHost;
@@ -144,7 +144,7 @@ impl<F: Forge> Daemon<F> {
     pub async fn serve(self) -> anyhow::Result<()> {
         let daemon = Arc::new(self);
         daemon.recover().await;
-        let (wake_sender, mut wake) = mpsc::unbounded_channel::<String>();
+        let (wake_sender, mut wake) = mpsc::unbounded_channel::<notify::Wake>();
         notify::listen(&daemon.config.state, wake_sender)?;
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -163,7 +163,13 @@ impl<F: Forge> Daemon<F> {
             while tasks.try_join_next().is_some() {}
             tokio::select! {
                 () = tokio::time::sleep(daemon.config.poll) => {}
-                Some(repository) = wake.recv() => only = Some(repository),
+                Some(request) = wake.recv() => match request {
+                    notify::Wake::Look(repository) => only = Some(repository),
+                    notify::Wake::Trigger(trigger, reply) => {
+                        let _ = reply.send(daemon.trigger(&trigger, &mut tasks).await);
+                        only = Some(trigger.repository);
+                    }
+                },
                 _ = terminate.recv() => break,
                 _ = interrupt.recv() => break,
             }
@@ -174,6 +180,113 @@ impl<F: Forge> Daemon<F> {
         daemon.host.shutdown().await;
         tracing::info!("handed over");
         Ok(())
+    }
+
+    /// Queues a manual run of `trigger.workflow` (every combination of a matrix) on the head
+    /// of its branch; the run ids, or why it cannot run, in words for the one who asked.
+    async fn trigger(
+        self: &Arc<Self>,
+        trigger: &notify::Trigger,
+        tasks: &mut JoinSet<()>,
+    ) -> Result<Vec<String>, String> {
+        use crate::printable;
+        let repositories =
+            self.forge.repositories().await.map_err(|error| format!("cannot list the repositories: {error:#}"))?;
+        let key = crate::forge::repository_key(&crate::forge::normalize_url(&trigger.repository));
+        let Some(repository) = repositories.iter().find(|repository| {
+            repository.url == trigger.repository || repository.key == trigger.repository || repository.key == key
+        }) else {
+            return Err(format!("this runner does not watch {}", printable::name(&trigger.repository)));
+        };
+        let snapshot = self.forge.refresh(repository).await.map_err(|error| format!("{error:#}"))?;
+        let branch = match (&trigger.branch, &snapshot.default_branch) {
+            (Some(branch), _) => branch.trim_start_matches("refs/heads/").to_string(),
+            (None, Some(default)) => default.trim_start_matches("refs/heads/").to_string(),
+            (None, None) => return Err(format!("{} has no default branch: name one with --ref", repository.url)),
+        };
+        let Some(commit) = snapshot.branches.get(&branch).cloned() else {
+            return Err(format!("{} has no branch {}", repository.url, printable::name(&branch)));
+        };
+        let event = crate::forge::ForgeEvent::Push { branch: branch.clone(), commit: commit.clone(), before: None };
+        let prepared = self
+            .forge
+            .prepare(repository, &event)
+            .await
+            .map_err(|error| format!("cannot check out {commit}: {error:#}"))?;
+        let (workflows, errors) =
+            prepared.checkout.workflows().await.map_err(|error| format!("cannot read the workflows: {error:#}"))?;
+        let named: Vec<crate::workflow::Workflow> =
+            workflows.into_iter().filter(|workflow| workflow.is_named(&trigger.workflow)).collect();
+        let Some(first) = named.first() else {
+            let broken = errors.iter().find(|error| error.file.ends_with(&format!("/{}.yml", trigger.workflow)));
+            return Err(match broken {
+                Some(error) => error.to_string(),
+                None => {
+                    format!("{} has no workflow {} on {branch}", repository.url, printable::name(&trigger.workflow))
+                }
+            });
+        };
+        let Some(manual) = first.on.manual.clone() else {
+            return Err(format!(
+                "workflow {} has no manual trigger: add `manual` to its `on`",
+                printable::name(&trigger.workflow)
+            ));
+        };
+        if let Some(unknown) = trigger.inputs.keys().find(|name| !manual.inputs.contains_key(*name)) {
+            let declared: Vec<&str> = manual.inputs.keys().map(String::as_str).collect();
+            return Err(format!(
+                "workflow {} has no input {} (its inputs: {})",
+                trigger.workflow,
+                printable::name(unknown),
+                if declared.is_empty() { "none".to_string() } else { declared.join(", ") }
+            ));
+        }
+        if !schedule::selected(first, &self.config.runner_id) {
+            return Err(format!(
+                "workflow {} runs on runners {}, not this one",
+                trigger.workflow,
+                first.runners.join(", ")
+            ));
+        }
+        let target = CheckTarget {
+            event: crate::workflow::Event::Manual,
+            commit: prepared.commit.clone(),
+            git_ref: format!("refs/heads/{branch}"),
+            pull: None,
+            head: None,
+            base: None,
+        };
+        let mut runs = Vec::new();
+        for mut workflow in named {
+            // Inputs are variables of every step, over the workflow's env.
+            workflow.env.extend(manual.inputs.clone());
+            workflow.env.extend(trigger.inputs.clone());
+            let place = (repository.url.as_str(), repository.key.as_str());
+            let check = CheckRecord::queued(
+                schedule::new_run_id(&workflow.name),
+                place,
+                &workflow.name,
+                &target,
+                true,
+                &self.config.runner_id,
+            );
+            let run_id = check.run_id.clone();
+            tracing::info!(repository = %repository.url, run_id = %run_id, "manual run of {} on {branch} ({commit})", workflow.name);
+            self.state.update(|state| {
+                state.in_flight.insert(
+                    run_id.clone(),
+                    InFlight { repository_key: repository.key.clone(), status: InFlightStatus::Queued },
+                )
+            });
+            self.put_check(&check);
+            let job = schedule::Job { repository: repository.clone(), workflow, prepared: prepared.clone(), check };
+            let daemon = Arc::clone(self);
+            tasks.spawn(async move {
+                daemon.queue(job, Vec::new()).await;
+            });
+            runs.push(run_id);
+        }
+        Ok(runs)
     }
 
     /// Fetches the repositories (only the one named, when it is watched) and queues the runs of

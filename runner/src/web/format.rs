@@ -51,6 +51,7 @@ pub fn short(commit: &str) -> &str {
 pub fn trust(record: &CheckRecord) -> &'static str {
     match record.target.event {
         Event::Push => "push",
+        Event::Manual => "manual",
         Event::Queue => "batch",
         Event::Pull if record.trusted => "push",
         Event::Pull => "pull",

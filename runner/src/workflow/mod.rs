@@ -227,12 +227,21 @@ pub struct Triggers {
     pub pull: Option<BranchFilter>,
     /// Whether merge-queue batches start a run.
     pub queue: bool,
+    /// Whether `knotless-run trigger` starts a run, and its inputs.
+    pub manual: Option<ManualTrigger>,
+}
+
+/// A manual trigger (`on.manual`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ManualTrigger {
+    /// The inputs a trigger may give, each with its default: variables of every step.
+    pub inputs: BTreeMap<String, String>,
 }
 
 impl Default for Triggers {
     /// A push to any branch.
     fn default() -> Self {
-        Triggers { push: Some(BranchFilter::default()), pull: None, queue: false }
+        Triggers { push: Some(BranchFilter::default()), pull: None, queue: false, manual: None }
     }
 }
 
@@ -244,6 +253,7 @@ impl Triggers {
             Event::Push => self.push.as_ref().is_some_and(|f| f.matches(branch)),
             Event::Pull => self.pull.as_ref().is_some_and(|f| f.matches(branch)),
             Event::Queue => self.queue,
+            Event::Manual => self.manual.is_some(),
         }
     }
 
@@ -252,7 +262,7 @@ impl Triggers {
         let filter = match event {
             Event::Push => self.push.as_ref(),
             Event::Pull => self.pull.as_ref(),
-            Event::Queue => None,
+            Event::Queue | Event::Manual => None,
         };
         filter.and_then(|filter| filter.paths.as_deref())
     }
@@ -280,7 +290,7 @@ impl Triggers {
         let filter = match event {
             Event::Push => self.push.as_ref(),
             Event::Pull => self.pull.as_ref(),
-            Event::Queue => None,
+            Event::Queue | Event::Manual => None,
         };
         let key = event.as_str();
         Some(match (filter.and_then(|filter| filter.branches.as_ref()), branch) {
@@ -393,18 +403,22 @@ pub enum Event {
     Pull,
     /// A merge-queue batch.
     Queue,
+    /// `knotless-run trigger`.
+    Manual,
 }
 
 impl Event {
     /// Every event, in the order the docs list them.
-    pub const ALL: [Event; 3] = [Event::Push, Event::Pull, Event::Queue];
+    pub const ALL: [Event; 4] = [Event::Push, Event::Pull, Event::Queue, Event::Manual];
 
-    /// The event's name in workflows and in `KNOTLESS_EVENT`: `push`, `pull` or `queue`.
+    /// The event's name in workflows and in `KNOTLESS_EVENT`: `push`, `pull`, `queue` or
+    /// `manual`.
     pub fn as_str(self) -> &'static str {
         match self {
             Event::Push => "push",
             Event::Pull => "pull",
             Event::Queue => "queue",
+            Event::Manual => "manual",
         }
     }
 }
@@ -415,9 +429,9 @@ impl fmt::Display for Event {
     }
 }
 
-/// An event name that is not `push`, `pull` or `queue`.
+/// An event name that is not `push`, `pull`, `queue` or `manual`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown event {0:?}, expected push, pull or queue")]
+#[error("unknown event {0:?}, expected push, pull, queue or manual")]
 pub struct UnknownEvent(pub String);
 
 impl FromStr for Event {

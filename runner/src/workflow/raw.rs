@@ -11,8 +11,8 @@ use serde_saphyr::{Location, Spanned};
 use super::duration::{DURATION_HINT, parse_duration};
 use super::locate::{PathIndex, Position, yaml_error};
 use super::{
-    BranchFilter, DEFAULT_TIMEOUT, Event, QueuePhase, RESERVED_PREFIX, Resources, Shell, Step, Triggers, Workflow,
-    WorkflowError, first_duplicate, is_variable_name,
+    BranchFilter, DEFAULT_TIMEOUT, Event, ManualTrigger, QueuePhase, RESERVED_PREFIX, Resources, Shell, Step, Triggers,
+    Workflow, WorkflowError, first_duplicate, is_variable_name,
 };
 
 /// Parser options: one document, duplicate keys refused, and a budget far below the defaults
@@ -197,6 +197,7 @@ struct ResourcesRaw {
 struct BranchFilterRaw {
     branches: Option<Vec<Spanned<String>>>,
     paths: Option<Vec<Spanned<String>>>,
+    inputs: Option<EnvRaw>,
 }
 
 /// `on:` as written: a single event name, a list of them, or a mapping of event to filter.
@@ -243,7 +244,7 @@ impl<'de> Visitor<'de> for OnVisitor {
 }
 
 /// A mapping of variable names to text values (strings, numbers and booleans as written).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct EnvRaw(Vec<(Spanned<String>, Spanned<String>)>);
 
 impl<'de> Deserialize<'de> for EnvRaw {
@@ -355,6 +356,12 @@ impl Check<'_> {
             None => DEFAULT_TIMEOUT,
         };
         let env = self.env(raw.env, root, "env")?;
+        if let Some(manual) = &on.manual
+            && let Some(name) = manual.inputs.keys().find(|name| env.contains_key(*name))
+        {
+            let message = format!("input {name} is also set by the workflow's env: name it once");
+            return Err(at_position(self.file, root, &format!("on.manual.inputs.{name}"), &message));
+        }
         let matrix = match &raw.matrix {
             Some(matrix) => self.matrix(name, matrix, &env, root)?,
             None => Vec::new(),
@@ -642,9 +649,9 @@ impl Check<'_> {
 
     fn triggers(&self, on: &Spanned<OnRaw>, root: Position) -> Result<Triggers, WorkflowError> {
         let on_at = Position::of(on.referenced).unwrap_or(root);
-        let mut triggers = Triggers { push: None, pull: None, queue: false };
+        let mut triggers = Triggers { push: None, pull: None, queue: false, manual: None };
         if on.value.0.is_empty() {
-            return Err(at_position(self.file, on_at, "on", "no events, expected push, pull or queue"));
+            return Err(at_position(self.file, on_at, "on", "no events, expected push, pull, queue or manual"));
         }
         let mut seen = BTreeSet::new();
         for (name, filter) in &on.value.0 {
@@ -654,6 +661,22 @@ impl Check<'_> {
             if !seen.insert(event) {
                 let message = format!("event {event} is listed twice");
                 return Err(self.at(name, on_at, "on", &message));
+            }
+            if event == Event::Manual {
+                let filter = filter.as_ref();
+                if filter.is_some_and(|filter| filter.branches.is_some() || filter.paths.is_some()) {
+                    let message =
+                        "a manual trigger takes no branches or paths (`knotless-run trigger --ref` names the branch)";
+                    return Err(self.at(name, on_at, &path, message));
+                }
+                let inputs =
+                    self.env(filter.and_then(|filter| filter.inputs.clone()), on_at, &format!("{path}.inputs"))?;
+                triggers.manual = Some(ManualTrigger { inputs });
+                continue;
+            }
+            if filter.as_ref().is_some_and(|filter| filter.inputs.is_some()) {
+                let message = "only a manual trigger takes inputs";
+                return Err(self.at(name, on_at, &path, message));
             }
             let branches = match filter.as_ref().and_then(|filter| filter.branches.as_ref()) {
                 None => None,
@@ -704,6 +727,7 @@ impl Check<'_> {
                 Event::Push => triggers.push = Some(BranchFilter { branches, paths }),
                 Event::Pull => triggers.pull = Some(BranchFilter { branches, paths }),
                 Event::Queue => triggers.queue = true,
+                Event::Manual => {}
             }
         }
         Ok(triggers)

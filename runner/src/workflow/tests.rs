@@ -66,6 +66,7 @@ fn reads_every_field() {
             push: Some(BranchFilter { branches: Some(vec!["main".to_string(), "release/*".to_string()]), paths: None }),
             pull: Some(BranchFilter { branches: Some(vec!["main".to_string()]), paths: None }),
             queue: true,
+            manual: None,
         },
         image: Some("debian:stable".to_string()),
         resources: Resources { cpu: Some("2".to_string()), memory: Some("4Gi".to_string()) },
@@ -132,10 +133,10 @@ fn defaults() {
 fn on_forms() {
     let on = |text: &str| parse_ok(&format!("on: {text}\nsteps:\n  - {{ name: a, run: x }}\n")).on;
     let all = Some(BranchFilter::default());
-    assert_eq!(on("[push, pull]"), Triggers { push: all.clone(), pull: all.clone(), queue: false });
-    assert_eq!(on("queue"), Triggers { push: None, pull: None, queue: true });
-    assert_eq!(on("{pull: }"), Triggers { push: None, pull: all.clone(), queue: false });
-    assert_eq!(on("{push: {}, queue: }"), Triggers { push: all, pull: None, queue: true });
+    assert_eq!(on("[push, pull]"), Triggers { push: all.clone(), pull: all.clone(), queue: false, manual: None });
+    assert_eq!(on("queue"), Triggers { push: None, pull: None, queue: true, manual: None });
+    assert_eq!(on("{pull: }"), Triggers { push: None, pull: all.clone(), queue: false, manual: None });
+    assert_eq!(on("{push: {}, queue: }"), Triggers { push: all, pull: None, queue: true, manual: None });
 }
 
 #[test]
@@ -176,7 +177,7 @@ fn events_round_trip() {
         assert_eq!(event.as_str().parse::<Event>(), Ok(event));
     }
     let error = "merge".parse::<Event>().map(|_| ()).map_err(|e| e.to_string());
-    assert_eq!(error, Err("unknown event \"merge\", expected push, pull or queue".to_string()));
+    assert_eq!(error, Err("unknown event \"merge\", expected push, pull, queue or manual".to_string()));
 }
 
 #[test]
@@ -202,7 +203,7 @@ fn yaml_errors_name_line_column_and_field() {
     );
     check(
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
-        "1:13: on.push.branch: unknown field `branch`, expected one of branches, paths",
+        "1:13: on.push.branch: unknown field `branch`, expected one of branches, paths, inputs",
     );
     check("queue: last\nsteps:\n  - {name: a, run: x}\n", "1:8: queue: unknown variant `last`, expected one of first");
     check("steps:\n  - name: a\n    run: x\n    env: {A: ~}\n", "4:14: steps[0].env.A: null is not allowed here");
@@ -269,14 +270,14 @@ fn semantic_errors_point_at_the_field() {
     );
     check(
         "on: [push, pul]\nsteps:\n  - {name: a, run: x}\n",
-        r#"1:12: on: unknown event "pul", expected push, pull or queue"#,
+        r#"1:12: on: unknown event "pul", expected push, pull, queue or manual"#,
     );
     check(
         "on: nightly\nsteps:\n  - {name: a, run: x}\n",
-        r#"1:5: on: unknown event "nightly", expected push, pull or queue"#,
+        r#"1:5: on: unknown event "nightly", expected push, pull, queue or manual"#,
     );
     check("on: [push, push]\nsteps:\n  - {name: a, run: x}\n", "1:12: on: event push is listed twice");
-    check("on: []\nsteps:\n  - {name: a, run: x}\n", "1:5: on: no events, expected push, pull or queue");
+    check("on: []\nsteps:\n  - {name: a, run: x}\n", "1:5: on: no events, expected push, pull, queue or manual");
     check(
         "on: {queue: {branches: [main]}}\nsteps:\n  - {name: a, run: x}\n",
         "1:6: on.queue: a queue trigger takes no branches (batches are for the queue's branch)",
@@ -321,8 +322,12 @@ fn paths_match_by_segment_and_across_them_and_negations_take_back_in_order() {
     assert!(paths_match(&patterns(&["src/**", "!src/gen/**", "src/gen/keep.rs"]), &changed(&["src/gen/keep.rs"])));
     assert!(!paths_match(&patterns(&["src/*.rs"]), &changed(&["src/a/b.rs"])));
     assert!(paths_match(&patterns(&["src/**.rs"]), &changed(&["src/a/b.rs"])));
-    let triggers =
-        Triggers { push: Some(BranchFilter { branches: None, paths: Some(docs) }), pull: None, queue: false };
+    let triggers = Triggers {
+        push: Some(BranchFilter { branches: None, paths: Some(docs) }),
+        pull: None,
+        queue: false,
+        manual: None,
+    };
     assert_eq!(
         triggers.paths_refusal(Event::Push, &changed(&["src/lib.rs", "build.rs"])).as_deref(),
         Some("on.push.paths is [docs/**, *.md, !docs/draft/**], and none of the 2 changed path(s) matches")
@@ -460,7 +465,7 @@ fn load_dir_refuses_dot_stems() -> Result<(), Box<dyn std::error::Error>> {
 #[test]
 fn a_refusal_names_the_filter_that_refused() {
     let filter = BranchFilter { branches: Some(vec!["main".into(), "release/*".into()]), paths: None };
-    let triggers = Triggers { push: Some(filter), pull: None, queue: false };
+    let triggers = Triggers { push: Some(filter), pull: None, queue: false, manual: None };
     assert_eq!(triggers.refusal(Event::Push, Some("release/1")), None);
     assert_eq!(
         triggers.refusal(Event::Push, Some("feature")).as_deref(),
@@ -730,4 +735,33 @@ fn max_parallel_is_from_1_to_64() {
     check(&with("65"), &format!("3:17: {message}"));
     check(&with("-1"), &format!("3:17: {message}"));
     assert!(parse("build", FILE, &with("two")).expect_err("not a number").to_string().contains("max-parallel"));
+}
+
+#[test]
+fn a_manual_trigger_takes_inputs_with_defaults_and_nothing_else() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/workflows.md"))
+        .expect("the reference");
+    let start = text.find("```yaml\non:\n  manual:\n").expect("the manual example");
+    let body = &text[start + "```yaml\n".len()..];
+    let example = &body[..body.find("```").expect("its end")];
+    let workflow = parse_ok(&format!("{example}steps:\n  - {{name: a, run: x}}\n"));
+    let manual = workflow.on.manual.as_ref().expect("a manual trigger");
+    let inputs: Vec<(&str, &str)> = manual.inputs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(inputs, [("CHANNEL", "beta"), ("VERSION", "0.0.0")]);
+    assert!(workflow.on.matches(Event::Manual, None) && !workflow.on.matches(Event::Push, Some("main")));
+    assert!(parse_ok("on: manual\nsteps:\n  - {name: a, run: x}\n").on.manual.is_some_and(|m| m.inputs.is_empty()));
+    let steps = "steps:\n  - {name: a, run: x}\n";
+    check(
+        &format!("on: {{manual: {{branches: [main]}}}}\n{steps}"),
+        "1:6: on.manual: a manual trigger takes no branches or paths (`knotless-run trigger --ref` names the branch)",
+    );
+    check(&format!("on: {{push: {{inputs: {{A: b}}}}}}\n{steps}"), "1:6: on.push: only a manual trigger takes inputs");
+    check(
+        &format!("on: {{manual: {{inputs: {{A: b}}}}}}\nenv: {{A: c}}\n{steps}"),
+        "1:1: on.manual.inputs.A: input A is also set by the workflow's env: name it once",
+    );
+    check(
+        &format!("on: {{manual: {{inputs: {{1A: b}}}}}}\n{steps}"),
+        "1:24: on.manual.inputs.1A: invalid variable name \"1A\", expected letters, digits and _, not starting with a digit",
+    );
 }

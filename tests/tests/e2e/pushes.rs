@@ -332,3 +332,40 @@ fn max_parallel_holds_a_matrix_to_so_many_runs_at_once_in_the_daemon() {
     }
     assert_eq!(crate::workflow_features::most_at_once(meet.path()), 2);
 }
+
+#[test]
+fn trigger_runs_a_manual_workflow_with_its_inputs_and_refuses_what_cannot_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let release = "on:\n  manual:\n    inputs: { VERSION: \"0.0\", CHANNEL: beta }\nsteps:\n  - name: show\n    run: echo \"version=$VERSION channel=$CHANNEL event=$KNOTLESS_EVENT\"\n";
+    let (repo, first) = repo_with(dir.path(), &[("release", release), ("ci", PASS)]);
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-trigger", &[]), vec![repo.url().as_str()]].concat());
+    // A push runs ci alone: release has only a manual trigger.
+    let checks = runner.final_checks(&repo.url(), &first, 1);
+    assert_eq!(by_workflow(&checks, "ci")["status"], "success");
+
+    let url = repo.url();
+    let triggered = runner.command(&["trigger", &url, "release", "--input", "VERSION=1.2"]);
+    let said = String::from_utf8_lossy(&triggered.stdout).into_owned();
+    assert!(triggered.status.success(), "{said}{}", String::from_utf8_lossy(&triggered.stderr));
+    let run_id = said.trim().strip_prefix("queued release as run ").expect("a run id").to_string();
+    let checks = runner.final_checks(&url, &first, 2);
+    let release = by_workflow(&checks, "release");
+    assert_eq!((release["status"].as_str(), release["run_id"].as_str()), (Some("success"), Some(run_id.as_str())));
+    assert_eq!(release["event"], "manual", "{release:#}");
+    let log = runner.run_log(&run_id);
+    assert!(log.contains("release/show | version=1.2 channel=beta event=manual"), "{log}");
+
+    for (args, why) in [
+        (vec!["nope"], "has no workflow nope on main"),
+        (vec!["ci"], "workflow ci has no manual trigger: add `manual` to its `on`"),
+        (vec!["release", "--input", "COLOR=red"], "workflow release has no input COLOR (its inputs: CHANNEL, VERSION)"),
+        (vec!["release", "--ref", "gone"], "has no branch gone"),
+    ] {
+        let refused = runner.command(&[&["trigger", url.as_str()][..], &args].concat());
+        let stderr = String::from_utf8_lossy(&refused.stderr).into_owned();
+        assert_eq!(refused.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
+    }
+    assert_eq!(runner.checks(&url, Some(&first)).len(), 2, "a refused trigger queued nothing");
+}
