@@ -502,7 +502,10 @@ fn a_mistyped_subcommand_is_refused_and_makes_nothing() {
         (vec!["rnu", "--executor", "shell"], "did you mean knotless-run run?"),
         (vec!["chekcs"], "did you mean knotless-run checks?"),
         (vec!["completion", "bash"], "did you mean knotless-run completions?"),
-        (vec!["zzz"], "the subcommands are run, plugin, checks, logs, notify, trigger, secrets, kubeconfig, completions"),
+        (
+            vec!["zzz"],
+            "the subcommands are run, plugin, checks, logs, notify, trigger, secrets, kubeconfig, completions",
+        ),
         (vec!["triger", "x", "y"], "did you mean knotless-run trigger?"),
         (vec!["a\u{1b}[2Jb"], "\"a\\x1b[2Jb\" is not"),
     ] {
