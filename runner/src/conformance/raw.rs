@@ -68,7 +68,7 @@ impl Raw {
         let method = M::NAME;
         let (_, answer) = self.connection.send(method, params).await;
         match tokio::time::timeout(within, answer).await {
-            Ok(Ok(Ok(value))) => crate::host::decode(method, value),
+            Ok(Ok(Ok(value))) => crate::host::decode(method, &value),
             Ok(Ok(Err(Reply::Error(error)))) => {
                 Err(format!("{method} answered {}: {}", error.kind.code(), error.message))
             }

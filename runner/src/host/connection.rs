@@ -10,8 +10,9 @@ use futures::StreamExt;
 use knotless_protocol::framing;
 use knotless_protocol::messages::{LogLevel, LogParams, Stream, method};
 use knotless_protocol::{ExecutorError, error::ErrorKind};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize as _, Serialize};
+use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::FramedRead;
@@ -62,8 +63,8 @@ impl std::fmt::Display for Closed {
     }
 }
 
-/// The outcome of one request, before the host interprets it.
-pub type Answer = Result<serde_json::Value, Reply>;
+/// The outcome of one request, before the host interprets it: its `result` as written.
+pub type Answer = Result<Box<RawValue>, Reply>;
 
 /// A request that did not end in a result.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,10 +81,48 @@ type Delivery = Option<(mpsc::Sender<SessionEvent>, SessionEvent)>;
 /// An `output` notification's params, its strings borrowed.
 #[derive(serde::Deserialize)]
 struct OutputRef<'a> {
-    session: &'a str,
+    /// Borrowed from the frame unless written with escapes.
+    #[serde(borrow)]
+    session: std::borrow::Cow<'a, str>,
     step: u32,
     stream: Stream,
-    data: &'a str,
+    #[serde(borrow)]
+    data: std::borrow::Cow<'a, str>,
+}
+
+/// Any message from the executor, read once: what it is follows from which fields it has,
+/// and each part is parsed into its own type only where it is used.
+#[derive(serde::Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<std::borrow::Cow<'a, str>>,
+    /// Present, even as `null`: a response.
+    #[serde(default, deserialize_with = "present")]
+    id: Option<serde_json::Value>,
+    #[serde(borrow, default)]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+    #[serde(default)]
+    result: Option<Box<RawValue>>,
+    #[serde(default)]
+    error: Option<ErrorObject>,
+}
+
+/// A field that is there, whatever its value (`"id": null` is an id, a bad one).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde::Deserialize::deserialize(deserializer).map(Some)
+}
+
+/// An error answer's `error`, as leniently as JSON-RPC executors write it.
+#[derive(serde::Deserialize)]
+struct ErrorObject {
+    #[serde(default)]
+    code: i64,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    data: Option<serde_json::Value>,
 }
 
 /// A whole `output` notification, nothing else in it (a message with an `id` is not one).
@@ -180,8 +219,8 @@ impl Connection {
     /// its session's channel, for the reader to deliver with back-pressure.
     fn handle_frame(&self, frame: &[u8], unrouted: &mpsc::UnboundedSender<LogParams>) -> Result<Delivery, String> {
         // Step output, most of the frames, parsed straight into its fields with its data
-        // borrowed from the frame; anything else (or output with escapes in a string) takes
-        // the general path below.
+        // borrowed from the frame (unless written with escapes); anything else is read once
+        // into an envelope below.
         if let Ok(output) = serde_json::from_slice::<OutputNotification>(frame)
             && output.jsonrpc == "2.0"
             && output.method == method::OUTPUT
@@ -189,15 +228,18 @@ impl Connection {
             return self.route_output(output.params, frame);
         }
         let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
-        let message: serde_json::Value =
-            serde_json::from_slice(frame).map_err(|_| not_a_message("a line that is not JSON"))?;
-        let Some(object) = message.as_object() else {
-            return Err(not_a_message("a JSON value that is not a JSON-RPC message"));
+        let message = match serde_json::from_slice::<Envelope>(frame) {
+            Ok(message) => message,
+            // Only a frame that is not a message is read again, to say what it is.
+            Err(_) if serde_json::from_slice::<serde::de::IgnoredAny>(frame).is_ok() => {
+                return Err(not_a_message("a JSON value that is not a JSON-RPC message"));
+            }
+            Err(_) => return Err(not_a_message("a line that is not JSON")),
         };
-        if object.get("jsonrpc").and_then(|v| v.as_str()) != Some("2.0") {
+        if message.jsonrpc.as_deref() != Some("2.0") {
             return Err(not_a_message("a message without \"jsonrpc\": \"2.0\""));
         }
-        match (object.get("id"), object.get("method")) {
+        match (&message.id, message.method) {
             (Some(id), None) => {
                 // A response, to a request the runner sent and that has not been answered yet;
                 // one for a request the runner stopped waiting for is dropped.
@@ -205,13 +247,11 @@ impl Connection {
                 let Some(id) = sent else {
                     return Err(not_a_message(&format!("a response with an id the runner never sent ({id})")));
                 };
-                let answer = if let Some(error) = object.get("error") {
-                    let code = error.get("code").and_then(|c| c.as_i64()).unwrap_or(0) as i32;
-                    let text = error.get("message").and_then(|m| m.as_str()).unwrap_or("").to_string();
-                    let data = error.get("data").cloned();
-                    Err(Reply::Error(ExecutorError { kind: ErrorKind::from_code(code), message: text, data }))
-                } else if let Some(result) = object.get("result") {
-                    Ok(result.clone())
+                let answer = if let Some(error) = message.error {
+                    let kind = ErrorKind::from_code(i32::try_from(error.code).unwrap_or(0));
+                    Err(Reply::Error(ExecutorError { kind, message: error.message, data: error.data }))
+                } else if let Some(result) = message.result {
+                    Ok(result)
                 } else {
                     return Err(not_a_message("a response with neither result nor error"));
                 };
@@ -225,15 +265,16 @@ impl Connection {
                 Ok(None)
             }
             (None, Some(name)) => {
-                let params = object.get("params").unwrap_or(&serde_json::Value::Null);
-                match name.as_str() {
+                let params = message.params.map_or("null", RawValue::get);
+                let name: Option<std::borrow::Cow<'_, str>> = serde_json::from_str(name.get()).ok();
+                match name.as_deref() {
                     Some(method::OUTPUT) => {
-                        let output = OutputRef::deserialize(params)
+                        let output = serde_json::from_str::<OutputRef>(params)
                             .map_err(|error| not_a_message(&format!("a bad output notification ({error})")))?;
                         self.route_output(output, frame)
                     }
                     Some(method::LOG) => {
-                        let log = LogParams::deserialize(params)
+                        let log = serde_json::from_str::<LogParams>(params)
                             .map_err(|error| not_a_message(&format!("a bad log notification ({error})")))?;
                         // A session's log line waits its turn while the session runs a step (its
                         // run takes it); otherwise, or when the run is not taking them, it goes to
@@ -268,7 +309,7 @@ impl Connection {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(output.data.as_bytes())
             .map_err(|error| not_a_message(&format!("output that is not base64 ({error})")))?;
-        let running = lock(&self.running).get(output.session).copied();
+        let running = lock(&self.running).get(output.session.as_ref()).copied();
         match running {
             Some(step) if step == output.step => {}
             Some(step) => {
@@ -282,7 +323,7 @@ impl Connection {
             }
         }
         let event = SessionEvent::Output { step: output.step, stream: output.stream, bytes };
-        Ok(lock(&self.sessions).get(output.session).map(|sender| (sender.clone(), event)))
+        Ok(lock(&self.sessions).get(output.session.as_ref()).map(|sender| (sender.clone(), event)))
     }
 
     /// Receives the events of `session` from now on.
@@ -387,12 +428,11 @@ impl Connection {
 }
 
 /// Decodes a result into its type; a result of the wrong shape is a protocol violation.
-pub fn decode<R: DeserializeOwned>(method: &str, value: serde_json::Value) -> Result<R, String> {
-    let shown = value.to_string();
-    serde_json::from_value(value).map_err(|error| {
+pub fn decode<R: DeserializeOwned>(method: &str, result: &RawValue) -> Result<R, String> {
+    serde_json::from_str(result.get()).map_err(|error| {
         format!(
             "answered {method} with a result of the wrong shape ({error}): `{}`",
-            framing::first_bytes(shown.as_bytes())
+            framing::first_bytes(result.get().as_bytes())
         )
     })
 }
@@ -405,7 +445,11 @@ mod tests {
     fn an_output_notification_is_parsed_in_place_and_anything_more_is_not_one() {
         let frame = br#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":3,"stream":"stderr","data":"aGk="}}"#;
         let parsed = serde_json::from_slice::<OutputNotification>(frame).expect("the fast path takes it");
-        assert_eq!((parsed.params.session, parsed.params.step, parsed.params.data), ("s1", 3, "aGk="));
+        assert_eq!(
+            (parsed.params.session.as_ref(), parsed.params.step, parsed.params.data.as_ref()),
+            ("s1", 3, "aGk=")
+        );
+        assert!(matches!(parsed.params.data, std::borrow::Cow::Borrowed(_)), "the data is borrowed from the frame");
         let with_id = br#"{"jsonrpc":"2.0","id":1,"method":"output","params":{"session":"s1","step":3,"stream":"stderr","data":""}}"#;
         assert!(serde_json::from_slice::<OutputNotification>(with_id).is_err());
     }
@@ -432,7 +476,8 @@ mod tests {
         );
         executor_side.write_all(lines.as_bytes()).await.expect("write");
         let result = answer.await.expect("answered").expect("a result");
-        assert_eq!(result["exit_code"], 0);
+        let result: knotless_protocol::CommandResult = decode("command", &result).expect("a command result");
+        assert_eq!(result.exit_code, 0);
         let event = events.try_recv().expect("the output was routed before the answer");
         assert_eq!(event, SessionEvent::Output { step: 0, stream: Stream::Stdout, bytes: b"hi".to_vec() });
     }
@@ -494,6 +539,34 @@ mod tests {
         ])
         .await;
         assert!(unknown.contains("output for session nope while it runs no step"), "{unknown}");
+        let null_id = closed_by(&[r#"{"jsonrpc":"2.0","id":null,"result":{}}"#]).await;
+        assert!(null_id.contains("never sent (null)"), "{null_id}");
+        let no_kind = closed_by(&[r#"{"jsonrpc":"2.0","method":7}"#]).await;
+        assert!(no_kind.contains("a method that is not a string"), "{no_kind}");
+        let array = closed_by(&["[1, 2]"]).await;
+        assert!(array.contains("a JSON value that is not a JSON-RPC message"), "{array}");
+        let no_version = closed_by(&[r#"{"id":1,"result":{}}"#]).await;
+        assert!(no_version.contains("without \"jsonrpc\": \"2.0\""), "{no_version}");
+    }
+
+    #[tokio::test]
+    async fn output_and_answers_written_with_escapes_are_read_as_their_text() {
+        let (connection, mut executor_side) = connected(1 << 16);
+        let mut events = connection.subscribe("s1");
+        connection.set_running("s1", Some(0));
+        let (id, answer) = connection.send("command", &serde_json::json!({})).await;
+        // `\u0031` is `1`, `\u003d` is `=`, `\/` is `/`: text written with escapes is its text.
+        let lines = format!(
+            "{}\n{}\n",
+            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s\u0031","step":0,"stream":"stdout","data":"aGk\u003d"}}"#,
+            format_args!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"exit_code":0,"duration_ms":1,"note":"a\/b"}}}}"#),
+        );
+        executor_side.write_all(lines.as_bytes()).await.expect("write");
+        let result = answer.await.expect("answered").expect("a result");
+        let event = events.try_recv().expect("the output was routed");
+        assert_eq!(event, SessionEvent::Output { step: 0, stream: Stream::Stdout, bytes: b"hi".to_vec() });
+        let result: serde_json::Value = decode("command", &result).expect("a result");
+        assert_eq!(result["note"], "a/b");
     }
 
     #[tokio::test]

@@ -325,7 +325,7 @@ impl ExecutorHost {
         }
         let name = self.name();
         match answered {
-            Some(Ok(Ok(value))) => match connection::decode::<M::Result>(method, value) {
+            Some(Ok(Ok(value))) => match connection::decode::<M::Result>(method, &value) {
                 Ok(result) => Ok(result),
                 Err(detail) => Err(self.kill(live, format!("executor {name} {detail}")).await),
             },
