@@ -463,23 +463,45 @@ mod tests {
         (Connection::new(read, write, unrouted), executor_side)
     }
 
-    #[tokio::test]
-    async fn output_reaches_the_session_before_the_answer_that_follows_it() {
+    /// Sends `output` (an output notification for step 0 of session `s1`, which runs) and
+    /// then the answer to its `command` with `result` (`ID` replaced by its id); the event
+    /// routed once the answer came, and the answer.
+    async fn output_then_answer(output: &str, result: &str) -> (Option<SessionEvent>, Box<RawValue>) {
         let (connection, mut executor_side) = connected(1 << 16);
         let mut events = connection.subscribe("s1");
         connection.set_running("s1", Some(0));
         let (id, answer) = connection.send("command", &serde_json::json!({})).await;
-        let lines = format!(
-            "{}\n{}\n",
-            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":0,"stream":"stdout","data":"aGk="}}"#,
-            format_args!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"exit_code":0,"duration_ms":1}}}}"#),
-        );
-        executor_side.write_all(lines.as_bytes()).await.expect("write");
+        let answer_line = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#);
+        executor_side.write_all(format!("{output}\n{answer_line}\n").as_bytes()).await.expect("write");
         let result = answer.await.expect("answered").expect("a result");
+        (events.try_recv().ok(), result)
+    }
+
+    #[tokio::test]
+    async fn output_reaches_the_session_before_the_answer_that_follows_it() {
+        let (event, result) = output_then_answer(
+            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s1","step":0,"stream":"stdout","data":"aGk="}}"#,
+            r#"{"exit_code":0,"duration_ms":1}"#,
+        )
+        .await;
         let result: knotless_protocol::CommandResult = decode("command", &result).expect("a command result");
         assert_eq!(result.exit_code, 0);
-        let event = events.try_recv().expect("the output was routed before the answer");
+        let event = event.expect("the output was routed before the answer");
         assert_eq!(event, SessionEvent::Output { step: 0, stream: Stream::Stdout, bytes: b"hi".to_vec() });
+    }
+
+    #[tokio::test]
+    async fn output_and_answers_written_with_escapes_are_read_as_their_text() {
+        // `\u0031` is `1`, `\u003d` is `=`, `\/` is `/`: text written with escapes is its text.
+        let (event, result) = output_then_answer(
+            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s\u0031","step":0,"stream":"stdout","data":"aGk\u003d"}}"#,
+            r#"{"exit_code":0,"duration_ms":1,"note":"a\/b"}"#,
+        )
+        .await;
+        let event = event.expect("the output was routed");
+        assert_eq!(event, SessionEvent::Output { step: 0, stream: Stream::Stdout, bytes: b"hi".to_vec() });
+        let result: serde_json::Value = decode("command", &result).expect("a result");
+        assert_eq!(result["note"], "a/b");
     }
 
     #[tokio::test]
@@ -547,26 +569,6 @@ mod tests {
         assert!(array.contains("a JSON value that is not a JSON-RPC message"), "{array}");
         let no_version = closed_by(&[r#"{"id":1,"result":{}}"#]).await;
         assert!(no_version.contains("without \"jsonrpc\": \"2.0\""), "{no_version}");
-    }
-
-    #[tokio::test]
-    async fn output_and_answers_written_with_escapes_are_read_as_their_text() {
-        let (connection, mut executor_side) = connected(1 << 16);
-        let mut events = connection.subscribe("s1");
-        connection.set_running("s1", Some(0));
-        let (id, answer) = connection.send("command", &serde_json::json!({})).await;
-        // `\u0031` is `1`, `\u003d` is `=`, `\/` is `/`: text written with escapes is its text.
-        let lines = format!(
-            "{}\n{}\n",
-            r#"{"jsonrpc":"2.0","method":"output","params":{"session":"s\u0031","step":0,"stream":"stdout","data":"aGk\u003d"}}"#,
-            format_args!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"exit_code":0,"duration_ms":1,"note":"a\/b"}}}}"#),
-        );
-        executor_side.write_all(lines.as_bytes()).await.expect("write");
-        let result = answer.await.expect("answered").expect("a result");
-        let event = events.try_recv().expect("the output was routed");
-        assert_eq!(event, SessionEvent::Output { step: 0, stream: Stream::Stdout, bytes: b"hi".to_vec() });
-        let result: serde_json::Value = decode("command", &result).expect("a result");
-        assert_eq!(result["note"], "a/b");
     }
 
     #[tokio::test]
