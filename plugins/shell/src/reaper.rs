@@ -394,9 +394,14 @@ pub struct StepSpec<'a> {
 impl Reaper {
     /// Forks a reaper running the step; returns it and the step's output pipes.
     pub fn spawn(spec: StepSpec<'_>) -> std::io::Result<(Reaper, Receiver, Receiver)> {
+        // Everything that can fail on this side is done before the fork: once the child runs,
+        // it must be collected.
         let (ours, theirs) = UnixStream::pair()?;
+        ours.set_nonblocking(true)?;
+        let (reader, writer) = tokio::net::UnixStream::from_std(ours)?.into_split();
         let (stdout, stdout_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let (stderr, stderr_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (stdout, stderr) = (Receiver::from_owned_fd(stdout)?, Receiver::from_owned_fd(stderr)?);
         // Made whole before the fork, spawned by the reaper after it.
         let mut shell = std::process::Command::new("/bin/sh");
         shell
@@ -430,8 +435,6 @@ impl Reaper {
         };
         let pid = forked?;
         let exited = pidfd(pid);
-        ours.set_nonblocking(true)?;
-        let (reader, writer) = tokio::net::UnixStream::from_std(ours)?.into_split();
         let reaper = Reaper {
             pid,
             exited,
@@ -442,7 +445,7 @@ impl Reaper {
             ended: false,
             gone: false,
         };
-        Ok((reaper, Receiver::from_owned_fd(stdout)?, Receiver::from_owned_fd(stderr)?))
+        Ok((reaper, stdout, stderr))
     }
 
     /// The reaper's pid.

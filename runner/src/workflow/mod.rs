@@ -347,26 +347,55 @@ pub fn paths_match(patterns: &[String], changed: &[String]) -> bool {
     })
 }
 
-/// `*` within a path segment, `**` across segments.
+/// A path pattern's parts.
+#[derive(Clone, Copy)]
+enum PathPart {
+    Byte(u8),
+    /// `*`: any run of bytes but `/`.
+    Star,
+    /// `**`: any run of bytes.
+    Stars,
+    /// `**/`: nothing, or any run of bytes ending with `/`.
+    Folders,
+}
+
+/// `*` within a path segment, `**` across segments. Matched from the end of both, one row
+/// of the pattern at a time, so the time is the pattern's length times the path's whatever
+/// the stars: a workflow (a pull's, too) cannot make the daemon backtrack for ever.
 fn path_glob(pattern: &[u8], text: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => text.is_empty(),
-        Some((b'*', rest)) if rest.first() == Some(&b'*') => {
-            let rest = &rest[1..];
-            // `**/` also matches no folder at all.
-            if let Some(after) = rest.strip_prefix(b"/")
-                && path_glob(after, text)
-            {
-                return true;
-            }
-            (0..=text.len()).any(|skip| path_glob(rest, &text[skip..]))
-        }
-        Some((b'*', rest)) => {
-            let segment = text.iter().position(|&byte| byte == b'/').unwrap_or(text.len());
-            (0..=segment).any(|skip| path_glob(rest, &text[skip..]))
-        }
-        Some((first, rest)) => text.first() == Some(first) && path_glob(rest, &text[1..]),
+    let mut parts = Vec::with_capacity(pattern.len());
+    let mut at = 0;
+    while at < pattern.len() {
+        let (part, width) = match &pattern[at..] {
+            [b'*', b'*', b'/', ..] => (PathPart::Folders, 3),
+            [b'*', b'*', ..] => (PathPart::Stars, 2),
+            [b'*', ..] => (PathPart::Star, 1),
+            [byte, ..] => (PathPart::Byte(*byte), 1),
+            [] => break,
+        };
+        parts.push(part);
+        at += width;
     }
+    // `after[j]`: the parts after this one match `text[j..]`; at the end, only an empty rest.
+    let mut after: Vec<bool> = (0..=text.len()).map(|j| j == text.len()).collect();
+    let mut row = vec![false; text.len() + 1];
+    for part in parts.iter().rev() {
+        // For `**/`: some `/` at or after `j` is followed by what the later parts match.
+        let mut folder_ahead = false;
+        for j in (0..=text.len()).rev() {
+            row[j] = match *part {
+                PathPart::Byte(byte) => j < text.len() && text[j] == byte && after[j + 1],
+                PathPart::Star => after[j] || (j < text.len() && text[j] != b'/' && row[j + 1]),
+                PathPart::Stars => after[j] || (j < text.len() && row[j + 1]),
+                PathPart::Folders => {
+                    folder_ahead |= j < text.len() && text[j] == b'/' && after[j + 1];
+                    after[j] || folder_ahead
+                }
+            };
+        }
+        std::mem::swap(&mut after, &mut row);
+    }
+    after[0]
 }
 
 /// Whether `text` matches `pattern`, where `*` matches any run of characters (even empty).

@@ -647,6 +647,25 @@ impl Check<'_> {
         })
     }
 
+    /// The patterns of `field` (`on.push.branches`), none blank; an empty list is `empty`,
+    /// an error at the event's `name`.
+    fn patterns(
+        &self,
+        name: &Spanned<String>,
+        patterns: &[Spanned<String>],
+        fallback: Position,
+        field: &str,
+        empty: &str,
+    ) -> Result<Vec<String>, WorkflowError> {
+        if patterns.is_empty() {
+            return Err(self.at(name, fallback, field, empty));
+        }
+        for (index, pattern) in patterns.iter().enumerate() {
+            self.not_blank(pattern, fallback, &format!("{field}[{index}]"))?;
+        }
+        Ok(patterns.iter().map(|pattern| pattern.value.clone()).collect())
+    }
+
     fn triggers(&self, on: &Spanned<OnRaw>, root: Position) -> Result<Triggers, WorkflowError> {
         let on_at = Position::of(on.referenced).unwrap_or(root);
         let mut triggers = Triggers { push: None, pull: None, queue: false, manual: None };
@@ -685,14 +704,8 @@ impl Check<'_> {
                     return Err(self.at(name, on_at, &path, message));
                 }
                 Some(patterns) => {
-                    if patterns.is_empty() {
-                        let message = "no branch patterns; leave `branches` out to match every branch";
-                        return Err(self.at(name, on_at, &format!("{path}.branches"), message));
-                    }
-                    for (index, pattern) in patterns.iter().enumerate() {
-                        self.not_blank(pattern, on_at, &format!("{path}.branches[{index}]"))?;
-                    }
-                    Some(patterns.iter().map(|pattern| pattern.value.clone()).collect())
+                    let empty = "no branch patterns; leave `branches` out to match every branch";
+                    Some(self.patterns(name, patterns, on_at, &format!("{path}.branches"), empty)?)
                 }
             };
             let paths = match filter.as_ref().and_then(|filter| filter.paths.as_ref()) {
@@ -702,13 +715,10 @@ impl Check<'_> {
                     return Err(self.at(name, on_at, &path, message));
                 }
                 Some(patterns) => {
-                    if patterns.is_empty() {
-                        let message = "no path patterns; leave `paths` out to run whatever changed";
-                        return Err(self.at(name, on_at, &format!("{path}.paths"), message));
-                    }
+                    let empty = "no path patterns; leave `paths` out to run whatever changed";
+                    let values = self.patterns(name, patterns, on_at, &format!("{path}.paths"), empty)?;
                     for (index, pattern) in patterns.iter().enumerate() {
                         let field = format!("{path}.paths[{index}]");
-                        self.not_blank(pattern, on_at, &field)?;
                         let bare = pattern.value.strip_prefix('!').unwrap_or(&pattern.value);
                         if bare.is_empty() || bare.starts_with('/') {
                             let message =
@@ -720,7 +730,7 @@ impl Check<'_> {
                         let message = "the first path pattern takes back paths no pattern matched yet: start with the paths that run";
                         return Err(self.at(&patterns[0], on_at, &format!("{path}.paths[0]"), message));
                     }
-                    Some(patterns.iter().map(|pattern| pattern.value.clone()).collect())
+                    Some(values)
                 }
             };
             match event {

@@ -765,3 +765,51 @@ fn a_manual_trigger_takes_inputs_with_defaults_and_nothing_else() {
         "1:24: on.manual.inputs.1A: invalid variable name \"1A\", expected letters, digits and _, not starting with a digit",
     );
 }
+
+/// Path globbing by backtracking: right, and slow on many stars.
+fn backtracking_glob(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) if rest.first() == Some(&b'*') => {
+            let rest = &rest[1..];
+            if let Some(after) = rest.strip_prefix(b"/")
+                && backtracking_glob(after, text)
+            {
+                return true;
+            }
+            (0..=text.len()).any(|skip| backtracking_glob(rest, &text[skip..]))
+        }
+        Some((b'*', rest)) => {
+            let segment = text.iter().position(|&byte| byte == b'/').unwrap_or(text.len());
+            (0..=segment).any(|skip| backtracking_glob(rest, &text[skip..]))
+        }
+        Some((first, rest)) => text.first() == Some(first) && backtracking_glob(rest, &text[1..]),
+    }
+}
+
+#[test]
+fn path_globs_match_as_backtracking_would_and_many_stars_cost_no_more_than_the_lengths() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |bound: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % bound as u64) as usize
+    };
+    for _ in 0..20_000 {
+        let pattern: Vec<u8> = (0..next(9)).map(|_| b"ab/*"[next(4)]).collect();
+        let text: Vec<u8> = (0..next(9)).map(|_| b"ab/"[next(3)]).collect();
+        assert_eq!(
+            path_glob(&pattern, &text),
+            backtracking_glob(&pattern, &text),
+            "{:?} {:?}",
+            String::from_utf8_lossy(&pattern),
+            String::from_utf8_lossy(&text)
+        );
+    }
+    // Backtracking would take longer than the universe has: this ends at once.
+    let stars = "*a".repeat(40) + "b";
+    assert!(!path_glob(stars.as_bytes(), "a".repeat(4000).as_bytes()));
+    let folders = "**/a".repeat(40) + "b";
+    assert!(!path_glob(folders.as_bytes(), "a/".repeat(2000).as_bytes()));
+}
