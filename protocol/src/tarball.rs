@@ -9,7 +9,7 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 
-use tar::{Archive, Builder, Entry, EntryType};
+use tar::{Archive, Builder, Entry, EntryType, Header};
 
 /// Why an archive was refused or could not be unpacked.
 #[derive(Debug, thiserror::Error)]
@@ -325,7 +325,15 @@ fn write_sparse<R: Read>(entry: &mut Entry<'_, R>, dest: &Path) -> io::Result<()
 /// `0o777`; the root entry (`.`) and extension headers are left out. Returns the number of
 /// entries written. The stream is read to its end; bound it before, if it needs a bound.
 pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, UnpackError> {
-    copy_entries(input, output, false).map(|(written, _)| written)
+    copy_entries(input, output, false, None).map(|(written, _)| written)
+}
+
+/// Copies a tar stream as [`copy_vetted`] does, then, only once the whole stream has been read
+/// and every entry passed, appends one more: an empty file named `seal`. A tool that unpacks the
+/// copy in the environment knows from the seal that it got the upload whole and vetted: a refused
+/// or broken stream ends before it. Returns the number of entries copied, the seal left out.
+pub fn copy_vetted_sealed<R: Read, W: Write>(input: R, output: W, seal: &str) -> Result<u64, UnpackError> {
+    copy_entries(input, output, false, Some(seal)).map(|(written, _)| written)
 }
 
 /// Copies a tar stream as [`copy_vetted`] does, but leaves out, each named in the list returned,
@@ -334,7 +342,7 @@ pub fn copy_vetted<R: Read, W: Write>(input: R, output: W) -> Result<u64, Unpack
 /// a folder itself. For an executor whose download is packed by a tool that keeps them
 /// (`docker cp`, `tar c`). Anything else refused stays refused.
 pub fn copy_skipping<R: Read, W: Write>(input: R, output: W) -> Result<(u64, Vec<Skipped>), UnpackError> {
-    copy_entries(input, output, true)
+    copy_entries(input, output, true, None)
 }
 
 /// Why a refused entry can be left out of a download instead, if it can.
@@ -353,7 +361,12 @@ fn skippable<R: Read>(entry: &Entry<'_, R>, reason: &'static str) -> Option<&'st
     }
 }
 
-fn copy_entries<R: Read, W: Write>(input: R, output: W, skip: bool) -> Result<(u64, Vec<Skipped>), UnpackError> {
+fn copy_entries<R: Read, W: Write>(
+    input: R,
+    output: W,
+    skip: bool,
+    seal: Option<&str>,
+) -> Result<(u64, Vec<Skipped>), UnpackError> {
     let mut skipped = Vec::new();
     let mut archive = Archive::new(input);
     // Buffered: tar writes headers and 8 KiB pieces, each a write of a pipe otherwise.
@@ -388,9 +401,17 @@ fn copy_entries<R: Read, W: Write>(input: R, output: W, skip: bool) -> Result<(u
         }
         written += 1;
     }
-    builder.into_inner()?.flush()?;
-    // Read the end-of-archive blocks and any record padding, so the whole stream is consumed.
+    // Read the end-of-archive blocks and any record padding, so the whole stream is consumed
+    // (and a stream that breaks there gets no seal).
     io::copy(&mut archive.into_inner(), &mut io::sink())?;
+    if let Some(seal) = seal {
+        let mut header = Header::new_gnu();
+        header.set_entry_type(EntryType::Regular);
+        header.set_size(0);
+        header.set_mode(0o600);
+        builder.append_data(&mut header, seal, io::empty())?;
+    }
+    builder.into_inner()?.flush()?;
     Ok((written, skipped))
 }
 

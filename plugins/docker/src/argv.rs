@@ -96,6 +96,14 @@ pub fn make_folders(container: &str, paths: &[&str]) -> Vec<String> {
     argv
 }
 
+/// `docker exec <container> sh -c …`: makes the folders, as [`make_folders`] does, and prints the
+/// path of the image's `tar`, if it has one (uploads then unpack and merge in one `docker exec`).
+pub fn make_folders_finding_tar(container: &str, paths: &[&str]) -> Vec<String> {
+    let mut argv = strings(&["exec", container, "sh", "-c", "mkdir -p -- \"$@\" && { command -v tar || :; }", "sh"]);
+    argv.extend(strings(paths));
+    argv
+}
+
 /// `docker exec -i <container> <command>...`: a step's `sh -s`, whose payload comes on
 /// stdin, or the sweep of its processes.
 pub fn exec(container: &str, command: &[String]) -> Vec<String> {

@@ -25,6 +25,9 @@ pub struct Session {
     pub image: String,
     /// Started with `keep`: `stop` and `shutdown` leave the container in place.
     pub keep: bool,
+    /// The image has a `tar`: an upload unpacks and merges in one `docker exec`, not through
+    /// `docker cp` and two more.
+    pub tar: bool,
 }
 
 impl Session {
@@ -113,18 +116,23 @@ pub async fn start(
         tracing::error!(session = %params.session, container = %spec.name, image = %spec.image, "{error}");
         return Err(error);
     }
-    if let Err(failure) = docker.output(&argv::make_folders(&spec.name, &argv::SESSION_FOLDERS), SHORT_CALL).await {
-        let _ = docker.output(&argv::remove(&spec.name), SHORT_CALL).await;
-        return Err(ExecutorError::infrastructure(format!(
-            "cannot create /work, /steps and /outputs in container {} (image {}): {failure}",
-            spec.name, spec.image
-        )));
-    }
+    let tar = match docker.output(&argv::make_folders_finding_tar(&spec.name, &argv::SESSION_FOLDERS), SHORT_CALL).await
+    {
+        Ok(stdout) => !stdout.trim_ascii().is_empty(),
+        Err(failure) => {
+            let _ = docker.output(&argv::remove(&spec.name), SHORT_CALL).await;
+            return Err(ExecutorError::infrastructure(format!(
+                "cannot create /work, /steps and /outputs in container {} (image {}): {failure}",
+                spec.name, spec.image
+            )));
+        }
+    };
     let session = Session {
         id: params.session.clone(),
         container: spec.name.clone(),
         image: spec.image.clone(),
         keep: params.keep,
+        tar,
     };
     let description = format!("container {} from {}", session.container, session.image);
     tracing::info!(session = %session.id, container = %session.container, image = %session.image,
@@ -246,7 +254,7 @@ mod tests {
 
     #[test]
     fn paths_resolve_inside_the_container() {
-        let session = Session { id: "s".into(), container: "c".into(), image: "i".into(), keep: false };
+        let session = Session { id: "s".into(), container: "c".into(), image: "i".into(), keep: false, tar: true };
         assert_eq!(session.resolve("/outputs").expect("ok"), "/outputs");
         assert_eq!(session.resolve("src/x").expect("ok"), "/work/src/x");
         assert!(session.resolve("/work/../etc").is_err());

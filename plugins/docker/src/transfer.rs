@@ -1,10 +1,15 @@
 //! `upload` and `download`: tar streams between the side channel and `docker cp`.
 //!
-//! `docker cp - <container>:<folder>` unpacks stdin into an existing folder (created first),
-//! owned by the container's root, keeping modes, symlinks and empty folders; every entry is
-//! vetted on its way ([`knotless_protocol::tarball::copy_vetted`]). An upload goes into a
-//! staging folder inside its destination first and is merged in only once whole
-//! ([`knotless_protocol::sdk::remote::MERGE`]), so a refused one leaves nothing behind.
+//! An upload goes into a staging folder inside its destination first and is merged in only once
+//! whole, so a refused one leaves nothing behind; every entry is vetted on its way
+//! ([`knotless_protocol::tarball::copy_vetted`]). When the image has a `tar` (found at `start`),
+//! that is one `docker exec -i … sh -c` that makes the staging folder, unpacks stdin into it
+//! with `tar x`, keeping modes, symlinks and empty folders, not owners, and merges it in only
+//! when the stream ended with the seal the executor adds once the whole upload was read and
+//! vetted ([`knotless_protocol::sdk::remote::UNPACK_SEALED`]): a refused, broken or cut stream
+//! has no seal and is removed. Without a `tar`, it is three calls: a `docker exec` makes the
+//! staging folder, `docker cp - <container>:<folder>` unpacks into it (owned by the container's
+//! root) and another `docker exec` merges it in ([`knotless_protocol::sdk::remote::MERGE`]).
 //! `docker cp <container>:<folder>/. -` packs the folder's contents with entries relative to
 //! it (`./a/b`), which is what the protocol's download carries, less what no archive the runner
 //! accepts may hold (special files, links that leave the folder): those are left out, each named
@@ -34,6 +39,11 @@ pub async fn upload(
     let path = session.resolve(&params.path)?;
     let docker = &config.docker;
     let staging = remote::staging_path(&path)?;
+    if session.tar {
+        unpack_sealed(docker, &session, &staging, &path, data).await?;
+        tracing::info!(session = %session.id, container = %session.container, %path, "uploaded");
+        return Ok(());
+    }
     if let Err(failure) = docker.output(&argv::make_folders(&session.container, &[&staging]), SHORT_CALL).await {
         return Err(failed(docker, &session, &format!("cannot create {path} for an upload"), &failure).await);
     }
@@ -49,6 +59,44 @@ pub async fn upload(
     unpacked?;
     tracing::info!(session = %session.id, container = %session.container, %path, "uploaded");
     Ok(())
+}
+
+/// One `docker exec -i` of [`remote::UNPACK_SEALED`]: the vetted, sealed stream unpacked into
+/// `staging` and merged into `path`.
+async fn unpack_sealed(
+    docker: &Docker,
+    session: &Session,
+    staging: &str,
+    path: &str,
+    data: UploadStream,
+) -> Result<(), ExecutorError> {
+    let seal = remote::seal_name()?;
+    let command = remote::unpack_sealed_argv(staging, path, &seal);
+    let mut child =
+        docker.command(&argv::exec(&session.container, &command)).stdin(std::process::Stdio::piped()).spawn().map_err(
+            |error| ExecutorError::infrastructure(format!("cannot run the docker CLI for an upload: {error}")),
+        )?;
+    let Some(stdin) = child.stdin.take() else {
+        return Err(ExecutorError::infrastructure("docker exec has no stdin"));
+    };
+    let (fed, output) = tokio::join!(remote::feed_vetted_sealed(data, stdin, path, &seal), child.wait_with_output());
+    let output = output
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for the upload into {path}: {error}")))?;
+    // A refused entry is the answer, whatever the cut stream made tar say.
+    if let Err(refusal) = &fed
+        && refusal.kind == ErrorKind::TooLarge
+    {
+        return fed;
+    }
+    if !output.status.success() {
+        let what = match output.status.code() {
+            Some(remote::UNPACK_UNMERGED) => format!("cannot move the upload into place at {path}"),
+            _ => format!("cannot upload into {path}"),
+        };
+        let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };
+        return Err(failed(docker, session, &what, &failure).await);
+    }
+    fed
 }
 
 /// `docker cp` of the vetted stream into the folder `staging`.

@@ -253,15 +253,27 @@ fn tree() -> tempfile::TempDir {
 async fn upload_then_download_round_trips_modes_links_and_empty_folders() {
     let harness = Harness::new().await;
     harness.start("files").await;
+    round_trip(&harness, "files").await;
+    harness.finish().await;
+}
+
+/// Uploads a tree, runs what it holds, downloads it back: modes, links and empty folders kept.
+async fn round_trip(harness: &Harness, session: &str) {
     let source = tree();
     let archive = tarball::pack_dir(source.path(), Vec::new()).expect("pack");
-    let sent = harness.upload("files", "/work/tree", archive.clone()).await.expect("upload");
+    let sent = harness.upload(session, "/work/tree", archive.clone()).await.expect("upload");
     assert_eq!(sent["bytes"], archive.len());
-    let ran = harness.command("files", 0, "./tree/link && stat -c '%a %n' tree/readme", json!({}), 30_000).await;
+    let ran = harness.command(session, 0, "./tree/link && stat -c '%a %n' tree/readme", json!({}), 30_000).await;
     assert_eq!(ran.expect("step")["exit_code"], 0);
-    assert_eq!(harness.output("files", 0, "stdout"), "ran\n640 tree/readme\n");
+    assert_eq!(harness.output(session, 0, "stdout"), "ran\n640 tree/readme\n");
+    // Nothing of the staging is left, and an upload into a folder that holds files merges in.
+    let again = tarball::pack_dir(source.path(), Vec::new()).expect("pack");
+    harness.upload(session, "/work/tree", again).await.expect("upload again");
+    let listed = harness.command(session, 1, "ls -A /work/tree", json!({}), 30_000).await.expect("step");
+    assert_eq!(listed["exit_code"], 0);
+    assert_eq!(harness.output(session, 1, "stdout"), "link\nreadme\nsrc\n");
 
-    let (answered, bytes) = harness.download("files", "/work/tree").await;
+    let (answered, bytes) = harness.download(session, "/work/tree").await;
     assert_eq!(answered.expect("download")["bytes"], bytes.len());
     let back = tempfile::tempdir().expect("tempdir");
     tarball::unpack_vetted(bytes.as_slice(), back.path(), 1 << 30).expect("unpack");
@@ -272,15 +284,20 @@ async fn upload_then_download_round_trips_modes_links_and_empty_folders() {
     assert_eq!(std::fs::read_link(root.join("link")).expect("a symlink"), std::path::Path::new("src/run.sh"));
     assert!(!root.join("tree").exists(), "entries are relative to the folder");
 
-    let (answered, _) = harness.download("files", "/work/no-such-folder").await;
+    let (answered, _) = harness.download(session, "/work/no-such-folder").await;
     assert_eq!(answered.expect_err("missing").0, i64::from(code::NOT_FOUND));
-    harness.finish().await;
 }
 
 #[tokio::test]
 async fn an_upload_with_a_device_node_is_refused() {
     let harness = Harness::new().await;
     harness.start("hostile").await;
+    refused_device(&harness, "hostile", 0).await;
+    harness.finish().await;
+}
+
+/// An upload whose second entry is a device node is refused and leaves nothing behind.
+async fn refused_device(harness: &Harness, session: &str, step: u32) {
     let mut builder = tar::Builder::new(Vec::new());
     // A good entry first: a refused upload leaves none of it behind.
     let mut good = tar::Header::new_gnu();
@@ -295,12 +312,34 @@ async fn an_upload_with_a_device_node_is_refused() {
     header.set_device_minor(0).expect("minor");
     builder.append_data(&mut header, "disk", std::io::empty()).expect("append");
     let archive = builder.into_inner().expect("finish");
-    let (code, message) = harness.upload("hostile", "/work/in", archive).await.expect_err("refused");
+    let (code, message) = harness.upload(session, "/work/in", archive).await.expect_err("refused");
     assert_eq!(code, i64::from(code::TOO_LARGE), "{message}");
     assert!(message.contains("refused tar entry \"disk\""), "{message}");
-    let ran = harness.command("hostile", 0, "ls -A /work/in", json!({}), 30_000).await.expect("step");
+    let ran = harness.command(session, step, "ls -A /work/in", json!({}), 30_000).await.expect("step");
     assert_eq!(ran["exit_code"], 0);
-    assert_eq!(harness.output("hostile", 0, "stdout"), "", "nothing of the refused upload is left");
+    assert_eq!(harness.output(session, step, "stdout"), "", "nothing of the refused upload is left");
+}
+
+/// The test image with dash for its `sh` and no `tar` (`support/image-without-tar.sh`).
+fn image_without_tar() -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/image-without-tar.sh");
+    let made = std::process::Command::new("bash").arg(script).output().expect("bash");
+    assert!(made.status.success(), "{made:?}");
+    String::from_utf8(made.stdout).expect("utf-8").trim().to_string()
+}
+
+#[tokio::test]
+async fn an_image_without_tar_uploads_through_docker_cp_with_the_same_guarantees() {
+    let image = image_without_tar();
+    let runner_id = format!("knotless-test-without-tar-{}", std::process::id());
+    let mut harness = Harness::uninitialized(&runner_id).await;
+    harness.initialize(json!({"image": image})).await.expect("initialize");
+    harness.start("bare").await;
+    let probed = harness.command("bare", 10, "command -v tar || echo none", json!({}), 30_000).await;
+    assert_eq!(probed.expect("step")["exit_code"], 0);
+    assert_eq!(harness.output("bare", 10, "stdout"), "none\n", "the image has no tar");
+    round_trip(&harness, "bare").await;
+    refused_device(&harness, "bare", 11).await;
     harness.finish().await;
 }
 

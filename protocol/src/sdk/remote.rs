@@ -53,7 +53,13 @@ const TAIL: usize = 4096;
 /// only needs its staging folder removed ([`discard_argv`]). A file that would replace a
 /// folder is refused before anything moves, the staging folder removed. POSIX `sh`, `mv`
 /// and `rm`.
-pub const MERGE: &str = r#"check() {
+pub const MERGE: &str =
+    concat!(merge_functions!(), r#"check "$1" "$2" && merge "$1" "$2" || { rm -rf -- "$1"; exit 1; }"#);
+
+/// The shell functions of [`MERGE`]: `check` refuses a file over a folder, `merge` moves.
+macro_rules! merge_functions {
+    () => {
+        r#"check() {
   if [ -d "$2" ] && [ ! -L "$2" ]; then
     if [ -d "$1" ] && [ ! -L "$1" ]; then
       for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
@@ -78,7 +84,44 @@ merge() {
     rm -f -- "$2" && mv -- "$1" "$2"
   fi
 }
-check "$1" "$2" && merge "$1" "$2" || { rm -rf -- "$1"; exit 1; }"#;
+"#
+    };
+}
+use merge_functions;
+
+/// Unpacks stdin into the staging folder `$1` (made inside the destination `$2`) with `tar x`,
+/// then merges it in as [`MERGE`] does, in one command: for an environment where a round trip
+/// costs (a `docker exec`). The stream must end with the seal `$3`
+/// ([`crate::tarball::copy_vetted_sealed`]), an empty file that only a stream read whole and
+/// vetted ends with: without it (a refused entry, a broken or cut stream, a runner gone) the
+/// staging folder is removed and nothing reaches the destination. Exits 3 when the upload did not
+/// unpack whole, 4 when it cannot be merged (the reason on stderr). POSIX `sh`, `mkdir`, `mv`,
+/// `rm`, and a `tar` with `-p` and `-o` (GNU, BusyBox and toybox have them).
+pub const UNPACK_SEALED: &str = concat!(
+    merge_functions!(),
+    r#"mkdir -p -- "$1" || exit 3
+if tar -x -p -o -f - -C "$1" && [ -f "$1/$3" ] && [ ! -L "$1/$3" ]; then
+  rm -f -- "$1/$3" && check "$1" "$2" && merge "$1" "$2" || { rm -rf -- "$1"; exit 4; }
+else
+  echo "the upload into $2 did not arrive whole" >&2; rm -rf -- "$1"; exit 3
+fi"#
+);
+
+/// The exit code of [`UNPACK_SEALED`] when the upload did not unpack whole.
+pub const UNPACK_CUT: i32 = 3;
+
+/// The exit code of [`UNPACK_SEALED`] when the unpacked upload cannot be merged in.
+pub const UNPACK_UNMERGED: i32 = 4;
+
+/// The name of a fresh seal for [`UNPACK_SEALED`]: random, so no upload can carry it.
+pub fn seal_name() -> Result<String, ExecutorError> {
+    Ok(format!(".knotless-sealed-{}", payload::random_hex(8)?))
+}
+
+/// The argv of [`UNPACK_SEALED`].
+pub fn unpack_sealed_argv(staging: &str, dest: &str, seal: &str) -> Vec<String> {
+    ["sh", "-c", UNPACK_SEALED, "sh", staging, dest, seal].into_iter().map(str::to_string).collect()
+}
 
 /// Where an upload into `dest` is unpacked first: a fresh folder inside it, so that it is on
 /// the same filesystem and writable where the destination is.
@@ -99,13 +142,42 @@ pub async fn feed_vetted<W>(data: crate::sdk::UploadStream, stdin: W, path: &str
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    feed(data, stdin, path, None).await
+}
+
+/// Feeds an upload as [`feed_vetted`] does, ending it with the empty file `seal` once the whole
+/// stream was read and vetted ([`crate::tarball::copy_vetted_sealed`]), for [`UNPACK_SEALED`].
+pub async fn feed_vetted_sealed<W>(
+    data: crate::sdk::UploadStream,
+    stdin: W,
+    path: &str,
+    seal: &str,
+) -> Result<(), ExecutorError>
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    feed(data, stdin, path, Some(seal.to_string())).await
+}
+
+async fn feed<W>(
+    data: crate::sdk::UploadStream,
+    stdin: W,
+    path: &str,
+    seal: Option<String>,
+) -> Result<(), ExecutorError>
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     use crate::error::ErrorKind;
     use crate::tarball::UnpackError;
     use tokio_util::io::SyncIoBridge;
     let fed = tokio::task::spawn_blocking(move || {
         let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
         let mut output = SyncIoBridge::new(stdin);
-        let copied = crate::tarball::copy_vetted(&mut input, &mut output);
+        let copied = match &seal {
+            Some(seal) => crate::tarball::copy_vetted_sealed(&mut input, &mut output, seal),
+            None => crate::tarball::copy_vetted(&mut input, &mut output),
+        };
         let _ = output.shutdown();
         copied
     })
@@ -483,5 +555,88 @@ mod tests {
         assert!(String::from_utf8_lossy(&output.stderr).contains("cannot replace the folder"), "{output:?}");
         assert!(!std::path::Path::new(&staging).exists(), "a refused merge removes its staging folder");
         assert_eq!(fs::read_to_string(root.join("sub/old")).expect("old"), "old");
+    }
+
+    /// Runs [`UNPACK_SEALED`] with the host's `sh` and `tar` on `stream`.
+    fn unpack_sealed(stream: &[u8], dest: &std::path::Path, seal: &str) -> (Option<i32>, String) {
+        use std::io::Write as _;
+        let staging = staging_path(&dest.to_string_lossy()).expect("staging");
+        let argv = unpack_sealed_argv(&staging, &dest.to_string_lossy(), seal);
+        let mut child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let _ = child.stdin.take().expect("stdin").write_all(stream);
+        let output = child.wait_with_output().expect("wait");
+        assert!(!std::path::Path::new(&staging).exists(), "the staging folder is gone");
+        (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+
+    #[test]
+    fn a_sealed_upload_unpacks_and_merges_in_one_command_and_nothing_else_does() {
+        let source = tempfile::tempdir().expect("tempdir");
+        fs::create_dir(source.path().join("sub")).expect("mkdir");
+        fs::write(source.path().join("sub/new"), "new").expect("write");
+        // An upload cannot forge the seal: a file named like one is content.
+        fs::write(source.path().join(".knotless-sealed-0000000000000000"), "content").expect("write");
+        let archive = crate::tarball::pack_dir(source.path(), Vec::new()).expect("pack");
+        let seal = seal_name().expect("seal");
+        let mut sealed = Vec::new();
+        crate::tarball::copy_vetted_sealed(archive.as_slice(), &mut sealed, &seal).expect("sealed");
+        let mut unsealed = Vec::new();
+        crate::tarball::copy_vetted(archive.as_slice(), &mut unsealed).expect("vetted");
+
+        let dest = tempfile::tempdir().expect("tempdir");
+        let root = dest.path();
+        fs::create_dir(root.join("sub")).expect("mkdir");
+        fs::write(root.join("sub/old"), "old").expect("write");
+        let listing = |root: &std::path::Path| {
+            let mut names: Vec<_> = walk(root);
+            names.sort();
+            names
+        };
+        let before = listing(root);
+        // Whole but without its seal, cut just before the seal (at an entry's edge, which tar
+        // takes for an end), cut in the middle: nothing reaches the destination.
+        for cut in [unsealed.as_slice(), &sealed[..sealed.len() - 1024 - 512], &sealed[..sealed.len() / 2]] {
+            let (code, stderr) = unpack_sealed(cut, root, &seal);
+            assert_eq!(code, Some(UNPACK_CUT), "{stderr}");
+            assert_eq!(listing(root), before, "nothing of a cut upload is left");
+        }
+        let (code, stderr) = unpack_sealed(&sealed, root, &seal);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(fs::read_to_string(root.join("sub/old")).expect("old"), "old");
+        assert_eq!(fs::read_to_string(root.join("sub/new")).expect("new"), "new");
+        assert_eq!(fs::read_to_string(root.join(".knotless-sealed-0000000000000000")).expect("content"), "content");
+        assert!(!root.join(&seal).exists(), "the seal is removed");
+        // A file over a folder: unpacked whole, refused at the merge, the destination as it was.
+        let file_over_folder = tempfile::tempdir().expect("tempdir");
+        fs::write(file_over_folder.path().join("sub"), "a file").expect("write");
+        let archive = crate::tarball::pack_dir(file_over_folder.path(), Vec::new()).expect("pack");
+        let mut sealed = Vec::new();
+        crate::tarball::copy_vetted_sealed(archive.as_slice(), &mut sealed, &seal).expect("sealed");
+        let before = listing(root);
+        let (code, stderr) = unpack_sealed(&sealed, root, &seal);
+        assert_eq!(code, Some(UNPACK_UNMERGED), "{stderr}");
+        assert!(stderr.contains("cannot replace the folder"), "{stderr}");
+        assert_eq!(listing(root), before);
+    }
+
+    /// Every path below `root`, relative to it.
+    fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut found = Vec::new();
+        let mut folders = vec![root.to_path_buf()];
+        while let Some(folder) = folders.pop() {
+            for entry in fs::read_dir(&folder).expect("list") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() && !path.is_symlink() {
+                    folders.push(path.clone());
+                }
+                found.push(path.strip_prefix(root).expect("below").to_path_buf());
+            }
+        }
+        found
     }
 }
