@@ -36,6 +36,16 @@ pub struct CheckTarget {
     pub base: Option<String>,
 }
 
+impl CheckTarget {
+    /// The branch the run is for: a pull's base, else the branch of `git_ref`; empty for none.
+    pub fn branch(&self) -> &str {
+        match &self.base {
+            Some(base) => base,
+            None => self.git_ref.strip_prefix("refs/heads/").unwrap_or(""),
+        }
+    }
+}
+
 /// A cache path's fate in one run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheNote {

@@ -138,9 +138,11 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
         )?;
         for step in &record.steps {
             let exit = step.exit_code.map(|code| format!("exit {code}")).unwrap_or_else(|| "no exit code".into());
+            let reason =
+                step.reason.as_ref().map(|reason| format!(" ({})", printable::name(reason))).unwrap_or_default();
             writeln!(
                 stdout,
-                "    step {}: {}, {exit}, {} ms",
+                "    step {}: {}{reason}, {exit}, {} ms",
                 printable::name(&step.name),
                 step.status.as_str(),
                 step.duration_ms

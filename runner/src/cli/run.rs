@@ -304,10 +304,22 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         info.git_ref = format!("refs/heads/{branch}");
     }
     let branch = info.git_ref.strip_prefix("refs/heads/");
-    let (selected, skipped): (Vec<_>, Vec<_>) =
-        workflows.into_iter().partition(|workflow| workflow.on.matches(args.event, branch));
+    let step_env = step_variables(&args.env, args.env_file.as_deref(), &defaults.env)?;
+    let facts = crate::workflow::Facts {
+        event: args.event.as_str(),
+        branch: branch.unwrap_or(""),
+        git_ref: &info.git_ref,
+        changed: None,
+        env: &BTreeMap::new(),
+        failed: false,
+    };
+    let why_not = |workflow: &crate::workflow::Workflow| match workflow.on.refusal(args.event, branch) {
+        Some(why) => Some(why),
+        None => workflow.skip_reason(facts, &extra_env(&step_env, args.event, workflow)),
+    };
+    let (selected, skipped): (Vec<_>, Vec<_>) = workflows.into_iter().partition(|workflow| why_not(workflow).is_none());
     for workflow in &skipped {
-        let why = workflow.on.refusal(args.event, branch).unwrap_or_default();
+        let why = why_not(workflow).unwrap_or_default();
         crate::say!("{} ==> skipped: {}", printable::name(&workflow.name), printable::name(&why));
     }
     if selected.is_empty() && errors.is_empty() {
@@ -319,7 +331,6 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
         secrets.insert(name.clone(), value);
     }
-    let step_env = step_variables(&args.env, args.env_file.as_deref(), &defaults.env)?;
     let jobs = args.jobs.map(usize::from).or(defaults.jobs).unwrap_or(1);
     let mut executor = args.executor.clone();
     if executor.executor.is_none() && executor.executor_plugin.is_none() {
@@ -541,17 +552,27 @@ struct Context {
     cancel: CancellationToken,
 }
 
+/// The variables under `workflow`'s own for every step: `step_env` (`--env` and the defaults
+/// files'), and for a manual event each input it does not give, at its default.
+fn extra_env(
+    step_env: &BTreeMap<String, String>,
+    event: Event,
+    workflow: &crate::workflow::Workflow,
+) -> BTreeMap<String, String> {
+    let mut env = step_env.clone();
+    if let (Event::Manual, Some(manual)) = (event, &workflow.on.manual) {
+        for (name, default) in &manual.inputs {
+            env.entry(name.clone()).or_insert_with(|| default.clone());
+        }
+    }
+    env
+}
+
 impl Context {
     /// The variables under the workflow's own for every step: `--env` and the defaults
     /// files', and for `--event manual` each input `--env` does not give, at its default.
     fn extra_env_of(&self, workflow: &crate::workflow::Workflow) -> BTreeMap<String, String> {
-        let mut env = self.step_env.clone();
-        if let (Event::Manual, Some(manual)) = (self.event, &workflow.on.manual) {
-            for (name, default) in &manual.inputs {
-                env.entry(name.clone()).or_insert_with(|| default.clone());
-            }
-        }
-        env
+        extra_env(&self.step_env, self.event, workflow)
     }
 
     /// Runs one workflow, unless the run was cancelled before it started: its report, its
@@ -584,6 +605,8 @@ impl Context {
             repository: self.info.repository.clone(),
             commit: self.info.commit.clone(),
             git_ref: self.info.git_ref.clone(),
+            branch: self.info.git_ref.strip_prefix("refs/heads/").unwrap_or("").to_string(),
+            changed: None,
             event: self.event,
             checkout: self.checkout.clone(),
             secrets: self.secrets.clone(),

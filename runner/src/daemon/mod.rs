@@ -279,7 +279,13 @@ impl<F: Forge> Daemon<F> {
                 )
             });
             self.put_check(&check);
-            let job = schedule::Job { repository: repository.clone(), workflow, prepared: prepared.clone(), check };
+            let job = schedule::Job {
+                repository: repository.clone(),
+                workflow,
+                prepared: prepared.clone(),
+                check,
+                changed: None,
+            };
             let daemon = Arc::clone(self);
             tasks.spawn(async move {
                 daemon.queue(job, Vec::new()).await;

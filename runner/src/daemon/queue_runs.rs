@@ -270,6 +270,7 @@ impl<F: Forge> Daemon<F> {
                 check: record(repository, &workflow.name, &target, &me),
                 workflow,
                 prepared: prepared.clone(),
+                changed: None,
             };
             let mut check = Arc::clone(self).reuse_or_run(job, same && !asked_again).await;
             if !check.status.is_final() || self.handover.is_cancelled() {
@@ -379,6 +380,7 @@ impl<F: Forge> Daemon<F> {
                 check: record(repository, &workflow.name, target, &self.config.runner_id),
                 workflow,
                 prepared: prepared.clone(),
+                changed: None,
             };
             set.spawn(async move { (index, daemon.reuse_or_run(job, reuse).await) });
         }

@@ -50,7 +50,21 @@ impl LogSink for Tee {
 impl<F: Forge> Daemon<F> {
     /// Runs one job to its end; its check is final when this returns.
     pub(super) async fn run_job(self: Arc<Self>, job: Job) -> RunStatus {
-        let Job { repository, workflow, prepared, mut check } = job;
+        let Job { repository, workflow, prepared, mut check, changed } = job;
+        let facts = crate::workflow::Facts {
+            event: check.target.event.as_str(),
+            branch: check.target.branch(),
+            git_ref: &check.target.git_ref,
+            changed: changed.as_deref(),
+            env: &BTreeMap::new(),
+            failed: false,
+        };
+        if let Some(reason) = workflow.skip_reason(facts, &self.config.step_env) {
+            tracing::info!(repository = %repository.url, workflow = %workflow.name, run_id = %check.run_id, "not run: {reason}");
+            check.end(RunStatus::Skipped, reason.clone());
+            self.finish(&check, &format!("==> skipped: {reason}\n"));
+            return RunStatus::Skipped;
+        }
         let span = tracing::info_span!(
             "run",
             repository = %repository.url,
@@ -101,6 +115,8 @@ impl<F: Forge> Daemon<F> {
                 repository: repository.url.clone(),
                 commit: prepared.commit.clone(),
                 git_ref: prepared.git_ref.clone(),
+                branch: check.target.branch().to_string(),
+                changed: changed.clone(),
                 event,
                 checkout: prepared.checkout.clone(),
                 secrets,

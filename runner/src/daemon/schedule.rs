@@ -18,6 +18,8 @@ pub struct Job {
     pub prepared: Prepared,
     /// Its check (queued).
     pub check: CheckRecord,
+    /// The paths its event changed, when they were read (`changed()` in an `if:`).
+    pub changed: Option<Vec<String>>,
 }
 
 /// Whether `workflow` may run on runner `runner_id` at all: it pins no runner, or pins this one
@@ -147,7 +149,7 @@ pub async fn plan<F: Forge>(
         if !workflow.on.matches(kind, Some(&branch)) || !runs_here(&workflow, runner_id, &named) {
             continue;
         }
-        if workflow.on.paths(kind).is_some() {
+        if workflow.on.paths(kind).is_some() || workflow.reads_changes() {
             if changed.is_none() {
                 changed = Some(match forge.changed_paths(repository, event).await {
                     Ok(paths) => paths,
@@ -171,7 +173,8 @@ pub async fn plan<F: Forge>(
             ended.push(check);
             continue;
         }
-        jobs.push(Job { repository: repository.clone(), workflow, prepared: prepared.clone(), check });
+        let changed = changed.clone().flatten().filter(|_| workflow.reads_changes());
+        jobs.push(Job { repository: repository.clone(), workflow, prepared: prepared.clone(), check, changed });
     }
     (jobs, ended)
 }

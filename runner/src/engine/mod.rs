@@ -64,6 +64,11 @@ pub struct RunPlan {
     pub commit: String,
     /// The ref.
     pub git_ref: String,
+    /// The branch the run is for (a push's, a pull's target, a manual trigger's); empty when
+    /// there is none (a detached local checkout).
+    pub branch: String,
+    /// The paths the event changed, when known (`changed()` in an `if:`).
+    pub changed: Option<Vec<String>>,
     /// What triggered it.
     pub event: Event,
     /// The check this run reports to.
@@ -136,6 +141,7 @@ pub async fn execute(
             status: StepStatus::Skipped,
             exit_code: None,
             duration_ms: 0,
+            reason: None,
         })
         .collect();
     log.note(format!(
@@ -293,7 +299,17 @@ async fn in_session(
     let workflow = &plan.workflow;
     let base = run_env(plan, session.paths());
     let deadline = started + workflow.timeout;
+    // The first step failure: the run ends with it, once the steps that run after a failure
+    // (`if: failure()`, `if: always()`) have run.
+    let mut failed: Option<Ended> = None;
     for (index, step) in workflow.steps.iter().enumerate() {
+        let mut env = base.clone();
+        env.extend(step.env.clone());
+        if let Some(reason) = skip_reason(plan, step, &env, failed.is_some()) {
+            log.note(format!("step {} skipped: {reason}", step.name));
+            steps[index].reason = Some(reason);
+            continue;
+        }
         let remaining = deadline.saturating_duration_since(Instant::now());
         let timeout = workflow.step_timeout(index).min(remaining);
         if timeout.is_zero() {
@@ -303,8 +319,6 @@ async fn in_session(
                 cause: format!("the run passed its timeout of {:?} before step {}", workflow.timeout, step.name),
             });
         }
-        let mut env = base.clone();
-        env.extend(step.env.clone());
         let secrets = step_secrets(plan, step, log);
         log.note(format!("step {} ({}/{})", step.name, index + 1, workflow.steps.len()));
         log.begin_step(&step.name);
@@ -330,9 +344,41 @@ async fn in_session(
         log.end_step();
         let report = &mut steps[index];
         report.duration_ms = step_started.elapsed().as_millis() as u64;
-        step_ended(step, result, timeout, report, log)?;
+        match step_ended(step, result, timeout, report, log) {
+            Ok(()) => {}
+            // A step that failed or timed out: later steps may still run after it.
+            Err(ended) if ended.status == RunStatus::Failure => {
+                failed.get_or_insert(ended);
+            }
+            Err(ended) => return Err(ended),
+        }
     }
-    Ok(())
+    match failed {
+        Some(ended) => Err(ended),
+        None => Ok(()),
+    }
+}
+
+/// Why `step` does not run, if it does not: its `if:` is false, or (without one) an earlier
+/// step failed.
+fn skip_reason(
+    plan: &RunPlan,
+    step: &crate::workflow::Step,
+    env: &BTreeMap<String, String>,
+    failed: bool,
+) -> Option<String> {
+    let Some(condition) = &step.condition else {
+        return failed.then(|| "an earlier step failed".to_string());
+    };
+    let facts = crate::workflow::Facts {
+        event: plan.event.as_str(),
+        branch: &plan.branch,
+        git_ref: &plan.git_ref,
+        changed: plan.changed.as_deref(),
+        env,
+        failed,
+    };
+    (!condition.holds(&facts)).then(|| format!("if: {} is false", condition.text))
 }
 
 /// Packs the checkout and uploads it into the session's work folder.

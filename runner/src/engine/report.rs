@@ -73,7 +73,7 @@ pub enum StepStatus {
     Error,
     /// Cancelled while running.
     Cancelled,
-    /// Not run, because an earlier step ended the run.
+    /// Not run: an earlier step ended the run, or its `if:` was false (the reason says).
     Skipped,
 }
 
@@ -102,6 +102,9 @@ pub struct StepReport {
     pub exit_code: Option<i32>,
     /// How long it ran, in milliseconds.
     pub duration_ms: u64,
+    /// Why it was skipped, when its `if:` was false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// A file the run left in its outputs folder.

@@ -279,7 +279,7 @@ pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from
                         @for step in &record.steps {
                             tr {
                                 td.step { (name(&step.name)) }
-                                td { (status(step.status.as_str())) }
+                                td { (status(step.status.as_str())) @if let Some(reason) = &step.reason { " " span.reason { "(" (name(reason)) ")" } } }
                                 td { @if let Some(code) = step.exit_code { (code) } @else { "none" } }
                                 td { (format::duration(step.duration_ms)) }
                             }

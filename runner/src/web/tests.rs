@@ -37,8 +37,15 @@ fn record(key: &str, run_id: &str, outputs: &[&str]) -> CheckRecord {
             status: StepStatus::Success,
             exit_code: Some(0),
             duration_ms: 5,
+            reason: None,
         },
-        StepReport { name: "red \u{1b}[31m".into(), status: StepStatus::Failure, exit_code: Some(3), duration_ms: 7 },
+        StepReport {
+            name: "red \u{1b}[31m".into(),
+            status: StepStatus::Failure,
+            exit_code: Some(3),
+            duration_ms: 7,
+            reason: None,
+        },
     ];
     record.outputs = outputs.iter().map(|path| OutputFile { path: path.to_string(), bytes: 1, image: false }).collect();
     record

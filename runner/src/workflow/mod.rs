@@ -6,11 +6,14 @@
 //! (`Spanned<T>` for values, its error locations for everything serde rejects),
 //! and names the field by looking the position up in the file's node tree.
 
+mod condition;
 mod duration;
 mod locate;
 mod raw;
 #[cfg(test)]
 mod tests;
+
+pub use condition::{Condition, ConditionError, Facts, Scope};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -68,6 +71,8 @@ pub struct Workflow {
     /// The workflows of the same repository this one waits for (`needs:`), by file stem: each
     /// must pass (every combination of a matrix) before it starts.
     pub needs: Vec<String>,
+    /// When it runs at all (`if:`), checked before its run starts.
+    pub condition: Option<Condition>,
 }
 
 impl Workflow {
@@ -80,6 +85,22 @@ impl Workflow {
     /// Its file's stem.
     pub fn stem(&self) -> &str {
         self.base.as_deref().unwrap_or(&self.name)
+    }
+
+    /// Whether its `if:` or a step's reads the paths the event changed (`changed()`).
+    pub fn reads_changes(&self) -> bool {
+        let reads = |condition: &Option<Condition>| condition.as_ref().is_some_and(Condition::reads_changes);
+        reads(&self.condition) || self.steps.iter().any(|step| reads(&step.condition))
+    }
+
+    /// Why its run does not start, if its `if:` is false. `env` holds the variables under the
+    /// workflow's own (`--env`, the daemon's step variables); `facts.env` is not read.
+    pub fn skip_reason(&self, facts: Facts<'_>, env: &BTreeMap<String, String>) -> Option<String> {
+        let condition = self.condition.as_ref()?;
+        let mut variables = env.clone();
+        variables.extend(self.env.clone());
+        let facts = Facts { env: &variables, failed: false, ..facts };
+        (!condition.holds(&facts)).then(|| format!("if: {} is false", condition.text))
     }
 }
 
@@ -189,6 +210,8 @@ pub struct Step {
     pub working_directory: Option<String>,
     /// The shell that runs `run` (`shell`).
     pub shell: Shell,
+    /// When it runs (`if:`); without one, while no earlier step failed.
+    pub condition: Option<Condition>,
 }
 
 /// The shell of a `run` script.
@@ -633,7 +656,6 @@ pub fn is_variable_name(name: &str) -> bool {
 
 /// The prefix of the run variables; env and secret names may not start with it.
 pub const RESERVED_PREFIX: &str = "KNOTLESS_";
-
 /// The index of the first name in `names` already seen before it.
 fn first_duplicate<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<usize> {
     let mut seen = BTreeSet::new();

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 
+use super::condition::{Condition, Scope};
 use super::duration::{DURATION_HINT, parse_duration};
 use super::locate::{PathIndex, Position, yaml_error};
 use super::{
@@ -123,6 +124,8 @@ struct WorkflowRaw {
     working_directory: Option<Spanned<String>>,
     matrix: Option<Spanned<MatrixRaw>>,
     needs: Option<Vec<Spanned<String>>>,
+    #[serde(rename = "if")]
+    condition: Option<Spanned<String>>,
     steps: Option<Spanned<Vec<Spanned<StepRaw>>>>,
 }
 
@@ -183,6 +186,8 @@ struct StepRaw {
     #[serde(rename = "working-directory")]
     working_directory: Option<Spanned<String>>,
     shell: Option<Spanned<String>>,
+    #[serde(rename = "if")]
+    condition: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -408,6 +413,14 @@ impl Check<'_> {
                            `needs` is for push and pull runs";
             return Err(self.at(first, root, "needs[0]", message));
         }
+        let condition = match &raw.condition {
+            Some(condition) => Some(self.condition(condition, root, "if", Scope::Workflow)?),
+            None => None,
+        };
+        if let (Some(condition), true) = (&raw.condition, on.queue || raw.queue.is_some()) {
+            let message = "a merge-queue workflow gates every batch and pre-flight: it takes no `if`";
+            return Err(self.at(condition, root, "if", message));
+        }
         let Some(steps_raw) = raw.steps else {
             return Err(at_position(self.file, root, "", "missing field `steps`"));
         };
@@ -447,7 +460,44 @@ impl Check<'_> {
             max_parallel,
             base: None,
             needs: needs.into_iter().map(|need| need.value).collect(),
+            condition,
         })
+    }
+
+    /// A checked `if:` condition; an error names the line and column of the fault inside it.
+    fn condition(
+        &self,
+        value: &Spanned<String>,
+        fallback: Position,
+        path: &str,
+        scope: Scope,
+    ) -> Result<Condition, WorkflowError> {
+        Condition::parse(&value.value, scope).map_err(|error| {
+            let start = Position::of(value.referenced).unwrap_or(fallback);
+            at_position(self.file, self.inside(start, &value.value, error.offset), path, &error.message)
+        })
+    }
+
+    /// Where byte `offset` of the scalar `value` starting at `start` is in the file: exact when
+    /// the scalar is written on one line as it reads (plain, or quoted without escapes), its
+    /// start otherwise.
+    fn inside(&self, start: Position, value: &str, offset: usize) -> Position {
+        let (Ok(line), Ok(column)) = (usize::try_from(start.line), usize::try_from(start.column)) else {
+            return start;
+        };
+        let Some(line) = self.text.lines().nth(line.saturating_sub(1)) else {
+            return start;
+        };
+        let written: String = line.chars().skip(column.saturating_sub(1)).collect();
+        let quotes = if written.starts_with(value) {
+            0
+        } else if written.starts_with(['"', '\'']) && written[1..].starts_with(value) {
+            1
+        } else {
+            return start;
+        };
+        let before = value.get(..offset).map_or(0, |before| before.chars().count());
+        Position { line: start.line, column: start.column + quotes + before as u64 }
     }
 
     /// The combinations of `matrix:`: every choice of one value per variable in the order
@@ -634,16 +684,22 @@ impl Check<'_> {
             let message = "a shared step runs its own `run` program: `shell` is for `run` scripts";
             return Err(self.at(shell_at, at, &format!("{path}.shell"), message));
         }
+        let env = self.env(raw.env, at, &format!("{path}.env"))?;
+        let condition = match &raw.condition {
+            Some(condition) => Some(self.condition(condition, at, &format!("{path}.if"), Scope::Step)?),
+            None => None,
+        };
         Ok(Step {
             name: raw.name.value,
             run: raw.run.map(|run| run.value),
             uses: raw.uses.map(|uses| uses.value),
             timeout,
             secrets: secrets.into_iter().map(|secret| secret.value).collect(),
-            env: self.env(raw.env, at, &format!("{path}.env"))?,
+            env,
             continue_on_error,
             working_directory,
             shell,
+            condition,
         })
     }
 

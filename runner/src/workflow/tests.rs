@@ -51,6 +51,7 @@ steps:
   - name: lint
     uses: lint-shell
     working-directory: tools/lint/
+    if: failure() || env.RUST_LOG == 'debug'
 "#;
 
 #[test]
@@ -87,6 +88,7 @@ fn reads_every_field() {
                 continue_on_error: true,
                 working_directory: Some("app".to_string()),
                 shell: Shell::Bash,
+                condition: None,
             },
             Step {
                 name: "lint".to_string(),
@@ -98,12 +100,14 @@ fn reads_every_field() {
                 continue_on_error: false,
                 working_directory: Some("tools/lint".to_string()),
                 shell: Shell::Sh,
+                condition: Some(Condition::parse("failure() || env.RUST_LOG == 'debug'", Scope::Step).expect("reads")),
             },
         ],
         matrix: Vec::new(),
         max_parallel: None,
         base: None,
         needs: Vec::new(),
+        condition: None,
     };
     assert_eq!(workflow, expected);
     assert_eq!(workflow.step_timeout(0), Duration::from_secs(600));
@@ -192,14 +196,14 @@ fn yaml_errors_name_line_column_and_field() {
     );
     check(
         "steps:\n  - name: a\n    run: x\n    tmeout: 5s\n",
-        "4:5: steps[0].tmeout: unknown field `tmeout`, expected one of name, run, uses, timeout, secrets, env, continue-on-error, working-directory, shell",
+        "4:5: steps[0].tmeout: unknown field `tmeout`, expected one of name, run, uses, timeout, secrets, env, continue-on-error, working-directory, shell, if",
     );
     check("steps:\n  - run: a\n", "2:5: steps[0]: missing field `name`");
     check("steps:\n  - name: [a]\n    run: x\n", "2:11: steps[0].name: expected string scalar");
     check("steps: [\n", "1:8: unclosed bracket '['");
     check(
         "stepz: []\n",
-        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, steps",
+        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, steps",
     );
     check(
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
@@ -497,15 +501,15 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     // Only at the top level, and only with the prefix: anything else is still refused, located.
     check(
         "x-ok: 1\nX-no: 1\nsteps:\n  - {name: a, run: x}\n",
-        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, steps",
+        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, steps",
     );
     check(
         "x-ok: 1\nsteps:\n  - name: a\n    run: x\n    x-note: y\n",
-        "5:5: steps[0].x-note: unknown field `x-note`, expected one of name, run, uses, timeout, secrets, env, continue-on-error, working-directory, shell",
+        "5:5: steps[0].x-note: unknown field `x-note`, expected one of name, run, uses, timeout, secrets, env, continue-on-error, working-directory, shell, if",
     );
     check(
         "x-ok: &a 1\nstepz: []\n",
-        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, steps",
+        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, steps",
     );
     check("x-only: 1\n", "1:1: missing field `steps`");
     // An extension's key is still a key: duplicates are refused, and so is a broken value.
@@ -812,4 +816,166 @@ fn path_globs_match_as_backtracking_would_and_many_stars_cost_no_more_than_the_l
     assert!(!path_glob(stars.as_bytes(), "a".repeat(4000).as_bytes()));
     let folders = "**/a".repeat(40) + "b";
     assert!(!path_glob(folders.as_bytes(), "a/".repeat(2000).as_bytes()));
+}
+
+/// Evaluates a step's condition read with the variables of `env`.
+fn holds(text: &str, facts: Facts<'_>) -> bool {
+    Condition::parse(text, Scope::Step).unwrap_or_else(|error| panic!("{text}: {error}")).holds(&facts)
+}
+
+#[test]
+fn conditions_read_the_event_the_branch_the_changes_the_variables_and_the_earlier_steps() {
+    let env: BTreeMap<String, String> = [("MODE".to_string(), "fast".to_string())].into();
+    let changed = vec!["docs/guide.md".to_string(), "src/main.rs".to_string()];
+    let facts = Facts {
+        event: "push",
+        branch: "main",
+        git_ref: "refs/heads/main",
+        changed: Some(&changed),
+        env: &env,
+        failed: false,
+    };
+    let failed = Facts { failed: true, ..facts };
+    for (text, expected) in [
+        ("event == 'push'", true),
+        ("event != 'push'", false),
+        ("branch == 'main' && ref == 'refs/heads/main'", true),
+        ("${{ branch == 'release' || env.MODE == 'fast' }}", true),
+        ("!(env.MODE == 'fast')", false),
+        ("changed('docs/**')", true),
+        ("changed('**.toml')", false),
+        ("startsWith(ref, 'refs/heads/') && endsWith(branch, 'in') && contains(env.MODE, 'as')", true),
+        ("contains('it''s', '''')", true),
+        ("true", true),
+        ("false == false", true),
+        ("always()", true),
+        ("success()", true),
+        ("failure()", false),
+    ] {
+        assert_eq!(holds(text, facts), expected, "{text}");
+    }
+    // After a failure: only what asks about failures (or always) runs.
+    for (text, expected) in [
+        ("event == 'push'", false),
+        ("true", false),
+        ("failure()", true),
+        ("always()", true),
+        ("success()", false),
+        ("failure() && branch == 'main'", true),
+        ("!success()", true),
+    ] {
+        assert_eq!(holds(text, failed), expected, "{text} after a failure");
+    }
+    // Unknown changes (a local run, a first push): changed() is true, as paths filters pass.
+    assert!(holds("changed('**.toml')", Facts { changed: None, ..facts }));
+    // A variable not set reads as ''.
+    assert!(holds("env.UNSET == ''", facts));
+}
+
+#[test]
+fn a_bad_condition_is_refused_at_its_line_and_column_naming_what_was_expected() {
+    let step = |condition: &str| format!("env: {{MODE: fast}}\nsteps:\n  - name: a\n    run: x\n    if: {condition}\n");
+    check(
+        &step("branch == main"),
+        "5:19: steps[0].if: unknown name `main`: expected true, false, event, branch, ref, env.NAME or a function",
+    );
+    check(
+        &step("branch == 'main' &&"),
+        "5:28: steps[0].if: expected a value ('text', true, false, event, branch, ref, env.NAME, a function such as success(), or `(`), found the end of the condition",
+    );
+    check(&step("(event == 'push'"), "5:25: steps[0].if: expected `)`, found the end of the condition");
+    check(&step("event == 'push')"), "5:24: steps[0].if: expected `&&`, `||` or the end of the condition, found `)`");
+    check(
+        &step("branch"),
+        "5:9: steps[0].if: a condition is true or false, found a string: compare it, as in branch == 'main'",
+    );
+    check(
+        &step("branch == true"),
+        "5:19: steps[0].if: `==` compares two strings or two booleans, found a string and a boolean",
+    );
+    check(&step("branch && true"), "5:9: steps[0].if: `&&` takes true or false, found a string: compare it with `==`");
+    check(
+        &step("env.1X == 'x'"),
+        "5:13: steps[0].if: unexpected '1': expected a value, `(`, `!`, `==`, `!=`, `&&` or `||`",
+    );
+    check(&step("env.my-name == 'x'"), "5:13: steps[0].if: expected a variable name after `env.`, found `my-name`");
+    check(&step("branch == 'it"), "5:19: steps[0].if: a string that never ends: expected a closing `'`");
+    check(&step("branch == \"main\""), "5:19: steps[0].if: strings are in single quotes, as in branch == 'main'");
+    // Quoted in YAML, the condition's columns still count from inside the quotes.
+    check(
+        &step("\"branch == main\""),
+        "5:20: steps[0].if: unknown name `main`: expected true, false, event, branch, ref, env.NAME or a function",
+    );
+    check(
+        &step("bogus()"),
+        "5:9: steps[0].if: unknown function bogus(): expected success(), failure(), always(), changed('pattern'), contains(text, part), startsWith(text, part) or endsWith(text, part)",
+    );
+    check(
+        &step("changed(branch)"),
+        "5:17: steps[0].if: changed() takes a path pattern in quotes, as in changed('docs/**')",
+    );
+    check(
+        &step("success(1)"),
+        "5:17: steps[0].if: unexpected '1': expected a value, `(`, `!`, `==`, `!=`, `&&` or `||`",
+    );
+    check(
+        &step("event = 'push'"),
+        "5:15: steps[0].if: unexpected '=': expected a value, `(`, `!`, `==`, `!=`, `&&` or `||`",
+    );
+    // A workflow's condition has no earlier steps.
+    check(
+        "if: failure()\nsteps:\n  - {name: a, run: x}\n",
+        "1:5: if: failure() is about the earlier steps of a run: a workflow's `if` has none",
+    );
+    check(
+        "on: {queue: {}}\nif: branch == 'main'\nsteps:\n  - {name: a, run: x}\n",
+        "2:5: if: a merge-queue workflow gates every batch and pre-flight: it takes no `if`",
+    );
+    let workflow = parse_ok(
+        "on: {manual: {inputs: {target: x}}}\nmatrix: {os: [a, b]}\nif: env.os == 'a' || env.target != ''\nsteps:\n  - name: a\n    run: x\n    env: {OWN: y}\n    if: env.OWN == 'y' && env.KNOTLESS_EVENT == 'manual'\n",
+    );
+    assert_eq!(
+        workflow.condition.as_ref().map(|condition| condition.text.as_str()),
+        Some("env.os == 'a' || env.target != ''")
+    );
+}
+
+#[test]
+fn deep_conditions_are_refused_not_a_stack_overflow() {
+    for deep in ["(".repeat(100_000), "!".repeat(100_000), "contains(".repeat(100_000)] {
+        let error = Condition::parse(&deep, Scope::Step).expect_err("too deep");
+        assert!(error.message.contains("nest more than 32 deep"), "{}", error.message);
+    }
+    let fine = format!("{}true{}", "(".repeat(32), ")".repeat(32));
+    assert!(Condition::parse(&fine, Scope::Step).is_ok());
+}
+
+proptest::proptest! {
+    /// Whatever the text, reading it ends with a condition or an error inside the text.
+    #[test]
+    fn any_text_reads_or_is_refused_inside_it(text in "[ -~\u{e9}\u{1f600}]{0,60}") {
+        if let Err(error) = Condition::parse(&text, Scope::Step) {
+            proptest::prop_assert!(error.offset <= text.len(), "{} past {}", error.offset, text.len());
+            proptest::prop_assert!(text.is_char_boundary(error.offset));
+        }
+    }
+}
+
+#[test]
+fn the_references_if_examples_parse() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/workflows.md"))
+        .expect("the reference");
+    let line = "if: branch == 'main' && (changed('src/**') || event == 'manual')";
+    assert!(text.contains(&format!("```yaml\n{line}\n```")));
+    let workflow = parse_ok(&format!("on: [push, manual]\n{line}\nsteps:\n  - {{name: a, run: x}}\n"));
+    let env = BTreeMap::new();
+    let changed = vec!["docs/a.md".to_string()];
+    let facts = Facts { event: "push", branch: "main", git_ref: "", changed: Some(&changed), env: &env, failed: false };
+    assert!(workflow.skip_reason(facts, &env).is_some());
+    assert!(workflow.skip_reason(Facts { event: "manual", ..facts }, &env).is_none());
+    let start = text.find("```yaml\nsteps:\n  - name: build\n    run: |").expect("the steps example");
+    let body = &text[start + "```yaml\n".len()..];
+    let steps = parse_ok(&body[..body.find("```").expect("its end")]);
+    let last = steps.steps.last().expect("a step");
+    assert_eq!(last.condition.as_ref().map(|condition| condition.text.as_str()), Some("failure()"));
 }

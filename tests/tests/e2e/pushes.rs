@@ -369,3 +369,54 @@ fn trigger_runs_a_manual_workflow_with_its_inputs_and_refuses_what_cannot_run() 
     }
     assert_eq!(runner.checks(&url, Some(&first)).len(), 2, "a refused trigger queued nothing");
 }
+
+#[test]
+fn conditions_on_changed_paths_skip_a_workflow_its_dependents_and_steps_with_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let docs = "if: changed('docs/**')\nsteps:\n  - name: go\n    run: echo docs\n";
+    let after = "needs: [docs]\nsteps:\n  - name: go\n    run: echo after\n";
+    let ci = "steps:\n  - name: src\n    if: changed('src/**') && event == 'push' && branch == 'main'\n    run: echo src\n  - name: always\n    run: echo always\n";
+    let (repo, first) = repo_with(dir.path(), &[("docs", docs), ("after", after), ("ci", ci)]);
+    let runner =
+        Runner::start(&dir.path().join("state"), &[flags("e2e-conditions", &[]), vec![repo.url().as_str()]].concat());
+    // The first sight of the branch: what it changed is unknown, so changed() is true.
+    let checks = runner.final_checks(&repo.url(), &first, 3);
+    for name in ["docs", "after", "ci"] {
+        assert_eq!(by_workflow(&checks, name)["status"], "success", "{name}: {checks:#?}");
+    }
+
+    repo.write("src/lib.rs", "changed");
+    let commit = repo.commit("change src");
+    runner.notify(&repo.url());
+    let checks = runner.final_checks(&repo.url(), &commit, 3);
+    let docs = by_workflow(&checks, "docs");
+    assert_eq!(docs["status"], "skipped", "{checks:#?}");
+    assert_eq!(docs["cause"], "if: changed('docs/**') is false", "{checks:#?}");
+    let after = by_workflow(&checks, "after");
+    assert_eq!(after["status"], "skipped", "{checks:#?}");
+    assert_eq!(after["cause"], "it needs docs, and docs ended skipped", "{checks:#?}");
+    let ci = by_workflow(&checks, "ci");
+    assert_eq!(ci["status"], "success", "{checks:#?}");
+    assert_eq!(ci["steps"][0]["status"], "success", "{checks:#?}");
+
+    repo.write("docs/guide.md", "changed");
+    let commit = repo.commit("change docs");
+    runner.notify(&repo.url());
+    let checks = runner.final_checks(&repo.url(), &commit, 3);
+    assert_eq!(by_workflow(&checks, "docs")["status"], "success", "{checks:#?}");
+    assert_eq!(by_workflow(&checks, "after")["status"], "success", "{checks:#?}");
+    let ci = by_workflow(&checks, "ci");
+    assert_eq!(ci["status"], "success", "{checks:#?}");
+    assert_eq!(
+        (ci["steps"][0]["status"].as_str(), ci["steps"][0]["reason"].as_str()),
+        (Some("skipped"), Some("if: changed('src/**') && event == 'push' && branch == 'main' is false")),
+        "{checks:#?}"
+    );
+    assert_eq!(ci["steps"][1]["status"], "success", "{checks:#?}");
+    let shown = runner.command(&["checks", &repo.url()]);
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(
+        shown.contains("step src: skipped (if: changed('src/**') && event == 'push' && branch == 'main' is false)"),
+        "{shown}"
+    );
+}

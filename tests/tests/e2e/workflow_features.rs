@@ -197,3 +197,66 @@ fn max_parallel_runs_a_matrix_so_many_at_a_time_however_many_jobs() {
         std::fs::read_to_string(meet.path().join("counts")).unwrap_or_default()
     );
 }
+
+#[test]
+fn steps_run_by_their_conditions_and_a_failure_under_continue_on_error_is_no_failure() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ci",
+        "env: {MODE: fast}\nsteps:\n  - name: soft\n    continue-on-error: true\n    run: exit 4\n  - name: not-after-soft\n    if: failure()\n    run: echo wrong\n  - name: breaks\n    run: echo broke; exit 3\n  - name: plain\n    run: echo wrong\n  - name: mopup\n    if: failure() && env.MODE == 'fast'\n    run: echo mopped \"$MODE\"\n  - name: report\n    if: ${{ always() }}\n    run: echo reported\n  - name: fine\n    if: success()\n    run: echo wrong\n  - name: on-main\n    if: branch == 'main'\n    run: echo wrong\n",
+    );
+    let ran = run_with(&repo, &["--branch", "main"]);
+    assert_eq!(ran.code, Some(1), "{}", ran.both());
+    for (step, status) in [
+        ("soft", "failure"),
+        ("not-after-soft", "skipped"),
+        ("breaks", "failure"),
+        ("plain", "skipped"),
+        ("mopup", "success"),
+        ("report", "success"),
+        ("fine", "skipped"),
+        ("on-main", "skipped"),
+    ] {
+        assert_eq!(row(&ran.stdout, step)[1], status, "{step}: {}", ran.both());
+    }
+    assert!(
+        ran.stdout.contains("ci/mopup | mopped fast") && ran.stdout.contains("ci/report | reported"),
+        "{}",
+        ran.both()
+    );
+    assert!(!ran.stdout.contains("| wrong"), "{}", ran.both());
+    for said in [
+        "ci ==> step not-after-soft skipped: if: failure() is false",
+        "ci ==> step plain skipped: an earlier step failed",
+        "ci ==> step fine skipped: if: success() is false",
+        "ci ==> step on-main skipped: if: branch == 'main' is false",
+        "ci: failure",
+    ] {
+        assert!(ran.stdout.contains(said), "{said}: {}", ran.both());
+    }
+    // The run failed with its first failing step, whatever ran after it.
+    assert!(ran.stdout.contains("step breaks exited with 3"), "{}", ran.both());
+}
+
+#[test]
+fn a_workflow_whose_condition_is_false_does_not_run_and_says_why() {
+    let repo = Repo::new();
+    repo.workflow(
+        "release",
+        "if: branch == 'main' && env.CHANNEL != 'none'\nsteps:\n  - name: go\n    run: echo released\n",
+    );
+    repo.workflow("ci", "steps:\n  - name: go\n    run: echo tested\n");
+    let ran = run_with(&repo, &["--branch", "feature"]);
+    assert_eq!(ran.code, Some(0), "{}", ran.both());
+    assert!(
+        ran.stdout.contains("release ==> skipped: if: branch == 'main' && env.CHANNEL != 'none' is false"),
+        "{}",
+        ran.both()
+    );
+    assert!(ran.stdout.contains("ci/go | tested") && !ran.stdout.contains("released"), "{}", ran.both());
+    // `--env` is read by the condition as it is by the steps.
+    let skipped = run_with(&repo, &["--branch", "main", "--env", "CHANNEL=none"]);
+    assert!(!skipped.stdout.contains("released"), "{}", skipped.both());
+    let released = run_with(&repo, &["--branch", "main", "--env", "CHANNEL=stable"]);
+    assert!(released.stdout.contains("release/go | released"), "{}", released.both());
+}

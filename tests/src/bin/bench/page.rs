@@ -42,6 +42,7 @@ fn records(state: &Path) -> anyhow::Result<String> {
                 status: StepStatus::Success,
                 exit_code: Some(0),
                 duration_ms: 1200,
+                reason: None,
             })
             .collect();
         record.outputs = vec![OutputFile { path: "report/plot.png".into(), bytes: 20_480, image: true }];
