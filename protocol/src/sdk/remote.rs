@@ -47,8 +47,10 @@ pub const SWEEP_WITHIN: Duration = Duration::from_secs(30);
 const TAIL: usize = 4096;
 
 /// Moves an unpacked upload from its staging folder `$1` (made inside the destination `$2`)
-/// into `$2`: merged entry by entry into folders, an entry replacing a file or a link of the
-/// same path (a link is never followed), then removes the staging folder. So an upload is
+/// into `$2`: merged into folders, an entry replacing a file or a link of the same path (a
+/// link is never followed), the entries of a folder that `$2` does not hold moved by one `mv`
+/// (a checkout into a fresh folder is one `mv`, not one a file), then removes the staging
+/// folder. So an upload is
 /// unpacked whole, and vetted, before anything of it reaches the destination; a refused one
 /// only needs its staging folder removed ([`discard_argv`]). A file that would replace a
 /// folder is refused before anything moves, the staging folder removed. POSIX `sh`, `mv`
@@ -75,8 +77,16 @@ merge() {
   if [ -d "$1" ] && [ ! -L "$1" ] && [ -d "$2" ] && [ ! -L "$2" ]; then
     for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
       [ -e "$e" ] || [ -L "$e" ] || continue
-      merge "$e" "$2/${e##*/}" || return 1
+      t="$2/${e##*/}"
+      if [ -e "$t" ] || [ -L "$t" ]; then merge "$e" "$t" || return 1; fi
     done
+    t=$2; case $t in /*) ;; *) t=$PWD/$t ;; esac
+    (
+      cd -- "$1" || exit 1
+      set --
+      for e in * .[!.]* ..?*; do [ -e "$e" ] || [ -L "$e" ] || continue; set -- "$@" "$e"; done
+      [ $# -eq 0 ] || mv -- "$@" "$t"/
+    ) || return 1
     rmdir -- "$1"
   elif [ -d "$2" ] && [ ! -L "$2" ]; then
     echo "cannot replace the folder $2 with a file" >&2; return 1
@@ -535,6 +545,13 @@ mod tests {
         fs::write(staged.join("escape/planted"), "planted").expect("write");
         fs::write(staged.join("file"), "after").expect("write");
         fs::write(staged.join(".hidden"), "hidden").expect("write");
+        // Names a shell or mv could take for something else, moved together into a new folder.
+        let odd = ["-rf", "a b", "new\nline", "..dots", "*", "$(x)"];
+        fs::create_dir(staged.join("fresh")).expect("mkdir");
+        for name in odd {
+            fs::write(staged.join("fresh").join(name), name).expect("write");
+        }
+        fs::create_dir(root.join("fresh")).expect("mkdir");
         let argv = merge_argv(&staging, &root.to_string_lossy());
         let output = std::process::Command::new(&argv[0]).args(&argv[1..]).output().expect("sh");
         assert!(output.status.success(), "{output:?}");
@@ -543,6 +560,10 @@ mod tests {
         assert_eq!(fs::read_to_string(root.join("sub/new")).expect("new"), "new");
         assert_eq!(fs::read_to_string(root.join("file")).expect("file"), "after");
         assert_eq!(fs::read_to_string(root.join(".hidden")).expect("hidden"), "hidden");
+        for name in odd {
+            assert_eq!(fs::read_to_string(root.join("fresh").join(name)).expect(name), name);
+        }
+        assert_eq!(fs::read_dir(root.join("fresh")).expect("list").count(), odd.len());
         assert!(!root.join("escape").is_symlink(), "the link was replaced, not followed");
         assert_eq!(fs::read_dir(outside.path()).expect("list").count(), 0);
         // A file over a folder is refused.
