@@ -152,6 +152,10 @@ pub struct Capabilities {
     pub images: bool,
     /// Whether sessions are cut off from each other's network.
     pub network_policy: bool,
+    /// Whether `start` runs the session's `services` beside it, reachable from its steps by
+    /// name. The runner never sends services to an executor without it: a workflow that has
+    /// some ends with a configuration error naming this capability.
+    pub services: bool,
     /// The most sessions one executor process serves at once; absent means no limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sessions: Option<u32>,
@@ -166,6 +170,7 @@ impl Default for Capabilities {
             outputs: false,
             images: false,
             network_policy: false,
+            services: false,
             max_sessions: None,
         }
     }
@@ -214,6 +219,34 @@ pub struct StartParams {
     /// Keep the environment after `stop` (for debugging).
     #[serde(default)]
     pub keep: bool,
+    /// Containers to run beside the session, each reachable from its steps by its name, and
+    /// healthy before `start` answers; removed with the session. Only sent to an executor whose
+    /// capabilities say `services`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<Service>,
+}
+
+/// A service of a session: a container beside it (a database, a web server).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Service {
+    /// The name the session's steps reach it by (a DNS label: lowercase letters, digits and
+    /// `-`, starting with a letter, at most 63 characters).
+    pub name: String,
+    /// Its image, which the executor runs as it runs a session's (never pulling it, for the
+    /// Docker executor).
+    pub image: String,
+    /// Its command, replacing the image's; absent: the image's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Its variables.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// A `sh -c` command run in the service until it exits 0, which makes it healthy; absent:
+    /// healthy once running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
+    /// How long it may take to become healthy, in milliseconds.
+    pub health_timeout_ms: u64,
 }
 
 /// The run a session belongs to.

@@ -44,8 +44,12 @@ pub struct ContainerSpec {
     pub cpus: Option<String>,
     /// `--memory`, in bytes.
     pub memory: Option<u64>,
-    /// Whether the container may use the network (else `--network none`).
+    /// Whether the container may use the network (else `--network none`, or only its
+    /// services' network).
     pub network: bool,
+    /// The session's own network, where its services are, when it has services: the container
+    /// joins it (and, with `network`, the engine's default network after it started).
+    pub services_network: Option<String>,
     /// Seconds after which the container stops by itself; `None` for a kept session.
     pub lifetime_secs: Option<u64>,
 }
@@ -79,14 +83,108 @@ pub fn run_container(spec: &ContainerSpec) -> Vec<String> {
         argv.push("--memory".into());
         argv.push(memory.to_string());
     }
-    if !spec.network {
-        argv.extend(strings(&["--network", "none"]));
+    match &spec.services_network {
+        Some(network) => argv.extend(["--network".to_string(), network.clone()]),
+        None if !spec.network => argv.extend(strings(&["--network", "none"])),
+        None => {}
     }
     argv.extend(strings(&["--workdir", "/work", "--entrypoint", "sh"]));
     argv.push(spec.image.clone());
     argv.push("-c".into());
     argv.push(keep_alive(spec.lifetime_secs));
     argv
+}
+
+/// The network of a session that has services.
+pub fn services_network(container: &str) -> String {
+    format!("{container}.network")
+}
+
+/// The container of a session's service.
+pub fn service_container(container: &str, service: &str) -> String {
+    format!("{container}.service.{service}")
+}
+
+/// `docker network create --internal`: a session's own network, which reaches nothing outside
+/// it, where its services answer to their names.
+pub fn create_network(name: &str, labels: &[(String, String)]) -> Vec<String> {
+    let mut argv = strings(&["network", "create", "--internal"]);
+    for (key, value) in labels {
+        argv.push("--label".into());
+        argv.push(format!("{key}={value}"));
+    }
+    argv.push(name.to_string());
+    argv
+}
+
+/// `docker network connect <network> <container>`.
+pub fn connect(network: &str, container: &str) -> Vec<String> {
+    strings(&["network", "connect", network, container])
+}
+
+/// `docker network rm <network>`.
+pub fn remove_network(network: &str) -> Vec<String> {
+    strings(&["network", "rm", network])
+}
+
+/// `docker network ls` of this runner's networks: name and session, tab-separated.
+pub fn list_networks(runner_id: &str) -> Vec<String> {
+    let filter = format!("label={RUNNER_LABEL}={runner_id}");
+    let format = format!("{{{{.Name}}}}\t{{{{.Label \"{SESSION_LABEL}\"}}}}");
+    strings(&["network", "ls", "--filter", &filter, "--format", &format])
+}
+
+/// A service to run beside a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// Its container's name.
+    pub container: String,
+    /// The name steps reach it by.
+    pub alias: String,
+    /// The session's network.
+    pub network: String,
+    /// Its image, never pulled.
+    pub image: String,
+    /// Its command, after the image (its CMD); `None`: the image's.
+    pub command: Option<Vec<String>>,
+    /// The names of its variables, whose values are in the docker CLI's environment only.
+    pub env_names: Vec<String>,
+    /// Labels, in order.
+    pub labels: Vec<(String, String)>,
+    /// `--pids-limit`.
+    pub pids_limit: u32,
+}
+
+/// `docker run --detach` of a service: on the session's network only, under its name, no
+/// privilege escalation, an init, the engine's default capabilities (a service is an image of
+/// the workflow's choosing, such as a database that changes users), values never on the command
+/// line (`-e NAME`).
+pub fn run_service(spec: &ServiceSpec) -> Vec<String> {
+    let mut argv = strings(&["run", "--detach", "--pull", "never", "--name"]);
+    argv.push(spec.container.clone());
+    for (key, value) in &spec.labels {
+        argv.push("--label".into());
+        argv.push(format!("{key}={value}"));
+    }
+    argv.extend(strings(&["--init", "--security-opt", "no-new-privileges", "--pids-limit"]));
+    argv.push(spec.pids_limit.to_string());
+    argv.extend(["--network".to_string(), spec.network.clone(), "--network-alias".to_string(), spec.alias.clone()]);
+    for name in &spec.env_names {
+        argv.extend(["--env".to_string(), name.clone()]);
+    }
+    argv.push(spec.image.clone());
+    argv.extend(spec.command.iter().flatten().cloned());
+    argv
+}
+
+/// `docker exec <container> sh -c <command>`: a service's health command.
+pub fn health(container: &str, command: &str) -> Vec<String> {
+    strings(&["exec", container, "sh", "-c", command])
+}
+
+/// `docker logs --tail 20 <container>`: the end of a service's output, for its error.
+pub fn logs(container: &str) -> Vec<String> {
+    strings(&["logs", "--tail", "20", container])
 }
 
 /// `docker exec <container> mkdir -p -- <paths>`.
@@ -164,8 +262,37 @@ mod tests {
             cpus: Some("0.5".into()),
             memory: Some(536_870_912),
             network: false,
+            services_network: None,
             lifetime_secs: None,
         }
+    }
+
+    #[test]
+    fn a_session_with_services_joins_their_network_and_a_service_has_no_value_on_its_command_line() {
+        let spec = ContainerSpec { services_network: Some("knotless-r1-s1.network".into()), ..spec() };
+        let argv = run_container(&spec).join(" ");
+        assert!(argv.contains("--network knotless-r1-s1.network --workdir"), "{argv}");
+        assert!(!argv.contains("none"), "{argv}");
+        let service = ServiceSpec {
+            container: service_container("knotless-r1-s1", "db"),
+            alias: "db".into(),
+            network: services_network("knotless-r1-s1"),
+            image: "postgres:16".into(),
+            command: Some(vec!["postgres".into(), "-c".into(), "fsync=off".into()]),
+            env_names: vec!["POSTGRES_PASSWORD".into()],
+            labels: vec![(RUNNER_LABEL.into(), "r1".into())],
+            pids_limit: 1024,
+        };
+        assert_eq!(
+            run_service(&service).join(" "),
+            "run --detach --pull never --name knotless-r1-s1.service.db --label dev.knotless.runner=r1 --init \
+             --security-opt no-new-privileges --pids-limit 1024 --network knotless-r1-s1.network --network-alias db \
+             --env POSTGRES_PASSWORD postgres:16 postgres -c fsync=off"
+        );
+        assert_eq!(
+            create_network("n", &[(RUNNER_LABEL.into(), "r1".into())]),
+            ["network", "create", "--internal", "--label", "dev.knotless.runner=r1", "n"]
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `cleanup`: the orphan sweep. Every container labelled with this runner's id whose session
-//! is not in `keep` is removed; containers of other runners are never touched.
+//! is not in `keep` is removed (a session's and its services'), then every such network;
+//! containers and networks of other runners are never touched.
 
 use std::collections::BTreeSet;
 
@@ -9,6 +10,7 @@ use knotless_protocol::*;
 use crate::DockerExecutor;
 use crate::argv;
 use crate::docker::SHORT_CALL;
+use crate::services::remove_network;
 use crate::session::remove_container;
 
 /// One container of this runner, as `docker ps` lists it.
@@ -61,6 +63,24 @@ pub async fn cleanup(
             Ok(Some(resource)) => result.removed.push(resource),
             Ok(None) => {}
             Err(error) => result.failures.push(error.message),
+        }
+    }
+    // The networks of services, once their containers are gone.
+    match config.docker.output(&argv::list_networks(&config.runner_id), SHORT_CALL).await {
+        Ok(stdout) => {
+            for listed in parse_list(&String::from_utf8_lossy(&stdout)) {
+                if listed.session.as_deref().is_some_and(|session| keep.contains(session)) {
+                    continue;
+                }
+                match remove_network(&config.docker, &listed.name, listed.session.as_deref()).await {
+                    Ok(Some(resource)) => result.removed.push(resource),
+                    Ok(None) => {}
+                    Err(error) => result.failures.push(error.message),
+                }
+            }
+        }
+        Err(failure) => {
+            result.failures.push(format!("cannot list the networks of runner {}: {failure}", config.runner_id))
         }
     }
     tracing::info!(runner = %config.runner_id, removed = result.removed.len(), failures = result.failures.len(),

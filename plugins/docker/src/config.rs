@@ -126,6 +126,7 @@ pub fn capabilities() -> Capabilities {
         outputs: true,
         images: true,
         network_policy: true,
+        services: true,
         max_sessions: None,
     }
 }

@@ -90,7 +90,18 @@ impl Docker {
 
     /// Runs docker to its end within `within`; returns its stdout.
     pub async fn output(&self, args: &[String], within: Duration) -> Result<Vec<u8>, Failure> {
-        let child = self.command(args).spawn().map_err(Failure::Spawn)?;
+        self.output_with(args, &std::collections::BTreeMap::new(), within).await
+    }
+
+    /// Runs docker as [`Docker::output`] does, with `env` in the CLI's own environment (the
+    /// values of `--env NAME` arguments, which never hold a value themselves).
+    pub async fn output_with(
+        &self,
+        args: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+        within: Duration,
+    ) -> Result<Vec<u8>, Failure> {
+        let child = self.command(args).envs(env).spawn().map_err(Failure::Spawn)?;
         let output = match tokio::time::timeout(within, child.wait_with_output()).await {
             Ok(output) => output.map_err(Failure::Spawn)?,
             Err(_) => return Err(Failure::TimedOut(within)),

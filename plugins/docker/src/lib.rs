@@ -21,6 +21,7 @@ mod command;
 pub mod config;
 pub mod docker;
 pub mod resources;
+mod services;
 mod session;
 mod transfer;
 

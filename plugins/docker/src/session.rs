@@ -28,6 +28,10 @@ pub struct Session {
     /// The image has a `tar`: an upload unpacks and merges in one `docker exec`, not through
     /// `docker cp` and two more.
     pub tar: bool,
+    /// The containers of its services.
+    pub services: Vec<String>,
+    /// Its own network, when it has services.
+    pub network: Option<String>,
 }
 
 impl Session {
@@ -63,8 +67,10 @@ pub fn container_spec(config: &Config, params: &StartParams) -> Result<Container
         (argv::WORKFLOW_LABEL.to_string(), argv::label_value(&params.run.workflow)),
         (argv::REPOSITORY_LABEL.to_string(), argv::label_value(&params.run.repository)),
     ];
+    let name = config.container_name(&params.session);
     Ok(ContainerSpec {
-        name: config.container_name(&params.session),
+        services_network: (!params.services.is_empty()).then(|| argv::services_network(&name)),
+        name,
         image,
         labels,
         pids_limit: config.pids_limit,
@@ -89,13 +95,60 @@ pub async fn start(
     if executor.sessions.lock().contains_key(&params.session) {
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
+    crate::services::check(&params.services)?;
     let spec = container_spec(&config, &params)?;
     let docker = &config.docker;
-    if let Err(failure) = docker.output(&argv::run_container(&spec), SHORT_CALL).await {
-        // `docker run` may have created the container before it failed.
-        let _ = docker.output(&argv::remove(&spec.name), SHORT_CALL).await;
+    let mut made = Made { container: spec.name.clone(), network: None, services: Vec::new() };
+    match create(&config, &params, &spec, &mut made).await {
+        Ok(tar) => {
+            let session = Session {
+                id: params.session.clone(),
+                container: spec.name.clone(),
+                image: spec.image.clone(),
+                keep: params.keep,
+                tar,
+                services: made.services,
+                network: made.network,
+            };
+            finish_start(executor, session, &spec, &context).await
+        }
+        Err(error) => {
+            // Whatever was made before the failure goes with it.
+            let _ = remove_made(docker, &made, Some(&params.session)).await;
+            tracing::error!(session = %params.session, container = %spec.name, image = %spec.image, "{error}");
+            Err(error)
+        }
+    }
+}
+
+/// What `start` made so far, to remove on a failure.
+struct Made {
+    container: String,
+    network: Option<String>,
+    services: Vec<String>,
+}
+
+/// Creates the session's network (with services), its container, its folders and its services;
+/// returns whether the image has a `tar`.
+async fn create(
+    config: &Config,
+    params: &StartParams,
+    spec: &ContainerSpec,
+    made: &mut Made,
+) -> Result<bool, ExecutorError> {
+    let docker = &config.docker;
+    if let Some(network) = &spec.services_network {
+        if let Err(failure) = docker.output(&argv::create_network(network, &spec.labels), SHORT_CALL).await {
+            return Err(ExecutorError::infrastructure(format!(
+                "cannot create network {network} for the services of session {}: {failure}",
+                params.session
+            )));
+        }
+        made.network = Some(network.clone());
+    }
+    if let Err(failure) = docker.output(&argv::run_container(spec), SHORT_CALL).await {
         let stderr = failure.stderr();
-        let error = if stderr.contains("No such image") || stderr.contains("Unable to find image") {
+        return Err(if stderr.contains("No such image") || stderr.contains("Unable to find image") {
             ExecutorError::infrastructure(format!(
                 "image {} is not on the docker engine at {} (the docker executor never pulls: load it with docker \
                  load or docker import): {failure}",
@@ -103,6 +156,8 @@ pub async fn start(
                 docker.host_shown()
             ))
         } else if stderr.contains("is already in use") {
+            // Not ours to remove: another session's container of that name.
+            made.container.clear();
             ExecutorError::configuration(format!(
                 "a container {} already exists for session {}: {failure}",
                 spec.name, params.session
@@ -112,31 +167,71 @@ pub async fn start(
                 "cannot start container {} from image {}: {failure}",
                 spec.name, spec.image
             ))
-        };
-        tracing::error!(session = %params.session, container = %spec.name, image = %spec.image, "{error}");
-        return Err(error);
+        });
+    }
+    if let (true, Some(_)) = (spec.network, &spec.services_network)
+        && let Err(failure) = docker.output(&argv::connect("bridge", &spec.name), SHORT_CALL).await
+    {
+        return Err(ExecutorError::infrastructure(format!(
+            "cannot connect container {} to the engine's network: {failure}",
+            spec.name
+        )));
     }
     let tar = match docker.output(&argv::make_folders_finding_tar(&spec.name, &argv::SESSION_FOLDERS), SHORT_CALL).await
     {
         Ok(stdout) => !stdout.trim_ascii().is_empty(),
         Err(failure) => {
-            let _ = docker.output(&argv::remove(&spec.name), SHORT_CALL).await;
             return Err(ExecutorError::infrastructure(format!(
                 "cannot create /work, /steps and /outputs in container {} (image {}): {failure}",
                 spec.name, spec.image
             )));
         }
     };
-    let session = Session {
-        id: params.session.clone(),
-        container: spec.name.clone(),
-        image: spec.image.clone(),
-        keep: params.keep,
-        tar,
-    };
-    let description = format!("container {} from {}", session.container, session.image);
+    if let Some(network) = &spec.services_network {
+        let (labels, pids) = (&spec.labels, spec.pids_limit);
+        crate::services::start(docker, &spec.name, network, labels, pids, &params.services, &mut made.services).await?;
+    }
+    Ok(tar)
+}
+
+/// Removes what `start` made: the services, the container, then the network.
+async fn remove_made(docker: &Docker, made: &Made, session: Option<&str>) -> Result<Vec<Resource>, ExecutorError> {
+    let mut removed = Vec::new();
+    let mut failed = None;
+    let containers = made.services.iter().chain(std::iter::once(&made.container).filter(|name| !name.is_empty()));
+    for container in containers {
+        match remove_container(docker, container, session).await {
+            Ok(resource) => removed.extend(resource),
+            Err(error) => failed = Some(error),
+        }
+    }
+    if let Some(network) = &made.network {
+        match crate::services::remove_network(docker, network, session).await {
+            Ok(resource) => removed.extend(resource),
+            Err(error) => failed = Some(error),
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(removed),
+    }
+}
+
+/// Records a started session and answers `start`.
+async fn finish_start(
+    executor: &DockerExecutor,
+    session: Session,
+    spec: &ContainerSpec,
+    context: &Context,
+) -> Result<StartResult, ExecutorError> {
+    let mut description = format!("container {} from {}", session.container, session.image);
+    if let Some(network) = &session.network {
+        let prefix = argv::service_container(&session.container, "");
+        let names: Vec<&str> = session.services.iter().map(|name| name.strip_prefix(&prefix).unwrap_or(name)).collect();
+        description.push_str(&format!(", with services on network {network}: {}", names.join(", ")));
+    }
     tracing::info!(session = %session.id, container = %session.container, image = %session.image,
-        network = spec.network, "container started");
+        network = spec.network, services = session.services.len(), "container started");
     context.log(&session.id, LogLevel::Info, description.clone()).await;
     executor.sessions.lock().insert(session.id.clone(), Arc::new(session));
     let paths = SessionPaths { work: "/work".into(), steps: "/steps".into(), outputs: "/outputs".into() };
@@ -157,8 +252,8 @@ pub async fn stop(
         context.log(&session.id, LogLevel::Info, format!("kept the container {}", session.container)).await;
         return Ok(StopResult { removed: Vec::new() });
     }
-    let removed = remove_container(&config.docker, &session.container, Some(&session.id)).await?;
-    Ok(StopResult { removed: removed.into_iter().collect() })
+    let removed = remove_session(&config.docker, &session).await?;
+    Ok(StopResult { removed })
 }
 
 /// `shutdown`: removes the container of every session this process started that is not kept.
@@ -172,11 +267,21 @@ pub async fn shutdown(executor: &DockerExecutor) {
             tracing::info!(session = %session.id, container = %session.container, "keeping the container at shutdown");
             continue;
         }
-        match remove_container(&config.docker, &session.container, Some(&session.id)).await {
+        match remove_session(&config.docker, &session).await {
             Ok(_) => tracing::info!(session = %session.id, container = %session.container, "removed at shutdown"),
             Err(error) => tracing::error!(session = %session.id, "cannot remove the container at shutdown: {error}"),
         }
     }
+}
+
+/// Removes a session's services, its container and its network.
+async fn remove_session(docker: &Docker, session: &Session) -> Result<Vec<Resource>, ExecutorError> {
+    let made = Made {
+        container: session.container.clone(),
+        network: session.network.clone(),
+        services: session.services.clone(),
+    };
+    remove_made(docker, &made, Some(&session.id)).await
 }
 
 /// `docker rm --force` of a container; `None` when it was already gone.
@@ -223,6 +328,7 @@ mod tests {
             run_timeout_ms: None,
             timeout_ms: 1000,
             keep: false,
+            services: Vec::new(),
         }
     }
 
@@ -254,7 +360,15 @@ mod tests {
 
     #[test]
     fn paths_resolve_inside_the_container() {
-        let session = Session { id: "s".into(), container: "c".into(), image: "i".into(), keep: false, tar: true };
+        let session = Session {
+            id: "s".into(),
+            container: "c".into(),
+            image: "i".into(),
+            keep: false,
+            tar: true,
+            services: Vec::new(),
+            network: None,
+        };
         assert_eq!(session.resolve("/outputs").expect("ok"), "/outputs");
         assert_eq!(session.resolve("src/x").expect("ok"), "/work/src/x");
         assert!(session.resolve("/work/../etc").is_err());

@@ -168,6 +168,7 @@ pub fn capabilities() -> Capabilities {
         outputs: true,
         images: true,
         network_policy: true,
+        services: false,
         max_sessions: None,
     }
 }

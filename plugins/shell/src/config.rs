@@ -90,6 +90,7 @@ pub fn capabilities() -> Capabilities {
         outputs: true,
         images: false,
         network_policy: false,
+        services: false,
         max_sessions: None,
     }
 }

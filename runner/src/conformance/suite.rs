@@ -64,6 +64,7 @@ impl Suite {
             run_timeout_ms: Some(600_000),
             timeout_ms: 300_000,
             keep: false,
+            services: Vec::new(),
         }
     }
 

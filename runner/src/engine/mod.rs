@@ -168,6 +168,7 @@ pub async fn execute(
         run_timeout_ms: Some(workflow.timeout.as_millis() as u64),
         timeout_ms: plan.limits.start_timeout.as_millis() as u64,
         keep: plan.keep,
+        services: workflow.services.clone(),
     };
     let mut outputs = Vec::new();
     // What the executor declared in its handshake decides what the run may ask of it.
@@ -249,10 +250,21 @@ pub async fn execute(
     }
 }
 
-/// Why the run cannot go through an executor with `capabilities`, if it cannot: a step that
-/// asks for a secret when the executor declares `secrets: false` (it cannot keep a secret to
-/// one step) is a configuration error, found before any environment starts.
+/// Why the run cannot go through an executor with `capabilities`, if it cannot: services when
+/// the executor declares `services: false`, and a step that asks for a secret when it declares
+/// `secrets: false` (it cannot keep a secret to one step), are configuration errors, found
+/// before any environment starts.
 fn refusal(plan: &RunPlan, capabilities: &Capabilities, executor: &str) -> Option<Ended> {
+    if let (false, Some(service)) = (capabilities.services, plan.workflow.services.first()) {
+        return Some(Ended {
+            status: RunStatus::Error,
+            cause: format!(
+                "workflow {} has services ({} first), but executor {executor} declares services: false, so it runs \
+                 none: run the workflow with an executor that runs services (docker, kubernetes)",
+                plan.workflow.name, service.name
+            ),
+        });
+    }
     if capabilities.secrets {
         return None;
     }

@@ -32,6 +32,9 @@ pub const MAX_WORKFLOW_BYTES: u64 = 1024 * 1024;
 /// The run timeout when a workflow sets none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
+/// How long a service may take to become healthy, unless its `health-timeout` says.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// One workflow: one file of `.knotless/workflows/`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Workflow {
@@ -73,6 +76,8 @@ pub struct Workflow {
     pub needs: Vec<String>,
     /// When it runs at all (`if:`), checked before its run starts.
     pub condition: Option<Condition>,
+    /// Containers run beside its environment, reachable by name from its steps (`services:`).
+    pub services: Vec<knotless_protocol::messages::Service>,
 }
 
 impl Workflow {
@@ -652,6 +657,16 @@ pub fn is_variable_name(name: &str) -> bool {
     let mut bytes = name.bytes();
     bytes.next().is_some_and(|first| first.is_ascii_alphabetic() || first == b'_')
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Whether `name` can be a host name's label, as a service's name must (steps reach it by
+/// it): lowercase letters, digits and `-`, starting with a letter, not ending with `-`, at
+/// most 63 characters.
+pub fn is_host_label(name: &str) -> bool {
+    name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// The prefix of the run variables; env and secret names may not start with it.

@@ -8,12 +8,14 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 
+use knotless_protocol::messages::Service;
+
 use super::condition::{Condition, Scope};
 use super::duration::{DURATION_HINT, parse_duration};
 use super::locate::{PathIndex, Position, yaml_error};
 use super::{
-    BranchFilter, DEFAULT_TIMEOUT, Event, ManualTrigger, QueuePhase, RESERVED_PREFIX, Resources, Shell, Step, Triggers,
-    Workflow, WorkflowError, first_duplicate, is_variable_name,
+    BranchFilter, DEFAULT_HEALTH_TIMEOUT, DEFAULT_TIMEOUT, Event, ManualTrigger, QueuePhase, RESERVED_PREFIX,
+    Resources, Shell, Step, Triggers, Workflow, WorkflowError, first_duplicate, is_host_label, is_variable_name,
 };
 
 /// Parser options: one document, duplicate keys refused, and a budget far below the defaults
@@ -126,7 +128,19 @@ struct WorkflowRaw {
     needs: Option<Vec<Spanned<String>>>,
     #[serde(rename = "if")]
     condition: Option<Spanned<String>>,
+    services: Option<Spanned<BTreeMap<String, Spanned<ServiceRaw>>>>,
     steps: Option<Spanned<Vec<Spanned<StepRaw>>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceRaw {
+    image: Option<Spanned<String>>,
+    command: Option<Vec<Spanned<String>>>,
+    env: Option<EnvRaw>,
+    health: Option<Spanned<String>>,
+    #[serde(rename = "health-timeout")]
+    health_timeout: Option<Spanned<DurationRaw>>,
 }
 
 /// `matrix:` as written: variables with their lists of values, in the order written, and the
@@ -421,6 +435,10 @@ impl Check<'_> {
             let message = "a merge-queue workflow gates every batch and pre-flight: it takes no `if`";
             return Err(self.at(condition, root, "if", message));
         }
+        let services = match raw.services {
+            Some(services) => self.services(services, root)?,
+            None => Vec::new(),
+        };
         let Some(steps_raw) = raw.steps else {
             return Err(at_position(self.file, root, "", "missing field `steps`"));
         };
@@ -461,7 +479,67 @@ impl Check<'_> {
             base: None,
             needs: needs.into_iter().map(|need| need.value).collect(),
             condition,
+            services,
         })
+    }
+
+    /// `services:`: each named as a host name is (its steps reach it by that name), with an
+    /// image, and a health timeout within the run's bounds.
+    fn services(
+        &self,
+        raw: Spanned<BTreeMap<String, Spanned<ServiceRaw>>>,
+        root: Position,
+    ) -> Result<Vec<Service>, WorkflowError> {
+        let at = Position::of(raw.referenced).unwrap_or(root);
+        if raw.value.is_empty() {
+            return Err(at_position(
+                self.file,
+                at,
+                "services",
+                "no services: name at least one, or leave `services` out",
+            ));
+        }
+        let mut services = Vec::new();
+        for (name, service) in raw.value {
+            let path = format!("services.{name}");
+            let service_at = Position::of(service.referenced).unwrap_or(at);
+            if !is_host_label(&name) {
+                let message = format!(
+                    "invalid service name {name:?}: steps reach it by this name, so it is a host name: lowercase letters, \
+                     digits and -, starting with a letter, at most 63 characters"
+                );
+                return Err(at_position(self.file, service_at, &path, &message));
+            }
+            let service = service.value;
+            let Some(image) = service.image else {
+                return Err(at_position(self.file, service_at, &path, "missing field `image`"));
+            };
+            self.not_blank(&image, service_at, &format!("{path}.image"))?;
+            let command = match service.command {
+                Some(command) if command.is_empty() => {
+                    let message = "an empty command: give the program and its arguments, or leave `command` out";
+                    return Err(at_position(self.file, service_at, &format!("{path}.command"), message));
+                }
+                Some(command) => Some(command.into_iter().map(|part| part.value).collect()),
+                None => None,
+            };
+            if let Some(health) = &service.health {
+                self.not_blank(health, service_at, &format!("{path}.health"))?;
+            }
+            let health_timeout = match &service.health_timeout {
+                Some(timeout) => self.timeout(timeout, service_at, &format!("{path}.health-timeout"))?,
+                None => DEFAULT_HEALTH_TIMEOUT,
+            };
+            services.push(Service {
+                env: self.env(service.env, service_at, &format!("{path}.env"))?,
+                name,
+                image: image.value,
+                command,
+                health: service.health.map(|health| health.value),
+                health_timeout_ms: health_timeout.as_millis() as u64,
+            });
+        }
+        Ok(services)
     }
 
     /// A checked `if:` condition; an error names the line and column of the fault inside it.

@@ -108,6 +108,7 @@ fn reads_every_field() {
         base: None,
         needs: Vec::new(),
         condition: None,
+        services: Vec::new(),
     };
     assert_eq!(workflow, expected);
     assert_eq!(workflow.step_timeout(0), Duration::from_secs(600));
@@ -203,7 +204,7 @@ fn yaml_errors_name_line_column_and_field() {
     check("steps: [\n", "1:8: unclosed bracket '['");
     check(
         "stepz: []\n",
-        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, steps",
+        "1:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, services, steps",
     );
     check(
         "on: {push: {branch: [main]}}\nsteps:\n  - {name: a, run: x}\n",
@@ -501,7 +502,7 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     // Only at the top level, and only with the prefix: anything else is still refused, located.
     check(
         "x-ok: 1\nX-no: 1\nsteps:\n  - {name: a, run: x}\n",
-        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, steps",
+        "2:1: X-no: unknown field `X-no`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, services, steps",
     );
     check(
         "x-ok: 1\nsteps:\n  - name: a\n    run: x\n    x-note: y\n",
@@ -509,7 +510,7 @@ fn top_level_x_keys_are_extensions_and_skipped() {
     );
     check(
         "x-ok: &a 1\nstepz: []\n",
-        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, steps",
+        "2:1: stepz: unknown field `stepz`, expected one of on, image, resources, timeout, env, cache, runners, queue, network, working-directory, matrix, needs, if, services, steps",
     );
     check("x-only: 1\n", "1:1: missing field `steps`");
     // An extension's key is still a key: duplicates are refused, and so is a broken value.
@@ -978,4 +979,53 @@ fn the_references_if_examples_parse() {
     let steps = parse_ok(&body[..body.find("```").expect("its end")]);
     let last = steps.steps.last().expect("a step");
     assert_eq!(last.condition.as_ref().map(|condition| condition.text.as_str()), Some("failure()"));
+}
+
+#[test]
+fn services_are_read_with_their_defaults_and_bad_ones_named() {
+    let workflow = parse_ok(
+        "services:\n  db:\n    image: postgres:16\n    env: { POSTGRES_PASSWORD: test }\n    health: pg_isready\n    health-timeout: 2m\n  web:\n    image: busybox\n    command: [httpd, -f]\nsteps:\n  - {name: a, run: x}\n",
+    );
+    let names: Vec<&str> = workflow.services.iter().map(|service| service.name.as_str()).collect();
+    assert_eq!(names, ["db", "web"]);
+    let db = &workflow.services[0];
+    assert_eq!(
+        (db.image.as_str(), db.health.as_deref(), db.health_timeout_ms),
+        ("postgres:16", Some("pg_isready"), 120_000)
+    );
+    assert_eq!(db.env.get("POSTGRES_PASSWORD").map(String::as_str), Some("test"));
+    let web = &workflow.services[1];
+    assert_eq!(
+        (web.command.clone(), web.health.as_deref(), web.health_timeout_ms),
+        (Some(vec!["httpd".to_string(), "-f".to_string()]), None, 60_000)
+    );
+    let with = |services: &str| format!("services:\n{services}steps:\n  - {{name: a, run: x}}\n");
+    check(
+        &with("  Db_1:\n    image: x\n"),
+        "3:5: services.Db_1: invalid service name \"Db_1\": steps reach it by this name, so it is a host name: lowercase letters, digits and -, starting with a letter, at most 63 characters",
+    );
+    check(&with("  db:\n    env: {A: b}\n"), "3:5: services.db: missing field `image`");
+    check(
+        &with("  db:\n    image: x\n    command: []\n"),
+        "3:5: services.db.command: an empty command: give the program and its arguments, or leave `command` out",
+    );
+    check(
+        &with("  db:\n    image: x\n    ports: [5432]\n"),
+        "4:5: services.db.ports: unknown field `ports`, expected one of image, command, env, health, health-timeout",
+    );
+    check(
+        "services: {}\nsteps:\n  - {name: a, run: x}\n",
+        "1:11: services: no services: name at least one, or leave `services` out",
+    );
+}
+
+#[test]
+fn the_references_services_example_parses() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reference/workflows.md"))
+        .expect("the reference");
+    let start = text.find("```yaml\nservices:\n  web:").expect("the services example");
+    let body = &text[start + "```yaml\n".len()..];
+    let workflow = parse_ok(&body[..body.find("```").expect("its end")]);
+    let web = &workflow.services[0];
+    assert_eq!((web.name.as_str(), web.health_timeout_ms), ("web", 30_000));
 }

@@ -158,6 +158,7 @@ async fn open(host: &std::sync::Arc<ExecutorHost>) -> anyhow::Result<knotless_ru
         run_timeout_ms: None,
         timeout_ms: 60_000,
         keep: false,
+        services: Vec::new(),
     };
     Ok(host.open(params, &CancellationToken::new()).await?)
 }
@@ -468,6 +469,7 @@ async fn run_of(host: &std::sync::Arc<ExecutorHost>, session: &str, steps: usize
         run_timeout_ms: Some(600_000),
         timeout_ms: 120_000,
         keep: false,
+        services: Vec::new(),
     };
     let opened = host.open(params, &never).await?;
     for step in 0..steps {

@@ -260,3 +260,37 @@ fn a_workflow_whose_condition_is_false_does_not_run_and_says_why() {
     let released = run_with(&repo, &["--branch", "main", "--env", "CHANNEL=stable"]);
     assert!(released.stdout.contains("release/go | released"), "{}", released.both());
 }
+
+/// A workflow with a busybox web server beside its steps, reached by name.
+const WITH_SERVICE: &str = "services:\n  web:\n    image: knotless-test/busybox:1\n    command: [sh, -c, \"mkdir -p /www && echo hello from $WHO > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    env: { WHO: web }\n    health: wget -q -O /dev/null http://127.0.0.1:8080/\n    health-timeout: 30s\nsteps:\n  - name: fetch\n    run: wget -q -O - http://web:8080/\n";
+
+#[test]
+fn services_run_beside_a_docker_run_and_reach_its_steps_by_name_and_the_shell_executor_refuses_them() {
+    let repo = Repo::new();
+    repo.workflow("ci", WITH_SERVICE);
+    let docker = knotless_tests::ran(knotless_tests::knotless_run(&[
+        "run",
+        &repo.path().display().to_string(),
+        "--executor",
+        "docker",
+        "--image",
+        "knotless-test/busybox:1",
+    ]));
+    assert_eq!(docker.code, Some(0), "{}", docker.both());
+    assert!(docker.stdout.contains("ci/fetch | hello from web"), "{}", docker.both());
+    assert!(docker.stdout.contains("with services on network"), "{}", docker.both());
+    // Removed with the run: no container and no network of the run is left.
+    for what in [&["ps", "--all", "--format", "{{.Names}}"][..], &["network", "ls", "--format", "{{.Name}}"]] {
+        let listed = std::process::Command::new("docker").args(what).output().expect("docker");
+        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+        assert!(!listed.lines().any(|name| name.contains("-ci-") && name.contains(".service.web")), "{listed}");
+    }
+
+    let shell = run(&repo);
+    assert_eq!(shell.code, Some(1), "{}", shell.both());
+    assert!(
+        shell.stdout.contains("workflow ci has services (web first), but executor shell declares services: false"),
+        "{}",
+        shell.both()
+    );
+}

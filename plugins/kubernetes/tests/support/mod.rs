@@ -80,6 +80,7 @@ pub fn start_params(session: &str) -> StartParams {
         run_timeout_ms: Some(600_000),
         timeout_ms: 60_000,
         keep: false,
+        services: Vec::new(),
     }
 }
 
