@@ -26,14 +26,18 @@ pub mod cache;
 pub mod checkout;
 pub mod checks;
 pub mod cli;
-pub mod conformance;
 pub mod daemon;
 pub mod engine;
 pub mod forge;
-pub mod host;
 pub mod mask;
-pub mod printable;
 pub mod queue;
 pub mod secrets;
 pub mod web;
 pub mod workflow;
+
+/// The executor host, a crate of its own so that executors' tests can use it without the runner.
+pub use knotless_host as host;
+/// Text made safe for a terminal (it lives with the host, whose messages use it too).
+pub use knotless_host::printable;
+/// The conformance suite of `plugin check`, from the test kit, where executors' own tests run it.
+pub use knotless_testkit::conformance;

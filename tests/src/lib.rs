@@ -4,7 +4,11 @@
 //! cluster, and waits poll with a deadline instead of sleeping.
 
 pub mod browser;
-pub mod cluster;
+
+/// The fake Kubernetes cluster, from the fake API server's crate.
+pub use knotless_fake_apiserver as cluster;
+pub use knotless_testkit::processes::command_lines;
+pub use knotless_testkit::{bin, bin_dir, wait_until};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -14,22 +18,6 @@ use serde_json::Value;
 
 /// How long a test waits for something the runner does.
 pub const DEADLINE: Duration = Duration::from_secs(60);
-
-/// The folder of the built binaries: a test binary lives in `target/<profile>/deps/`, a
-/// binary of this crate in `target/<profile>/`.
-pub fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let folder = exe.parent().expect("the test binary's folder");
-    let dir = if folder.ends_with("deps") { folder.parent().expect("target/<profile>") } else { folder };
-    dir.to_path_buf()
-}
-
-/// A built binary by name, which must exist (`make test` builds them first).
-pub fn bin(name: &str) -> PathBuf {
-    let path = bin_dir().join(name);
-    assert!(path.is_file(), "{} is not built: run `cargo build --workspace --bins` first", path.display());
-    path
-}
 
 /// Polls `probe` until it gives a value or the deadline passes.
 pub fn eventually<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
@@ -330,36 +318,6 @@ pub fn fake_executor(dir: &Path, mode: &str) -> PathBuf {
 fn make_executable(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-}
-
-/// Polls `condition` until it holds or `within` passes; returns whether it held.
-pub fn wait_until(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The command lines of every process on this host, as text.
-pub fn command_lines() -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return found };
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else { continue };
-        if let Ok(bytes) = std::fs::read(entry.path().join("cmdline")) {
-            // A zombie has an empty command line; it holds nothing.
-            if !bytes.is_empty() {
-                found.push((pid, String::from_utf8_lossy(&bytes).replace('\0', " ")));
-            }
-        }
-    }
-    found
 }
 
 /// Whether any live process's command line contains `needle`.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use knotless_protocol::tarball;
 use serde_json::json;
-use support::Harness;
+use support::{Containers, initialized};
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -32,7 +32,7 @@ fn ms(duration: Duration) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let rounds: usize = std::env::args().nth(1).and_then(|text| text.parse().ok()).unwrap_or(20);
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("bench").await;
     let container = harness.container("bench");
 

@@ -1,6 +1,6 @@
 //! The Docker executor against the real engine: run `plugins/docker/tests/support/engine.sh`
 //! first (it starts dockerd and imports the test image). Every test ends with
-//! [`Harness::finish`], which checks that no container labelled with its runner id is left.
+//! [`Containers::finish`](support::Containers::finish), which checks that no container labelled with its runner id is left.
 
 mod support;
 
@@ -14,17 +14,17 @@ use support::*;
 
 #[tokio::test]
 async fn initialize_refuses_unknown_options_and_a_missing_engine_naming_the_flag() {
-    let mut harness = Harness::uninitialized("knotless-test-init").await;
+    let harness = uninitialized("knotless-test-init");
     let (code, message) = harness.initialize(json!({"namespace": "x"})).await.expect_err("refused");
     assert_eq!(code, i64::from(code::CONFIGURATION));
     assert!(message.contains("unknown option --namespace"), "{message}");
 
-    let mut harness = Harness::uninitialized("knotless-test-init").await;
+    let harness = uninitialized("knotless-test-init");
     let (code, message) = harness.initialize(json!({"docker": "/nonexistent/docker"})).await.expect_err("refused");
     assert_eq!(code, i64::from(code::CONFIGURATION));
     assert!(message.contains("--executor-option docker=PATH"), "{message}");
 
-    let mut harness = Harness::uninitialized("knotless-test-init").await;
+    let harness = uninitialized("knotless-test-init");
     let started = Instant::now();
     let (code, message) =
         harness.initialize(json!({"host": "unix:///nonexistent/docker.sock"})).await.expect_err("refused");
@@ -36,7 +36,7 @@ async fn initialize_refuses_unknown_options_and_a_missing_engine_naming_the_flag
 
 #[tokio::test]
 async fn the_container_is_locked_down_labelled_and_limited() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     let params = json!({"session": "locked", "timeout_ms": 60_000, "run": {"id": "run-1", "workflow": "ci",
         "repository": "demo"}, "resources": {"cpu": "500m", "memory": "256Mi"}});
     let started = harness.request("start", params).await.expect("start");
@@ -58,7 +58,7 @@ async fn the_container_is_locked_down_labelled_and_limited() {
     assert_eq!(host["NanoCpus"], json!(500_000_000));
     assert_eq!(host["Binds"], json!(null));
     assert_eq!(parts[2], "[]", "nothing is mounted");
-    assert_eq!(labels["dev.knotless.runner"], json!(harness.runner_id));
+    assert_eq!(labels["dev.knotless.runner"], json!(harness.runner_id()));
     assert_eq!(labels["dev.knotless.session"], json!("locked"));
     assert_eq!(labels["dev.knotless.run"], json!("run-1"));
 
@@ -74,7 +74,7 @@ async fn the_container_is_locked_down_labelled_and_limited() {
 
 #[tokio::test]
 async fn a_missing_image_fails_at_once_naming_it() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     let started = Instant::now();
     let params = json!({"session": "noimage", "image": "knotless-test/missing:0", "timeout_ms": 60_000});
     let (code, message) = harness.request("start", params).await.expect_err("refused");
@@ -86,7 +86,7 @@ async fn a_missing_image_fails_at_once_naming_it() {
 
 #[tokio::test]
 async fn a_step_streams_output_and_gives_its_exit_code() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("exit").await;
     let script = "echo \"$GREETING out\"; echo err >&2; exit 3";
     let result = harness.command("exit", 0, script, json!({}), 30_000).await.expect("step");
@@ -98,7 +98,7 @@ async fn a_step_streams_output_and_gives_its_exit_code() {
 
 #[tokio::test]
 async fn a_secret_step_sees_only_its_secrets_and_what_it_leaves_running_is_killed() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("secrets").await;
     let first = harness
         .command("secrets", 0, "sleep 300 & env", json!({"FIRST_SECRET": "first-value"}), 30_000)
@@ -121,7 +121,7 @@ async fn a_secret_step_sees_only_its_secrets_and_what_it_leaves_running_is_kille
 
 #[tokio::test]
 async fn a_plain_step_may_leave_a_service_running_and_returns_at_once() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("service").await;
     let started = Instant::now();
     let result = harness.command("service", 0, "sleep 300 & echo up", json!({}), 30_000).await.expect("step");
@@ -134,7 +134,7 @@ async fn a_plain_step_may_leave_a_service_running_and_returns_at_once() {
 
 #[tokio::test]
 async fn a_canary_secret_is_on_no_command_line_in_no_inspect_file_or_output() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("canary").await;
     let canary = format!("canary-{}-{}", std::process::id(), "c4n4ry-v4lu3-n0t-3ls3wh3r3");
     let script = "[ ${#CANARY} -gt 20 ] && sleep 300 & echo started; sleep 2; echo done";
@@ -167,7 +167,7 @@ async fn a_canary_secret_is_on_no_command_line_in_no_inspect_file_or_output() {
 
 #[tokio::test]
 async fn a_hanging_step_is_killed_at_its_timeout() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("hang").await;
     let started = Instant::now();
     let (code, message) = harness.command("hang", 0, "sleep 120", json!({}), 1_000).await.expect_err("timed out");
@@ -181,7 +181,7 @@ async fn a_hanging_step_is_killed_at_its_timeout() {
 
 #[tokio::test]
 async fn a_container_removed_under_a_running_step_is_an_infrastructure_error() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("removed").await;
     let (_, receiver) = harness
         .send(
@@ -205,7 +205,7 @@ async fn a_container_removed_under_a_running_step_is_an_infrastructure_error() {
 
 #[tokio::test]
 async fn an_exec_that_ends_without_the_sentinel_is_a_lost_stream_not_a_step_failure() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("lost").await;
     // The step kills the shell that would report its exit code: the exec ends, the container
     // runs on, and nothing proved the step's end.
@@ -220,14 +220,14 @@ async fn an_exec_that_ends_without_the_sentinel_is_a_lost_stream_not_a_step_fail
 
 #[tokio::test]
 async fn cleanup_removes_what_a_killed_runner_left_and_keeps_sessions_in_flight() {
-    let crashed = Harness::new().await;
+    let crashed = initialized().await;
     crashed.start("orphan").await;
     crashed.start("inflight").await;
     // The runner dies without a word: its executor never stops the sessions. A new executor
     // of the same runner id sweeps them.
-    let runner_id = crashed.runner_id.clone();
+    let runner_id = crashed.runner_id().to_string();
     std::mem::forget(crashed);
-    let fresh = Harness::for_runner(&runner_id).await;
+    let fresh = for_runner(&runner_id).await;
     let result = fresh.request("cleanup", json!({"keep": ["inflight"], "timeout_ms": 60_000})).await.expect("cleanup");
     let orphan = format!("knotless-{runner_id}-orphan");
     assert_eq!(result["removed"], json!([{"kind": "container", "name": orphan, "session": "orphan"}]));
@@ -251,7 +251,7 @@ fn tree() -> tempfile::TempDir {
 
 #[tokio::test]
 async fn upload_then_download_round_trips_modes_links_and_empty_folders() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("files").await;
     round_trip(&harness, "files").await;
     harness.finish().await;
@@ -290,7 +290,7 @@ async fn round_trip(harness: &Harness, session: &str) {
 
 #[tokio::test]
 async fn an_upload_with_a_device_node_is_refused() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("hostile").await;
     refused_device(&harness, "hostile", 0).await;
     harness.finish().await;
@@ -332,7 +332,7 @@ fn image_without_tar() -> String {
 async fn an_image_without_tar_uploads_through_docker_cp_with_the_same_guarantees() {
     let image = image_without_tar();
     let runner_id = format!("knotless-test-without-tar-{}", std::process::id());
-    let mut harness = Harness::uninitialized(&runner_id).await;
+    let harness = uninitialized(&runner_id);
     harness.initialize(json!({"image": image})).await.expect("initialize");
     harness.start("bare").await;
     let probed = harness.command("bare", 10, "command -v tar || echo none", json!({}), 30_000).await;
@@ -346,7 +346,7 @@ async fn an_image_without_tar_uploads_through_docker_cp_with_the_same_guarantees
 #[tokio::test]
 async fn a_container_stops_by_itself_past_its_run_timeout_and_its_margin() {
     let runner_id = format!("knotless-test-lifetime-{}", std::process::id());
-    let mut harness = Harness::uninitialized(&runner_id).await;
+    let harness = uninitialized(&runner_id);
     harness.initialize(json!({"image": support::IMAGE, "lifetime-margin": "1"})).await.expect("initialize");
     harness
         .request("start", json!({"session": "short", "timeout_ms": 60_000, "run_timeout_ms": 1_000}))
@@ -378,7 +378,7 @@ const HOLDERS: &str = include_str!("../../../tests/scripts/holders.sh");
 
 #[tokio::test]
 async fn no_process_of_a_secret_step_outlives_it_however_it_hides() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("hide").await;
     let result =
         harness.command("hide", 0, HIDE, json!({"TOKEN": "hidden-s3cret-docker"}), 60_000).await.expect("hiding step");
@@ -393,7 +393,7 @@ async fn no_process_of_a_secret_step_outlives_it_however_it_hides() {
 
 #[tokio::test]
 async fn a_timed_out_step_loses_every_process_however_it_hides() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("hide").await;
     let script = format!("{HIDE}\nsleep 600");
     let error = harness.command("hide", 0, &script, json!({}), 3_000).await.expect_err("timed out");
@@ -406,7 +406,7 @@ async fn a_timed_out_step_loses_every_process_however_it_hides() {
 
 #[tokio::test]
 async fn the_end_of_stdin_ends_running_steps_and_removes_every_container_but_kept_ones() {
-    let mut harness = Harness::new().await;
+    let mut harness = initialized().await;
     harness.start("gone").await;
     harness.request("start", json!({"session": "kept", "keep": true, "timeout_ms": 60_000})).await.expect("start");
     let params = json!({"session": "gone", "step": 0, "script": "echo running; sleep 600", "timeout_ms": 600_000});
@@ -417,7 +417,7 @@ async fn the_end_of_stdin_ends_running_steps_and_removes_every_container_but_kep
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     harness.close_input().await;
-    let left = containers_of(&harness.runner_id);
+    let left = containers_of(harness.runner_id());
     assert_eq!(left, [harness.container("kept")], "only the kept container stays");
     docker(&["rm", "--force", &harness.container("kept")]);
 }

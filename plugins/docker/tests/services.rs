@@ -4,6 +4,7 @@
 
 mod support;
 
+use knotless_testkit::RpcError;
 use serde_json::{Value, json};
 use support::*;
 
@@ -34,7 +35,7 @@ async fn start(harness: &Harness, session: &str, services: Value) -> Result<Valu
 
 #[tokio::test]
 async fn a_service_answers_by_its_name_once_healthy_and_goes_with_the_session() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     let started = start(&harness, "svc", json!([web(30_000)])).await.expect("start");
     let description = started["description"].as_str().expect("a description");
     assert!(
@@ -59,13 +60,13 @@ async fn a_service_answers_by_its_name_once_healthy_and_goes_with_the_session() 
     let kinds: Vec<&str> =
         stopped["removed"].as_array().expect("removed").iter().filter_map(|r| r["kind"].as_str()).collect();
     assert_eq!(kinds, ["container", "container", "network"], "{stopped}");
-    assert_eq!(networks_of(&harness.runner_id), Vec::<String>::new());
+    assert_eq!(networks_of(harness.runner_id()), Vec::<String>::new());
     harness.finish().await;
 }
 
 #[tokio::test]
 async fn a_service_that_never_gets_healthy_or_stops_fails_the_start_and_leaves_nothing() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     let mut sick = web(1_500);
     sick["health"] = json!("echo not yet >&2; false");
     let (code, message) = start(&harness, "sick", json!([sick])).await.expect_err("unhealthy");
@@ -88,21 +89,21 @@ async fn a_service_that_never_gets_healthy_or_stops_fails_the_start_and_leaves_n
             .await
             .expect_err("a bad name");
     assert_eq!(code, -32002, "{message}");
-    assert_eq!(networks_of(&harness.runner_id), Vec::<String>::new(), "nothing left by the failed starts");
+    assert_eq!(networks_of(harness.runner_id()), Vec::<String>::new(), "nothing left by the failed starts");
     harness.finish().await;
 }
 
 #[tokio::test]
 async fn the_orphan_sweep_removes_the_services_and_network_of_a_dead_runner() {
     let runner_id = format!("knotless-test-services-sweep-{}", std::process::id());
-    let mut first = Harness::for_runner(&runner_id).await;
+    let mut first = for_runner(&runner_id).await;
     let params = json!({"session": "left", "timeout_ms": 60_000, "keep": true, "services": [web(30_000)]});
     first.request("start", params).await.expect("start");
     // A kept session outlives its executor, as a killed runner's does.
     first.close_input().await;
     assert_eq!(networks_of(&runner_id).len(), 1);
     assert_eq!(containers_of(&runner_id).len(), 2);
-    let second = Harness::for_runner(&runner_id).await;
+    let second = for_runner(&runner_id).await;
     let swept = second.request("cleanup", json!({"keep": [], "timeout_ms": 60_000})).await.expect("cleanup");
     assert_eq!(swept["removed"].as_array().map(Vec::len), Some(3), "{swept}");
     assert_eq!(networks_of(&runner_id), Vec::<String>::new());

@@ -57,7 +57,9 @@ async fn failed_start(cluster: &Cluster) -> (Option<ErrorKind>, String, Duration
 }
 
 /// Opens a session on a fresh executor.
-async fn open(cluster: &Cluster) -> (std::sync::Arc<knotless_run::host::ExecutorHost>, knotless_run::host::Session) {
+async fn open(
+    cluster: &Cluster,
+) -> (std::sync::Arc<knotless_testkit::host::ExecutorHost>, knotless_testkit::host::Session) {
     let host = cluster.host(&Cluster::runner_id()).await;
     let session = host.open(start_params("run-1"), &CancellationToken::new()).await.expect("start");
     (host, session)
@@ -451,15 +453,15 @@ async fn live_one_job_two_steps_and_delete() {
         ("namespace".to_string(), namespace),
         ("image".to_string(), "busybox:1.36".to_string()),
     ]);
-    let process = knotless_run::host::ProcessSpec {
+    let process = knotless_testkit::host::ProcessSpec {
         name: "kubernetes".into(),
         path: env!("CARGO_BIN_EXE_knotless-executor-kubernetes").into(),
         pass_env: vec![],
     };
     let runner =
         knotless_protocol::RunnerInfo { name: "knotless-run".into(), version: "0".into(), id: Cluster::runner_id() };
-    let config = knotless_run::host::HostConfig::new(process, runner, options);
-    let host = knotless_run::host::ExecutorHost::start(config).await.expect("executor");
+    let config = knotless_testkit::host::HostConfig::new(process, runner, options);
+    let host = knotless_testkit::host::ExecutorHost::start(config).await.expect("executor");
     let mut params = start_params("live-1");
     params.timeout_ms = 300_000;
     let session = host.open(params, &CancellationToken::new()).await.expect("start");

@@ -14,7 +14,7 @@ use support::*;
 
 #[tokio::test]
 async fn no_process_of_a_secret_step_outlives_it_however_it_hides() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let secret = &unique("hidden");
     let params =
@@ -31,13 +31,13 @@ async fn no_process_of_a_secret_step_outlives_it_however_it_hides() {
 
 #[tokio::test]
 async fn a_timed_out_step_loses_every_process_however_it_hides() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let script = format!("{HIDERS}\necho hidden; sleep 600");
     let params = json!({"session": "s", "step": 0, "script": script, "timeout_ms": 60_000});
     let (id, receiver) = harness.send("command", params).await;
     assert!(eventually(Duration::from_secs(20), || harness.output("s", 0, "stdout") == "hidden\n").await);
-    harness.write(json!({"jsonrpc": "2.0", "method": "cancel", "params": {"id": id}})).await;
+    harness.cancel(id).await;
     answer(receiver).await.expect_err("cancelled");
     let hidden = pids(&harness.session_dir("s").join("work"));
     let living: Vec<i32> = hidden.iter().copied().filter(|&pid| alive(pid)).collect();
@@ -46,7 +46,7 @@ async fn a_timed_out_step_loses_every_process_however_it_hides() {
 
 #[tokio::test]
 async fn what_a_plain_step_hides_lives_until_stop_and_then_dies() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let result = harness.command("s", 0, HIDERS, json!({}), 60_000).await.expect("command");
     assert_eq!((result["exit_code"].clone(), result["killed_processes"].clone()), (json!(0), json!(0)));
@@ -62,7 +62,7 @@ async fn what_a_plain_step_hides_lives_until_stop_and_then_dies() {
 
 #[tokio::test]
 async fn a_step_that_kills_its_watcher_loses_its_processes() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let secret = &unique("watcher-killer");
     let script = format!("{HIDERS}\nkill -9 $PPID; sleep 600");
@@ -82,7 +82,7 @@ async fn a_step_that_kills_its_watcher_loses_its_processes() {
 
 #[tokio::test]
 async fn a_step_that_stops_its_watcher_loses_its_processes() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let secret = &unique("watcher-stopper");
     let script = format!("{HIDERS}\nkill -STOP $PPID; sleep 600");

@@ -50,11 +50,7 @@ fn a_killed_executor_leaves_no_process_of_its_steps() {
     executor.wait().expect("reaped");
     // The reaper kills them (SIGKILL for the one ignoring SIGTERM, after its grace), then
     // exits: the reaper itself held the secret too.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let gone = || !pids.iter().any(|&pid| alive(pid)) && holders(&secret).is_empty();
-    while !gone() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(20), || !pids.iter().any(|&pid| alive(pid)) && holders(&secret).is_empty());
     let living: Vec<i32> = pids.iter().copied().filter(|&pid| alive(pid)).collect();
     assert_eq!(living, Vec::<i32>::new(), "the step's processes outlived their executor");
     assert_eq!(holders(&secret), Vec::<String>::new());

@@ -30,7 +30,7 @@ fn kind(target: &str) -> &str {
 
 #[tokio::test]
 async fn a_reaper_holds_its_three_standard_descriptors_its_socket_and_its_signalfd_only() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("a").await;
     harness.start("b").await;
     let work = |session: &str| harness.session_dir(session).join("work");
@@ -72,7 +72,7 @@ async fn a_reaper_dies_of_sigterm_even_when_the_executor_handles_it_and_its_step
     // The executor's process handles SIGTERM: a reaper that kept the handler would live on.
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let secret = &unique("reaper-terminator");
     let script = format!("{HIDERS}\nkill -TERM $PPID; sleep 600");

@@ -8,19 +8,17 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use knotless_protocol::channel::ChannelListener;
 use knotless_protocol::error::code;
 use knotless_protocol::tarball;
 use serde_json::json;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]
 async fn initialize_says_it_isolates_nothing_and_refuses_unknown_options() {
-    let mut harness = Harness::uninitialized().await;
+    let harness = uninitialized();
     let error = harness.initialize(json!({"foo": "1"})).await.expect_err("refused");
     assert_eq!(error, (code::CONFIGURATION as i64, "unknown option --foo for the shell executor".to_string()));
-    let work_dir = harness.work_dir.path().to_string_lossy().into_owned();
+    let work_dir = harness.work_dir().to_string_lossy().into_owned();
     let result = harness.initialize(json!({"work-dir": work_dir})).await.expect("initialize");
     assert_eq!(result["executor"]["name"], "shell");
     let capabilities = &result["capabilities"];
@@ -34,10 +32,10 @@ async fn initialize_says_it_isolates_nothing_and_refuses_unknown_options() {
 
 #[tokio::test]
 async fn ping_is_answered_with_params_without_them_and_only_once_initialized() {
-    let mut harness = Harness::uninitialized().await;
+    let harness = uninitialized();
     let early = harness.request("ping", json!({})).await.expect_err("not yet initialized");
     assert_eq!(early.0, code::NOT_INITIALIZED as i64, "{early:?}");
-    let work_dir = harness.work_dir.path().to_string_lossy().into_owned();
+    let work_dir = harness.work_dir().to_string_lossy().into_owned();
     harness.initialize(json!({"work-dir": work_dir})).await.expect("initialize");
     assert_eq!(harness.request("ping", json!({})).await.expect("ping"), json!({}));
     assert_eq!(harness.request("ping", serde_json::Value::Null).await.expect("ping without params"), json!({}));
@@ -48,7 +46,7 @@ async fn ping_is_answered_with_params_without_them_and_only_once_initialized() {
 
 #[tokio::test]
 async fn start_makes_private_folders_and_refuses_duplicates_and_unsafe_ids() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     let result = harness.start("s1").await;
     let root = harness.session_dir("s1");
     assert_eq!(result["paths"]["work"], json!(root.join("work").to_string_lossy()));
@@ -70,7 +68,7 @@ async fn start_makes_private_folders_and_refuses_duplicates_and_unsafe_ids() {
 
 #[tokio::test]
 async fn a_step_streams_its_output_and_gives_its_exit_code() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let result = harness.command("s", 0, "echo hi; echo oops >&2; exit 3", json!({}), 10_000).await.expect("command");
     assert_eq!(result["exit_code"], 3);
@@ -92,7 +90,7 @@ async fn a_step_streams_its_output_and_gives_its_exit_code() {
 
 #[tokio::test]
 async fn a_timed_out_step_and_its_background_processes_are_killed() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let error =
         harness.command("s", 0, "sleep 100 & echo $! > bg.pid; sleep 100", json!({}), 500).await.expect_err("timeout");
@@ -103,14 +101,14 @@ async fn a_timed_out_step_and_its_background_processes_are_killed() {
 
 #[tokio::test]
 async fn a_cancelled_step_is_killed() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let params =
         json!({"session": "s", "step": 0, "script": "sleep 100 & echo $! > bg.pid; sleep 100", "timeout_ms": 60_000});
     let (id, receiver) = harness.send("command", params).await;
     let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
     assert!(alive(background));
-    harness.write(json!({"jsonrpc": "2.0", "method": "cancel", "params": {"id": id}})).await;
+    harness.cancel(id).await;
     let error = answer(receiver).await.expect_err("cancelled");
     assert_eq!(error.0, code::CANCELLED as i64);
     assert!(!alive(background), "the background sleep {background} is gone");
@@ -118,7 +116,7 @@ async fn a_cancelled_step_is_killed() {
 
 #[tokio::test]
 async fn what_a_secret_step_leaves_running_is_killed_and_counted() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let script = "sleep 100 & echo $! > bg.pid; echo started";
     let result = harness.command("s", 0, script, json!({"TOKEN": "t0ps3cret"}), 10_000).await.expect("command");
@@ -132,7 +130,7 @@ async fn what_a_secret_step_leaves_running_is_killed_and_counted() {
 
 #[tokio::test]
 async fn what_a_plain_step_leaves_running_lives_on_until_stop() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let script = "sleep 100 & echo $! > bg.pid; echo started";
     let result = harness.command("s", 0, script, json!({}), 10_000).await.expect("command");
@@ -160,7 +158,7 @@ async fn what_a_plain_step_leaves_running_lives_on_until_stop() {
 
 #[tokio::test]
 async fn a_step_sees_only_its_own_secrets_and_a_clean_environment() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     harness.command("s", 0, "env", json!({"FIRST": "alpha-secret"}), 10_000).await.expect("command");
     harness.command("s", 1, "env", json!({"SECOND": "beta-secret"}), 10_000).await.expect("command");
@@ -185,7 +183,7 @@ async fn a_step_sees_only_its_own_secrets_and_a_clean_environment() {
 
 #[tokio::test]
 async fn a_secret_is_never_in_an_argv() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let secret = "v3ry-s3cret-value-in-argv-check";
     let script = "echo ready; while [ ! -e go ]; do sleep 0.02; done; test -n \"$API_TOKEN\"";
@@ -224,36 +222,21 @@ fn check_tree(root: &std::path::Path) {
 
 #[tokio::test]
 async fn upload_then_download_round_trips_modes_links_and_empty_folders() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     let started = harness.start("s").await;
     let work = started["paths"]["work"].as_str().expect("work").to_string();
-    let sockets = tempfile::tempdir().expect("tempdir");
 
     let source = tree();
     let archive = tarball::pack_dir(source.path(), Vec::new()).expect("pack");
-    let listener = ChannelListener::bind(&sockets.path().join("up.sock")).expect("bind");
-    let channel = listener.path().to_string_lossy().into_owned();
-    let params = json!({"session": "s", "path": format!("{work}/checkout"), "channel": channel, "max_bytes": 1 << 20, "timeout_ms": 10_000});
-    let (_, receiver) = harness.send("upload", params).await;
-    let mut stream = listener.accept().await.expect("accept");
-    stream.write_all(&archive).await.expect("write");
-    drop(stream);
-    let result = answer(receiver).await.expect("upload");
+    let result = harness.upload("s", &format!("{work}/checkout"), archive.clone()).await.expect("upload");
     assert_eq!(result["bytes"], archive.len() as u64);
     check_tree(&harness.session_dir("s").join("work/checkout"));
     // The step sees it and can run it.
     harness.command("s", 0, "./checkout/link", json!({}), 10_000).await.expect("command");
     assert_eq!(harness.output("s", 0, "stdout"), "ran\n");
 
-    let listener = ChannelListener::bind(&sockets.path().join("down.sock")).expect("bind");
-    let channel = listener.path().to_string_lossy().into_owned();
-    let params = json!({"session": "s", "path": "work/checkout", "channel": channel, "max_bytes": 1 << 20, "timeout_ms": 10_000});
-    let (_, receiver) = harness.send("download", params).await;
-    let mut stream = listener.accept().await.expect("accept");
-    let mut received = Vec::new();
-    stream.read_to_end(&mut received).await.expect("read");
-    let result = answer(receiver).await.expect("download");
-    assert_eq!(result["bytes"], received.len() as u64);
+    let (result, received) = harness.download("s", "work/checkout").await;
+    assert_eq!(result.expect("download")["bytes"], received.len() as u64);
     let dest = tempfile::tempdir().expect("tempdir");
     tarball::unpack_vetted(received.as_slice(), dest.path(), 1 << 20).expect("unpack");
     check_tree(dest.path());
@@ -261,36 +244,28 @@ async fn upload_then_download_round_trips_modes_links_and_empty_folders() {
 
 #[tokio::test]
 async fn paths_outside_the_session_are_refused_and_missing_ones_not_found() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     // A symlink a step made that leads out of the session.
     harness.command("s", 0, "ln -s /etc escape", json!({}), 10_000).await.expect("command");
-    let sockets = tempfile::tempdir().expect("tempdir");
-    for (index, path) in ["../other", "/etc", "work/../../x", "work/escape/sub"].into_iter().enumerate() {
-        let listener = ChannelListener::bind(&sockets.path().join(format!("{index}.sock"))).expect("bind");
-        let channel = listener.path().to_string_lossy().into_owned();
-        let params = json!({"session": "s", "path": path, "channel": channel, "max_bytes": 1024, "timeout_ms": 10_000});
-        let error = harness.request("upload", params).await.expect_err("refused");
+    for path in ["../other", "/etc", "work/../../x", "work/escape/sub"] {
+        let error = harness.upload("s", path, Vec::new()).await.expect_err("refused");
         assert_eq!(error, (code::CONFIGURATION as i64, format!("path {path} is outside session s")));
     }
-    let listener = ChannelListener::bind(&sockets.path().join("missing.sock")).expect("bind");
-    let channel = listener.path().to_string_lossy().into_owned();
-    let params =
-        json!({"session": "s", "path": "outputs/none", "channel": channel, "max_bytes": 1024, "timeout_ms": 10_000});
-    let error = harness.request("download", params).await.expect_err("missing");
-    assert_eq!(error.0, code::NOT_FOUND as i64);
+    let (answered, _) = harness.download("s", "outputs/none").await;
+    assert_eq!(answered.expect_err("missing").0, code::NOT_FOUND as i64);
 }
 
 #[tokio::test]
 async fn cleanup_removes_sessions_not_kept_and_leaves_other_runners_alone() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("gone").await;
     harness.start("kept").await;
     harness.command("gone", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000).await.expect("command");
     harness.command("kept", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000).await.expect("command");
     let gone_pid = read_pid(&harness.session_dir("gone").join("work/bg.pid")).await;
     let kept_pid = read_pid(&harness.session_dir("kept").join("work/bg.pid")).await;
-    let other_runner = harness.work_dir.path().join("other-runner/session");
+    let other_runner = harness.work_dir().join("other-runner/session");
     std::fs::create_dir_all(&other_runner).expect("mkdir");
 
     let result = harness.request("cleanup", json!({"keep": ["kept"], "timeout_ms": 10_000})).await.expect("cleanup");
@@ -311,7 +286,7 @@ async fn cleanup_removes_sessions_not_kept_and_leaves_other_runners_alone() {
 
 #[tokio::test]
 async fn the_end_of_stdin_stops_every_session() {
-    let mut harness = Harness::new().await;
+    let mut harness = initialized().await;
     harness.start("a").await;
     harness.start("b").await;
     harness.command("a", 0, "sleep 100 & echo $! > bg.pid", json!({}), 10_000).await.expect("command");
@@ -325,7 +300,7 @@ async fn the_end_of_stdin_stops_every_session() {
 
 #[tokio::test]
 async fn stop_removes_folders_a_step_made_read_only() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let result = harness
         .command("s", 0, "mkdir -p cache/mod && touch cache/mod/file && chmod -R a-w cache", json!({}), 10_000)
@@ -337,7 +312,7 @@ async fn stop_removes_folders_a_step_made_read_only() {
 
 #[tokio::test]
 async fn stop_with_keep_leaves_the_folder() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let stopped =
         harness.request("stop", json!({"session": "s", "keep": true, "timeout_ms": 10_000})).await.expect("stop");
@@ -349,7 +324,7 @@ async fn stop_with_keep_leaves_the_folder() {
 
 #[tokio::test]
 async fn a_secret_step_spares_a_service_an_earlier_step_started_and_its_workers() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     // A service that forks a short-lived worker again and again.
     let service = "sh -c 'while :; do sleep 0.05; done' > /dev/null 2>&1 & echo $! > service.pid";
@@ -364,7 +339,7 @@ async fn a_secret_step_spares_a_service_an_earlier_step_started_and_its_workers(
 
 #[tokio::test]
 async fn stop_kills_a_step_still_running_in_the_session() {
-    let harness = Harness::new().await;
+    let harness = initialized().await;
     harness.start("s").await;
     let params = json!({"session": "s", "step": 0, "script": "setsid sleep 100 & echo $! > bg.pid; sleep 100", "timeout_ms": 60_000});
     let (_, receiver) = harness.send("command", params).await;

@@ -8,7 +8,7 @@ use anyhow::bail;
 use clap::{ArgGroup, Args, Subcommand};
 
 use super::ExecutorArgs;
-use crate::conformance::{self, Check, Verdict};
+use crate::conformance::{self, Verdict, report_line};
 use crate::printable;
 
 /// `plugin` subcommands.
@@ -49,17 +49,4 @@ pub async fn main(command: PluginCommand) -> anyhow::Result<ExitCode> {
     let not_run = count(|verdict| matches!(verdict, Verdict::NotRun(_)));
     crate::say!("{passed} passed, {failed} failed, {not_run} not run");
     Ok(if failed == 0 && not_run == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-}
-
-/// One case's line: `  ok       NAME (12 ms): detail`, `  FAIL     NAME (3 ms): why` or
-/// `  not run  NAME: why`. What the executor under test answered is shown escaped: it is its
-/// text.
-pub fn report_line(check: &Check) -> String {
-    let took = check.took.map(|took| format!(" ({} ms)", took.as_millis())).unwrap_or_default();
-    let (tag, text) = match &check.verdict {
-        Verdict::Passed(detail) => ("ok", detail),
-        Verdict::Failed(why) => ("FAIL", why),
-        Verdict::NotRun(why) => ("not run", why),
-    };
-    format!("  {tag:<7}  {}{took}: {}", check.name, printable::name(text))
 }

@@ -1,6 +1,6 @@
 //! Test support: a fake cluster (the fake API server of `tests/fake-apiserver`, its
-//! kubeconfig and its control endpoints), the built executor hosted through the runner's own
-//! host, and looks into the fake's objects and request counts.
+//! kubeconfig and its control endpoints), the built executor hosted as the runner hosts it
+//! (`knotless-host`, through the test kit), and looks into the fake's objects and request counts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use knotless_protocol::messages::*;
-use knotless_run::host::{ExecutorHost, HostConfig, HostError, ProcessSpec, Session, SessionEvent};
+use knotless_testkit::host::{ExecutorHost, HostConfig, HostError, ProcessSpec, Session, SessionEvent};
 use tokio_util::sync::CancellationToken;
 
-pub use knotless_tests::cluster::FakeCluster;
+pub use knotless_fake_apiserver::FakeCluster;
 
 static RUNNERS: AtomicU64 = AtomicU64::new(0);
 

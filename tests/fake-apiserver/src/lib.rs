@@ -1,28 +1,30 @@
-//! A fake Kubernetes cluster for tests: the fake API server of `tests/fake-apiserver` (the
-//! real REST, watch and exec API; controllers, scheduler, autoscaler and kubelet modelled as
-//! upstream), started on a free port with its kubeconfig, its control endpoints (faults,
-//! objects, request counts, nodes), and ended with every pod sandbox it ran.
+//! The fake API server as a test starts it: [`FakeCluster`] runs the built
+//! `knotless-fake-apiserver` (the real REST, watch and exec API; controllers, scheduler,
+//! autoscaler and kubelet modelled as upstream) on a free port with its kubeconfig, gives its
+//! control endpoints (faults, objects, request counts, nodes), and ends it with every pod
+//! sandbox it ran. The Kubernetes executor's tests and the end-to-end tests use it; the server
+//! itself is the binary (`src/main.rs`), which a test builds first
+//! (`cargo build -p knotless-fake-apiserver`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use knotless_testkit::{bin, bin_dir};
 use serde_json::Value;
-
-use crate::bin_dir;
 
 static ROOTFS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The fake API server, built by `cargo build --workspace --bins` (make test does it first).
 pub fn fake_apiserver() -> PathBuf {
-    crate::bin("knotless-fake-apiserver")
+    bin("knotless-fake-apiserver")
 }
 
 /// The pods' root filesystem, built once and cached in the target folder.
 pub fn rootfs() -> PathBuf {
     let cache = bin_dir().join("knotless-rootfs.tar");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("support/rootfs.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../support/rootfs.sh");
     let _one_at_a_time = ROOTFS.lock().unwrap_or_else(|poison| poison.into_inner());
     let output = Command::new("bash").arg(&script).arg(&cache).output().expect("rootfs.sh");
     assert!(output.status.success(), "rootfs.sh: {}", String::from_utf8_lossy(&output.stderr));

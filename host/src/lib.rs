@@ -1,10 +1,17 @@
-//! The plugin host: starts an executor process, handshakes, sends requests with their
-//! deadlines, escalates when an executor does not answer, and replaces an executor that died
-//! with a fresh process that sweeps what the dead one left.
+//! knotless-host: the host of an executor. [`ExecutorHost`] starts an executor process,
+//! handshakes, sends requests with their deadlines, escalates when an executor does not answer,
+//! and replaces an executor that died with a fresh process that sweeps what the dead one left.
+//!
+//! It is a crate of its own, below both the runner (`knotless-run`, which re-exports it as
+//! `knotless_run::host`) and the test kit (`knotless-testkit`, whose conformance suite drives an
+//! executor through it), so that an executor's tests can host their executor as the runner does
+//! without depending on the runner. It is not a module of `knotless-protocol` because it spawns
+//! processes and the protocol crate never does.
 
 mod connection;
 mod locate;
 mod options;
+pub mod printable;
 mod process;
 mod session;
 

@@ -1,6 +1,7 @@
-//! The conformance suite of `knotless-run plugin check`: runs an executor binary through every
-//! operation of the protocol and says, case by case, what passed, what failed and what could not
-//! run, and how long each took.
+//! The conformance suite: runs an executor binary through every operation of the protocol and
+//! says, case by case, what passed, what failed and what could not run, and how long each took.
+//! `knotless-run plugin check` runs it from the command line; an executor's own tests run it with
+//! [`assert_passes`].
 //!
 //! Every case can fail: each names what it expects, and a misbehaving fake executor mode fails it
 //! (`plugins/fake`). Once the executor is gone (it exited, broke the protocol, or was stopped as
@@ -13,14 +14,16 @@ mod steps;
 mod suite;
 mod transfers;
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{ExecutorHost, HostConfig};
+use crate::host::{ExecutorHost, HostConfig, ProcessSpec, printable};
 use suite::Suite;
 
 /// The cases, in the order they run.
@@ -205,6 +208,63 @@ pub async fn run(config: HostConfig, report: impl FnMut(&Check)) -> Vec<Check> {
     record.finish("")
 }
 
+/// One case's line: `  ok       NAME (12 ms): detail`, `  FAIL     NAME (3 ms): why` or
+/// `  not run  NAME: why`. What the executor under test answered is shown escaped: it is its
+/// text.
+pub fn report_line(check: &Check) -> String {
+    let took = check.took.map(|took| format!(" ({} ms)", took.as_millis())).unwrap_or_default();
+    let (tag, text) = match &check.verdict {
+        Verdict::Passed(detail) => ("ok", detail),
+        Verdict::Failed(why) => ("FAIL", why),
+        Verdict::NotRun(why) => ("not run", why),
+    };
+    format!("  {tag:<7}  {}{took}: {}", check.name, printable::name(text))
+}
+
+/// How an executor's own test hosts its built program for the suite: the name is the file's
+/// without `knotless-executor-`, the runner id `conformance-<pid>`, and the versions and
+/// timeouts are the defaults of `plugin check`.
+pub fn program(path: impl Into<PathBuf>, options: &[(&str, &str)]) -> HostConfig {
+    let path = path.into();
+    let file = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = file.strip_prefix("knotless-executor-").unwrap_or(&file).to_string();
+    let runner = RunnerInfo {
+        name: "knotless-testkit".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        id: format!("conformance-{}", std::process::id()),
+    };
+    let options: BTreeMap<String, String> =
+        options.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
+    HostConfig::new(ProcessSpec { name, path, pass_env: Vec::new() }, runner, options)
+}
+
+/// Runs the whole suite with `config` (see [`program`]), writing each case's line to stderr as
+/// `plugin check` prints it, and panics naming every case that did not pass.
+pub async fn assert_passes(config: HostConfig) -> Vec<Check> {
+    let program = config.process.path.display().to_string();
+    let checks = run(config, |check| eprintln!("{}", report_line(check))).await;
+    if let Some(failures) = not_passed(&checks) {
+        panic!("{program} does not pass the conformance suite:\n{failures}");
+    }
+    checks
+}
+
+/// The lines of the cases that did not pass, if any did not.
+fn not_passed(checks: &[Check]) -> Option<String> {
+    let lines: Vec<String> =
+        checks.iter().filter(|check| !matches!(check.verdict, Verdict::Passed(_))).map(report_line).collect();
+    let every_case = checks.iter().map(|check| check.name).eq(case::all());
+    match (lines.is_empty(), every_case) {
+        (true, true) => None,
+        (true, false) => Some(format!(
+            "  the suite reported {} cases, not each of {:?} once",
+            checks.len(),
+            case::all().collect::<Vec<_>>()
+        )),
+        (false, _) => Some(lines.join("\n")),
+    }
+}
+
 fn verdict_of(outcome: Outcome) -> Verdict {
     match outcome {
         Ok(detail) => Verdict::Passed(detail),
@@ -319,5 +379,37 @@ async fn shutdown(host: &Arc<ExecutorHost>) -> Outcome {
         Ok("answered and exited by itself".into())
     } else {
         Err("did not exit after answering shutdown; it had to be killed".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(name: &'static str, verdict: Verdict) -> Check {
+        Check { name, verdict, took: Some(Duration::from_millis(3)) }
+    }
+
+    #[test]
+    fn a_failed_or_unrun_case_is_named_and_a_full_pass_is_not() {
+        let mut checks: Vec<Check> = case::all().map(|name| check(name, Verdict::Passed("fine".into()))).collect();
+        assert_eq!(not_passed(&checks), None);
+        checks[2].verdict = Verdict::Failed("no answer".into());
+        checks[3] = Check { name: checks[3].name, verdict: Verdict::NotRun("gone".into()), took: None };
+        assert_eq!(
+            not_passed(&checks).as_deref(),
+            Some("  FAIL     ping (3 ms): no answer\n  not run  cleanup at start: gone")
+        );
+        // A suite that reported fewer cases than it has did not pass either.
+        checks.truncate(2);
+        assert!(not_passed(&checks).is_some_and(|why| why.contains("reported 2 cases")));
+    }
+
+    #[test]
+    fn a_program_is_named_as_plugin_check_names_it() {
+        let config = program("/build/knotless-executor-shell", &[("work-dir", "/tmp/w")]);
+        assert_eq!(config.process.name, "shell");
+        assert_eq!(config.options, BTreeMap::from([("work-dir".to_string(), "/tmp/w".to_string())]));
+        assert!(config.runner.id.starts_with("conformance-"), "{}", config.runner.id);
     }
 }
