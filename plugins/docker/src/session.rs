@@ -98,8 +98,16 @@ pub async fn start(
     crate::services::check(&params.services)?;
     let spec = container_spec(&config, &params)?;
     let docker = &config.docker;
-    let mut made = Made { container: spec.name.clone(), network: None, services: Vec::new() };
-    match create(&config, &params, &spec, &mut made).await {
+    let mut unwind = Unwind {
+        docker: docker.clone(),
+        made: Made { container: spec.name.clone(), ..Made::default() },
+        session: params.session.clone(),
+        armed: true,
+    };
+    let created = create(&config, &params, &spec, &mut unwind.made).await;
+    let made = std::mem::take(&mut unwind.made);
+    unwind.armed = false;
+    match created {
         Ok(tar) => {
             let session = Session {
                 id: params.session.clone(),
@@ -122,10 +130,39 @@ pub async fn start(
 }
 
 /// What `start` made so far, to remove on a failure.
+#[derive(Debug, Default)]
 struct Made {
     container: String,
     network: Option<String>,
     services: Vec<String>,
+}
+
+/// Removes what a `start` made when the start is dropped before it ended (at its deadline, or
+/// on a cancel), as a failed start does. A container the engine makes after its CLI was killed
+/// is left to the orphan sweep.
+struct Unwind {
+    docker: Docker,
+    made: Made,
+    session: String,
+    armed: bool,
+}
+
+impl Drop for Unwind {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !self.armed {
+            return;
+        }
+        let (docker, made, session) = (self.docker.clone(), std::mem::take(&mut self.made), self.session.clone());
+        tracing::warn!(%session, "start ended before it answered: removing what it made");
+        runtime.spawn(async move {
+            if let Err(error) = remove_made(&docker, &made, Some(&session)).await {
+                tracing::error!(%session, "cannot remove what an unfinished start made: {error}");
+            }
+        });
+    }
 }
 
 /// Creates the session's network (with services), its container, its folders and its services;

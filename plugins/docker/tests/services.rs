@@ -109,3 +109,20 @@ async fn the_orphan_sweep_removes_the_services_and_network_of_a_dead_runner() {
     assert_eq!(networks_of(&runner_id), Vec::<String>::new());
     second.finish().await;
 }
+
+#[tokio::test]
+async fn a_start_past_its_deadline_while_a_service_gets_healthy_leaves_nothing() {
+    let harness = initialized().await;
+    let mut slow = web(60_000);
+    slow["health"] = json!("false");
+    let params = json!({"session": "late", "timeout_ms": 3_000, "services": [slow]});
+    let (code, message) = harness.request("start", params).await.expect_err("past its deadline");
+    assert_eq!(code, -32004, "{message}");
+    let runner_id = harness.runner_id().to_string();
+    let gone = eventually(std::time::Duration::from_secs(30), || {
+        containers_of(&runner_id).is_empty() && networks_of(&runner_id).is_empty()
+    })
+    .await;
+    assert!(gone, "left: {:?} {:?}", containers_of(&runner_id), networks_of(&runner_id));
+    harness.finish().await;
+}
