@@ -2,7 +2,8 @@
 //! `tar c` in the pod over the API's websocket, which keeps modes, symlinks, executable bits
 //! and empty folders; every uploaded entry is vetted on its way
 //! ([`knotless_protocol::tarball::copy_vetted`]), unpacked into a staging folder inside the
-//! destination and merged in only once whole; a download is passed on less what no archive the
+//! destination and merged in only once whole and sealed, in one exec
+//! ([`knotless_protocol::sdk::remote::UNPACK_SEALED`]); a download is passed on less what no archive the
 //! runner accepts may hold (special files, links that leave the folder), each named in a warning
 //! ([`knotless_protocol::sdk::remote::pass_download`]). The exit code comes from the exec's status
 //! channel; an unpack also says its own on stdout, which stands in when the Status is lost.
@@ -23,11 +24,10 @@ const MISSING: i32 = 66;
 /// How much of an exec's stderr is kept for its error.
 const SAID: u64 = 4096;
 
-/// Unpacks stdin into `$1`, created first, then says its exit code on stdout (tar x writes
-/// nothing there): kube-rs loses the exec's Status when it sends the end of stdin after the
-/// server has closed the stream, which a `tar x` that ends at its archive's end allows.
-pub const UNPACK: &str =
-    "mkdir -p -- \"$1\" && tar -x -p -f - -C \"$1\"; code=$?; echo \"knotless-unpacked $code\"; exit $code";
+/// Says the exit code of the command before it on stdout (its `tar x` writes nothing there):
+/// kube-rs loses the exec's Status when it sends the end of stdin after the server has closed
+/// the stream, which a `tar x` that ends at its archive's end allows.
+const SAY_CODE: &str = "code=$?; echo \"knotless-unpacked $code\"; exit $code";
 
 /// The exit code an unpack said on its stdout.
 fn unpacked(stdout: &str) -> Option<i32> {
@@ -37,9 +37,12 @@ fn unpacked(stdout: &str) -> Option<i32> {
 /// Packs the contents of `$1` to stdout, or exits 66 when it is no folder.
 pub const PACK: &str = "[ -d \"$1\" ] || { echo \"no folder $1\" >&2; exit 66; }; exec tar -c -f - -C \"$1\" .";
 
-/// The argv of an unpack into `path`.
-pub fn unpack_argv(path: &str) -> Vec<String> {
-    ["sh", "-c", UNPACK, "sh", path].into_iter().map(str::to_string).collect()
+/// The argv of an upload into `path`, unpacked into `staging` and merged in only when the
+/// stream ends with `seal`, in one exec ([`remote::UNPACK_SEALED`]), its exit code said on
+/// stdout too.
+pub fn unpack_argv(staging: &str, path: &str, seal: &str) -> Vec<String> {
+    let script = format!("(\n{}\n); {SAY_CODE}", remote::UNPACK_SEALED);
+    [String::from("sh"), "-c".into(), script, "sh".into(), staging.into(), path.into(), seal.into()].into()
 }
 
 /// The argv of a pack of `path`.
@@ -70,14 +73,6 @@ async fn said(mut reader: remote::Reader) -> String {
     String::from_utf8_lossy(&kept).trim().replace('\n', " | ")
 }
 
-/// Runs `argv` with no input to its end; its exit code and stderr.
-async fn run(client: &Client, session: &Session, argv: Vec<String>) -> Result<(Option<i32>, String), ExecutorError> {
-    let Exec { stdin, stdout, stderr, ended } = client.exec(&session.namespace, &session.pod, argv, None).await?;
-    drop(stdin);
-    let (said, _, code) = tokio::join!(said(stderr), said(stdout), ended);
-    Ok((code, said))
-}
-
 /// `upload`.
 pub async fn upload(
     executor: &KubernetesExecutor,
@@ -89,31 +84,13 @@ pub async fn upload(
     let client = executor.cluster.get()?.client().await?;
     let path = absolute(&params.path)?;
     let staging = remote::staging_path(&path)?;
-    let unpacked = unpack(&client, &session, &staging, &path, data).await;
-    let finish = match &unpacked {
-        Ok(()) => remote::merge_argv(&staging, &path),
-        Err(_) => remote::discard_argv(&staging),
-    };
-    match run(&client, &session, finish).await {
-        Ok((Some(0), _)) => {}
-        Ok((code, said)) => {
-            let error = ExecutorError::infrastructure(format!(
-                "cannot finish the upload into {path} (exit code {code:?}): {said}"
-            ));
-            return unpacked.and(Err(error));
-        }
-        Err(error) => {
-            let error =
-                ExecutorError::infrastructure(format!("cannot finish the upload into {path}: {}", error.message));
-            return unpacked.and(Err(error));
-        }
-    }
-    unpacked?;
+    unpack(&client, &session, &staging, &path, data).await?;
     tracing::info!(job = %session.job, namespace = %session.namespace, path = %path, "uploaded");
     Ok(())
 }
 
-/// `tar x` of the vetted stream into the folder `staging` in the pod.
+/// One exec of `tar x` into the folder `staging` in the pod, merged into `path` when whole: a
+/// refused, broken or cut stream has no seal, and the pod removes the staging folder itself.
 async fn unpack(
     client: &Client,
     session: &Session,
@@ -121,24 +98,33 @@ async fn unpack(
     path: &str,
     data: UploadStream,
 ) -> Result<(), ExecutorError> {
+    let seal = remote::seal_name()?;
     let Exec { stdin, stdout, stderr, ended } =
-        client.exec(&session.namespace, &session.pod, unpack_argv(staging), None).await?;
+        client.exec(&session.namespace, &session.pod, unpack_argv(staging, path, &seal), None).await?;
     // Entries are vetted on their way: `tar x` in the pod would unpack device nodes and `..`.
     let (fed, said, out, code) =
-        tokio::join!(remote::feed_vetted(data, stdin, path), said(stderr), said(stdout), ended);
+        tokio::join!(remote::feed_vetted_sealed(data, stdin, path, &seal), said(stderr), said(stdout), ended);
     // The Status's exit code, or, when the stream ended without one, what the unpack said.
     let code = code.or_else(|| unpacked(&out));
-    fed.map_err(|error| match error.kind {
-        ErrorKind::Infrastructure => ExecutorError::infrastructure(format!("{}; {said}", error.message)),
-        _ => error,
-    })?;
-    if code != Some(0) {
-        return Err(ExecutorError::infrastructure(format!(
+    // A refused entry is the answer, whatever the cut stream made tar say.
+    if let Err(refusal) = &fed
+        && refusal.kind == ErrorKind::TooLarge
+    {
+        return fed;
+    }
+    match (code, fed) {
+        (Some(0), Ok(())) => Ok(()),
+        (Some(remote::UNPACK_UNMERGED), _) => Err(ExecutorError::infrastructure(format!(
+            "cannot move the upload into place at {path} in pod {}: {said}",
+            session.pod
+        ))),
+        // The stream broke off (the runner's side, the bound): that is the cause.
+        (_, Err(error)) => Err(ExecutorError::infrastructure(format!("{}; {said}", error.message))),
+        (code, Ok(())) => Err(ExecutorError::infrastructure(format!(
             "cannot unpack into {path} in pod {} (exit code {code:?}): {said}",
             session.pod
-        )));
+        ))),
     }
-    Ok(())
 }
 
 /// `download`.
