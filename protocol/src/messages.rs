@@ -249,6 +249,45 @@ pub struct Service {
     pub health_timeout_ms: u64,
 }
 
+impl Service {
+    /// Refuses services a container, a host name and variables cannot be made of: a name that
+    /// is not a DNS label starting with a letter, a name given twice, an empty image, a
+    /// variable name that is not `[A-Za-z_][A-Za-z0-9_]*`. The runner never sends such
+    /// services; an executor checks them all the same before it makes anything.
+    pub fn check_all(services: &[Service]) -> Result<(), crate::ExecutorError> {
+        let refuse = |message: String| Err(crate::ExecutorError::configuration(message));
+        let mut seen = std::collections::BTreeSet::new();
+        for service in services {
+            let name = &service.name;
+            let label = name.len() <= 63
+                && name.starts_with(|c: char| c.is_ascii_lowercase())
+                && !name.ends_with('-')
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !label {
+                return refuse(format!(
+                    "service name {name:?} is not a host name: lowercase letters, digits and -, starting with a letter"
+                ));
+            }
+            if !seen.insert(name.as_str()) {
+                return refuse(format!("service {name} is named twice"));
+            }
+            if service.image.trim().is_empty() {
+                return refuse(format!("service {name} has no image"));
+            }
+            let variable = |key: &String| {
+                key.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            };
+            if let Some(key) = service.env.keys().find(|key| !variable(key)) {
+                return refuse(format!(
+                    "service {name}: variable name {key:?} is not letters, digits and _, not starting with a digit"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The run a session belongs to.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]

@@ -123,35 +123,11 @@ impl Docker {
     }
 }
 
-/// The last few hundred characters of a stream, on one line.
-pub fn tail(bytes: &[u8]) -> String {
-    const KEEP: usize = 600;
-    let text = String::from_utf8_lossy(bytes);
-    let lines: Vec<&str> = text.lines().map(str::trim).filter(|line| !line.is_empty()).collect();
-    let joined = lines.join(" / ");
-    if joined.len() <= KEEP {
-        return joined;
-    }
-    let mut start = joined.len() - KEEP;
-    while !joined.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("...{}", &joined[start..])
-}
+pub use knotless_protocol::sdk::tail;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_tail_is_one_line_and_bounded() {
-        assert_eq!(
-            tail(b"Error response from daemon: x\n\nRun 'docker --help'\n"),
-            "Error response from daemon: x / Run 'docker --help'"
-        );
-        let long = "é".repeat(1000);
-        assert!(tail(long.as_bytes()).len() < 700);
-    }
 
     #[test]
     fn a_missing_container_is_told_from_a_missing_path() {

@@ -15,30 +15,6 @@ use crate::docker::{Docker, Failure, SHORT_CALL};
 /// How often a health command is run again while it fails.
 const HEALTH_EVERY: Duration = Duration::from_millis(200);
 
-/// Refuses a service a container and a host name cannot be made of.
-pub fn check(services: &[Service]) -> Result<(), ExecutorError> {
-    let mut seen = std::collections::BTreeSet::new();
-    for service in services {
-        let name = &service.name;
-        let label = name.len() <= 63
-            && name.starts_with(|c: char| c.is_ascii_lowercase())
-            && !name.ends_with('-')
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !label {
-            return Err(ExecutorError::configuration(format!(
-                "service name {name:?} is not a host name: lowercase letters, digits and -, starting with a letter"
-            )));
-        }
-        if !seen.insert(name.as_str()) {
-            return Err(ExecutorError::configuration(format!("service {name} is named twice")));
-        }
-        if service.image.trim().is_empty() {
-            return Err(ExecutorError::configuration(format!("service {name} has no image")));
-        }
-    }
-    Ok(())
-}
-
 /// Starts each service on `network` and waits until each is healthy. Returns the containers
 /// it made, even on an error: the caller removes them.
 pub async fn start(

@@ -95,7 +95,7 @@ pub async fn start(
     if executor.sessions.lock().contains_key(&params.session) {
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
-    crate::services::check(&params.services)?;
+    Service::check_all(&params.services)?;
     let spec = container_spec(&config, &params)?;
     let docker = &config.docker;
     let mut unwind = Unwind {

@@ -215,26 +215,31 @@ impl Client {
         }
     }
 
-    /// Starts `argv` in the session's pod over the API's exec websocket, its three streams
+    /// Starts `argv` in `container` of the session's pod over the API's exec websocket, its three streams
     /// piped; the exit code comes from the status channel (`None` when the stream ended
     /// without one). `said` receives the status's message when it is not a plain exit code.
     pub async fn exec(
         &self,
         namespace: &str,
         pod: &str,
+        container: &str,
         argv: Vec<String>,
         said: Option<std::sync::Arc<Mutex<Option<String>>>>,
     ) -> Result<Exec, ExecutorError> {
         let pods: Api<Pod> = self.api(namespace);
         let params = AttachParams::default()
-            .container(CONTAINER)
+            .container(container)
             .stdin(true)
             .stdout(true)
             .stderr(true)
             .max_stdin_buf_size(EXEC_BUFFER)
             .max_stdout_buf_size(EXEC_BUFFER)
             .max_stderr_buf_size(EXEC_BUFFER);
-        let what = format!("exec in pod {pod}");
+        let what = if container == CONTAINER {
+            format!("exec in pod {pod}")
+        } else {
+            format!("exec in container {container} of pod {pod}")
+        };
         let mut process = self.limited(&what, pods.exec(pod, argv, &params)).await?;
         let missing = || ExecutorError::infrastructure(format!("{what}: the exec has no stream"));
         let stdin = process.stdin().ok_or_else(missing)?;

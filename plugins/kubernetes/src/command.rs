@@ -22,6 +22,7 @@ use kube::api::Api;
 
 use crate::KubernetesExecutor;
 use crate::api::Client;
+use crate::manifest::CONTAINER;
 use crate::pod::{self, PodState};
 use crate::session::{self, Session};
 
@@ -56,7 +57,7 @@ pub struct Pod<'a> {
 impl Shell for Pod<'_> {
     async fn exec(&self, argv: Vec<String>) -> Result<Exec, ExecutorError> {
         let session = self.session;
-        self.client.exec(&session.namespace, &session.pod, argv, Some(Arc::clone(&self.said))).await
+        self.client.exec(&session.namespace, &session.pod, CONTAINER, argv, Some(Arc::clone(&self.said))).await
     }
 
     async fn lost(&self, step: &str, exited: Option<i32>, _said: &[u8]) -> ExecutorError {

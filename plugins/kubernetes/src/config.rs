@@ -168,7 +168,7 @@ pub fn capabilities() -> Capabilities {
         outputs: true,
         images: true,
         network_policy: true,
-        services: false,
+        services: true,
         max_sessions: None,
     }
 }

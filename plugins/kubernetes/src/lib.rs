@@ -25,6 +25,7 @@ mod exec;
 pub mod manifest;
 pub mod names;
 pub mod pod;
+mod services;
 mod session;
 mod transfer;
 mod watch;

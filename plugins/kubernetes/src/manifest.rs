@@ -5,14 +5,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EmptyDirVolumeSource, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec,
-    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+    Affinity, Container, EmptyDirVolumeSource, EnvVar, HostAlias, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    PodTemplateSpec, ResourceRequirements, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use knotless_protocol::Service;
 
-use crate::names::*;
+use crate::names::{service_container as service_container_name, *};
 
 /// The container's command: keep the pod alive until told to stop, and stop at once on TERM.
 pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done";
@@ -45,6 +46,8 @@ pub struct JobSpecInput {
     pub deadline_secs: Option<i64>,
     /// `ttlSecondsAfterFinished`; `None` when keeping.
     pub ttl_secs: Option<i32>,
+    /// The run's services: a container each in the pod, reached by name through `hostAliases`.
+    pub services: Vec<Service>,
 }
 
 /// The labels of a session's Job and pod.
@@ -86,11 +89,7 @@ pub fn job(input: &JobSpecInput) -> Job {
         working_dir: Some("/work".to_string()),
         resources: (!requests.is_empty())
             .then(|| ResourceRequirements { requests: Some(requests), ..ResourceRequirements::default() }),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(unprivileged()),
         volume_mounts: Some(
             folders
                 .iter()
@@ -114,8 +113,19 @@ pub fn job(input: &JobSpecInput) -> Job {
         }]),
         ..PodAntiAffinity::default()
     };
+    let mut containers = vec![container];
+    containers.extend(input.services.iter().map(service_container));
+    // The pod's containers share one network namespace: a service listens on the pod's
+    // loopback, and its name resolves there through the kubelet-managed /etc/hosts.
+    let host_aliases = (!input.services.is_empty()).then(|| {
+        vec![HostAlias {
+            ip: "127.0.0.1".to_string(),
+            hostnames: Some(input.services.iter().map(|service| service.name.clone()).collect()),
+        }]
+    });
     let pod = PodSpec {
-        containers: vec![container],
+        containers,
+        host_aliases,
         restart_policy: Some("Never".to_string()),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
@@ -155,6 +165,29 @@ pub fn job(input: &JobSpecInput) -> Job {
             ..JobSpec::default()
         }),
         status: None,
+    }
+}
+
+/// What no container of the pod may do: gain privileges.
+fn unprivileged() -> SecurityContext {
+    SecurityContext { allow_privilege_escalation: Some(false), privileged: Some(false), ..SecurityContext::default() }
+}
+
+/// A service's container: its image with its command as the image's `CMD` (`args`: the
+/// entrypoint stays), its variables, none of the run's folders.
+fn service_container(service: &Service) -> Container {
+    let env: Vec<EnvVar> = service
+        .env
+        .iter()
+        .map(|(name, value)| EnvVar { name: name.clone(), value: Some(value.clone()), ..EnvVar::default() })
+        .collect();
+    Container {
+        name: service_container_name(&service.name),
+        image: Some(service.image.clone()),
+        args: service.command.clone(),
+        env: (!env.is_empty()).then_some(env),
+        security_context: Some(unprivileged()),
+        ..Container::default()
     }
 }
 
@@ -206,6 +239,7 @@ mod tests {
             node_selector: BTreeMap::from([("pool".to_string(), "runs".to_string())]),
             deadline_secs: deadline_secs(Some(120_500)),
             ttl_secs: Some(600),
+            services: Vec::new(),
         }
     }
 
@@ -218,6 +252,29 @@ mod tests {
     fn a_kept_job_has_no_ttl_and_no_requests_when_none_are_given() {
         let kept = JobSpecInput { ttl_secs: None, cpu: None, memory: None, deadline_secs: None, ..input() };
         insta::assert_json_snapshot!("job_kept", job(&kept));
+    }
+
+    #[test]
+    fn services_are_containers_of_the_pod_reached_by_name() {
+        let services = vec![
+            Service {
+                name: "db".into(),
+                image: "postgres:16".into(),
+                command: None,
+                env: BTreeMap::from([("POSTGRES_PASSWORD".to_string(), "test".to_string())]),
+                health: Some("pg_isready".into()),
+                health_timeout_ms: 30_000,
+            },
+            Service {
+                name: "web".into(),
+                image: "busybox:1.36".into(),
+                command: Some(vec!["httpd".into(), "-f".into()]),
+                env: BTreeMap::new(),
+                health: None,
+                health_timeout_ms: 60_000,
+            },
+        ];
+        insta::assert_json_snapshot!("job_with_services", job(&JobSpecInput { services, ..input() }));
     }
 
     #[test]

@@ -61,6 +61,20 @@ pub fn policy_name(runner_id: &str) -> String {
     format!("knotless-deny-ingress-{:08x}", hash(runner_id) & 0xffff_ffff)
 }
 
+/// The prefix of a service's container in the run's pod.
+pub const SERVICE_PREFIX: &str = "service-";
+
+/// The container of the service `name` in the run's pod: `service-NAME`, a DNS label (a long
+/// name is cut and given a hash), never the run's own container.
+pub fn service_container(name: &str) -> String {
+    let whole = format!("{SERVICE_PREFIX}{name}");
+    if whole.len() <= 63 {
+        return whole;
+    }
+    let cut: String = name.chars().take(63 - SERVICE_PREFIX.len() - 9).collect();
+    format!("{SERVICE_PREFIX}{}-{:08x}", cut.trim_end_matches('-'), hash(name) & 0xffff_ffff)
+}
+
 /// Whether a name is a DNS label (namespaces, most object names).
 pub fn is_dns_label(name: &str) -> bool {
     !name.is_empty()
@@ -93,5 +107,17 @@ mod tests {
         }
         assert_ne!(job_name("a", "s"), job_name("b", "s"));
         assert!(is_dns_label(&policy_name("r")));
+    }
+
+    #[test]
+    fn service_containers_are_dns_labels_apart_from_the_run_container() {
+        assert_eq!(service_container("db"), "service-db");
+        let long = format!("a{}", "-b".repeat(31));
+        let other = format!("a{}c", "-b".repeat(30));
+        for name in ["run", "db", long.as_str(), other.as_str(), &"x".repeat(63)] {
+            let container = service_container(name);
+            assert!(is_dns_label(&container) && container != "run", "{container}");
+        }
+        assert_ne!(service_container(&long), service_container(&other));
     }
 }

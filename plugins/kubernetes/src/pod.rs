@@ -11,6 +11,9 @@
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 
+use crate::manifest::CONTAINER;
+use crate::names::SERVICE_PREFIX;
+
 /// What a pod is doing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodState {
@@ -51,26 +54,26 @@ pub fn from_pod(pod: &Pod) -> PodState {
     }
     for container in status.container_statuses.iter().flatten() {
         let state = container.state.clone().unwrap_or_default();
+        let who = Container::of(&container.name);
         if let Some(waiting) = state.waiting {
             let reason = waiting.reason.unwrap_or_default();
             let message = waiting.message.unwrap_or_default();
             if let Some(cause) = image_failure(&reason, &message, &container.image) {
-                return PodState::Failed { name, cause };
+                return PodState::Failed { name, cause: who.cause(cause) };
             }
             if matches!(reason.as_str(), "CreateContainerConfigError" | "CreateContainerError" | "CrashLoopBackOff") {
-                return PodState::Failed { name, cause: format!("the container cannot start ({reason}): {message}") };
+                let cause = format!("{} cannot start ({reason}): {message}", who.subject());
+                return PodState::Failed { name, cause };
             }
             if reason == "ImagePullBackOff" {
-                let detail = format!("pulling the image {} backs off (the events say why)", container.image);
+                let detail = who.cause(format!("pulling the image {} backs off (the events say why)", container.image));
                 return PodState::Pending { name, detail };
             }
         }
         if let Some(terminated) = state.terminated {
             let reason = terminated.reason.unwrap_or_default();
-            return PodState::Failed {
-                name,
-                cause: format!("the container ended ({reason}, exit code {})", terminated.exit_code),
-            };
+            let cause = format!("{} ended ({reason}, exit code {})", who.subject(), terminated.exit_code);
+            return PodState::Failed { name, cause };
         }
     }
     let conditions = status.conditions.clone().unwrap_or_default();
@@ -85,6 +88,53 @@ pub fn from_pod(pod: &Pod) -> PodState {
         return PodState::Ready { name };
     }
     PodState::Pending { name, detail: format!("phase {}", if phase.is_empty() { "unknown" } else { &phase }) }
+}
+
+/// A container of the run's pod: the run's own, or a service's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Container {
+    /// The run's container, where steps run.
+    Run,
+    /// A service's container; the service's name.
+    Service(String),
+}
+
+impl Container {
+    /// The container named `name` in the run's pod.
+    pub fn of(name: &str) -> Container {
+        match name.strip_prefix(SERVICE_PREFIX) {
+            Some(service) if name != CONTAINER => Container::Service(service.to_string()),
+            _ => Container::Run,
+        }
+    }
+
+    /// How a message names it.
+    fn subject(&self) -> String {
+        match self {
+            Container::Run => "the container".to_string(),
+            Container::Service(service) => format!("service {service}"),
+        }
+    }
+
+    /// A cause about this container: a service's is prefixed with its name.
+    fn cause(&self, cause: String) -> String {
+        match self {
+            Container::Run => cause,
+            Container::Service(service) => format!("service {service}: {cause}"),
+        }
+    }
+}
+
+/// The container of the pod's first service that has ended, if one has: its log says why.
+pub fn ended_service(pod: &Pod) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses
+        .iter()
+        .find(|status| {
+            matches!(Container::of(&status.name), Container::Service(_))
+                && status.state.as_ref().is_some_and(|state| state.terminated.is_some())
+        })
+        .map(|status| status.name.clone())
 }
 
 /// Why a pod that was Ready cannot run a step any more, if it cannot: it is being deleted
@@ -165,6 +215,12 @@ impl Said {
     pub fn add(&mut self, event: &Event) {
         let reason = event.reason.clone().unwrap_or_default();
         let message = event.message.clone().unwrap_or_default();
+        // The kubelet's events name their container: `spec.containers{NAME}`.
+        let field = event.involved_object.field_path.as_deref().unwrap_or_default();
+        let about = field
+            .strip_prefix("spec.containers{")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .map_or(Container::Run, Container::of);
         match reason.as_str() {
             "FailedCreate" => self.failed_create = Some(message),
             // The last word counts: a later scan may change its mind.
@@ -172,12 +228,12 @@ impl Said {
             "NotTriggerScaleUp" => self.scale = Some(Scale::Refused(message)),
             "InspectFailed" => {
                 let image = quoted(&message).unwrap_or_default();
-                self.image = image_failure("InvalidImageName", &message, &image);
+                self.image = image_failure("InvalidImageName", &message, &image).map(|cause| about.cause(cause));
             }
             "Failed" if message.starts_with("Failed to pull image") => {
                 // `Error: ErrImagePull` and `Error: ImagePullBackOff` say nothing more.
                 let image = quoted(&message).unwrap_or_default();
-                self.image = image_failure("ErrImagePull", &message, &image);
+                self.image = image_failure("ErrImagePull", &message, &image).map(|cause| about.cause(cause));
             }
             _ => {}
         }
@@ -238,6 +294,39 @@ mod tests {
         assert!(said.image.as_deref().is_some_and(|cause| cause.starts_with("the image nope:1 does not exist")));
         let invalid = from_pod(&waiting("InvalidImageName", "couldn't parse image name \"Bad Image!!\""));
         assert!(matches!(invalid, PodState::Failed { ref cause, .. } if cause.contains("is not valid")), "{invalid:?}");
+    }
+
+    #[test]
+    fn a_service_container_is_named_by_its_service() {
+        let running = json!({"running": {}});
+        let two = |service: serde_json::Value| {
+            pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Running", "containerStatuses": [
+                {"name": "run", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0, "state": running},
+                {"name": "service-db", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0, "state": service}
+            ]}}))
+        };
+        let missing = two(json!({"waiting": {"reason": "ErrImagePull", "message": "nope:1: not found"}}));
+        assert!(
+            matches!(from_pod(&missing), PodState::Failed { ref cause, .. } if cause.starts_with("service db: the image nope:1 does not exist")),
+            "{:?}",
+            from_pod(&missing)
+        );
+        assert_eq!(ended_service(&missing), None);
+        let ended = two(json!({"terminated": {"exitCode": 3, "reason": "Error"}}));
+        assert_eq!(
+            from_pod(&ended),
+            PodState::Failed { name: "p".into(), cause: "service db ended (Error, exit code 3)".into() }
+        );
+        assert_eq!(ended_service(&ended).as_deref(), Some("service-db"));
+        assert!(broken(&ended).is_some_and(|cause| cause.contains("service db ended")));
+        let mut said = Said::default();
+        let mut failed =
+            event("Failed", "Failed to pull image \"nope:1\": rpc error: code = NotFound desc = not found");
+        failed.involved_object.field_path = Some("spec.containers{service-db}".into());
+        said.add(&failed);
+        assert!(said.image.as_deref().is_some_and(|cause| cause.starts_with("service db: the image nope:1")));
+        assert_eq!(Container::of("run"), Container::Run);
+        assert_eq!(Container::of("service-run"), Container::Service("run".into()));
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::api::Client;
 use crate::manifest::{self, JobSpecInput};
 use crate::names::{self, RUN_LABEL, RUNNER_LABEL};
 use crate::pod::{self, PodState, Said, Scale};
+use crate::services;
 use crate::watch::{EventWatch, PodWatch};
 
 /// How long `stop` waits for the pod to be gone once deleted with no grace.
@@ -63,6 +64,7 @@ pub async fn start(
     if executor.sessions.lock().contains_key(&params.session) {
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
+    Service::check_all(&params.services)?;
     let client = executor.cluster.get()?.client().await?;
     let image = params.image.clone().filter(|image| !image.is_empty()).unwrap_or_else(|| config.image.clone());
     let input = JobSpecInput {
@@ -77,6 +79,7 @@ pub async fn start(
         node_selector: config.node_selector.clone(),
         deadline_secs: manifest::deadline_secs(params.run_timeout_ms),
         ttl_secs: (!params.keep).then_some(config.ttl_seconds),
+        services: params.services.clone(),
     };
     let job = manifest::job(&input);
     let job_name = names::job_name(&config.runner_id, &params.session);
@@ -103,7 +106,8 @@ pub async fn start(
     }
     // Watching before the Job exists: its pod's every state is seen.
     let pods = PodWatch::start(&client, &config.namespace, &selector);
-    let result = start_job(&client, &job, &job_name, &image, &pods, &limits, &context, &params.session).await;
+    let result =
+        start_job(&client, &job, &job_name, &image, &params.services, &pods, &limits, &context, &params.session).await;
     let outcome = match result {
         Ok(pod) => {
             tracing::info!(job = %job_name, namespace = %config.namespace, image = %image, pod = %pod,
@@ -155,6 +159,7 @@ async fn start_job(
     job: &Job,
     job_name: &str,
     image: &str,
+    services: &[Service],
     pods: &PodWatch,
     limits: &Limits,
     context: &Context,
@@ -166,8 +171,14 @@ async fn start_job(
         return Err(ExecutorError::configuration(format!("{what}: a Job of that name exists already")));
     }
     tracing::info!(job = %job_name, namespace = %namespace, image = %image, "job started");
-    context.log(session, LogLevel::Info, format!("job {job_name} started in {namespace} with {image}")).await;
-    wait_ready(client, &namespace, job_name, pods, limits).await
+    let beside = match services.iter().map(|service| service.name.as_str()).collect::<Vec<_>>() {
+        names if names.is_empty() => String::new(),
+        names => format!(" and services {}", names.join(", ")),
+    };
+    context.log(session, LogLevel::Info, format!("job {job_name} started in {namespace} with {image}{beside}")).await;
+    let pod = wait_ready(client, &namespace, job_name, pods, limits).await?;
+    services::wait_healthy(client, &namespace, &pod, services, pods, limits.hard).await?;
+    Ok(pod)
 }
 
 /// Waits on the watches until the run's pod is Ready, will never be, or time is up.
@@ -215,7 +226,9 @@ async fn wait_ready(
                 }
                 match state {
                     PodState::Ready { name } => return Ok(name),
-                    PodState::Failed { name, cause } => return Err(cannot(&name, &cause)),
+                    PodState::Failed { name, cause } => {
+                        return Err(cannot(&name, &services::with_log(client, pod, cause).await));
+                    }
                     PodState::Pending { name, detail } => {
                         if let Some(cause) = &said.image {
                             return Err(cannot(&name, cause));

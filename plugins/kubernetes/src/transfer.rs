@@ -16,6 +16,7 @@ use tokio::io::AsyncReadExt as _;
 
 use crate::KubernetesExecutor;
 use crate::api::Client;
+use crate::manifest::CONTAINER;
 use crate::session::Session;
 
 /// The exit code of the download script when the folder is missing.
@@ -100,7 +101,7 @@ async fn unpack(
 ) -> Result<(), ExecutorError> {
     let seal = remote::seal_name()?;
     let Exec { stdin, stdout, stderr, ended } =
-        client.exec(&session.namespace, &session.pod, unpack_argv(staging, path, &seal), None).await?;
+        client.exec(&session.namespace, &session.pod, CONTAINER, unpack_argv(staging, path, &seal), None).await?;
     // Entries are vetted on their way: `tar x` in the pod would unpack device nodes and `..`.
     let (fed, said, out, code) =
         tokio::join!(remote::feed_vetted_sealed(data, stdin, path, &seal), said(stderr), said(stdout), ended);
@@ -138,7 +139,7 @@ pub async fn download(
     let client = executor.cluster.get()?.client().await?;
     let path = absolute(&params.path)?;
     let Exec { stdin, stdout, stderr, ended } =
-        client.exec(&session.namespace, &session.pod, pack_argv(&path), None).await?;
+        client.exec(&session.namespace, &session.pod, CONTAINER, pack_argv(&path), None).await?;
     drop(stdin);
     // Special files and links that leave the folder are left out, each named in a warning.
     let copy = async {

@@ -201,9 +201,38 @@ impl Notifier {
     }
 }
 
+/// The last few hundred characters of an output (a client's stderr, a service's log), on one
+/// line: empty lines dropped, the others joined with ` / `, control characters (a terminal
+/// escape) shown as `?`.
+pub fn tail(bytes: &[u8]) -> String {
+    const KEEP: usize = 600;
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|line| !line.is_empty()).collect();
+    let joined: String = lines.join(" / ").chars().map(|char| if char.is_control() { '?' } else { char }).collect();
+    if joined.len() <= KEEP {
+        return joined;
+    }
+    let mut start = joined.len() - KEEP;
+    while !joined.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("...{}", &joined[start..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_is_one_printable_line_and_bounded() {
+        assert_eq!(
+            tail(b"Error response from daemon: x\n\nRun 'docker --help'\n"),
+            "Error response from daemon: x / Run 'docker --help'"
+        );
+        assert_eq!(tail(b"red \x1b[31mtext\tend\r\n"), "red ?[31mtext?end");
+        let long = "\u{e9}".repeat(1000);
+        assert!(tail(long.as_bytes()).len() < 700);
+    }
 
     #[test]
     fn an_output_frame_is_the_notification_serde_would_write() {

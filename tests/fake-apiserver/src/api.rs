@@ -270,7 +270,7 @@ fn dispatch(
     let namespace = if resource.namespaced { info.namespace.as_str() } else { "" };
     let key = resource.key();
     match (info.verb.as_str(), info.subresource.as_str()) {
-        ("get", "log") => pod_log(app, namespace, &info.name),
+        ("get", "log") => pod_log(app, namespace, &info.name, query),
         ("get", _) => {
             let state = app.lock();
             let object = state
@@ -518,14 +518,66 @@ fn apply_patch(target: &mut Value, patch: &Value, content_type: &str) -> Result<
     Ok(())
 }
 
-fn pod_log(app: &Shared, namespace: &str, name: &str) -> Result<Response, ApiError> {
+/// `pods/log`: `PodLogOptions` validated (pkg/apis/core/validation/validation.go
+/// `ValidatePodLogOptions`: `tailLines` not negative), the container chosen as
+/// pkg/registry/core/pod/strategy.go `ValidateContainer` does (the `container` parameter, or the
+/// only container; on a pod of more, a 400 naming them), its state checked as the kubelet's
+/// `validateContainerLogStatus` does (a waiting container has no log yet), then its log file,
+/// its last `tailLines` lines if asked.
+fn pod_log(app: &Shared, namespace: &str, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let tail = match param(query, "tailLines") {
+        None | Some("") => None,
+        Some(value) => match value.parse::<i64>() {
+            Ok(lines) if lines < 0 => {
+                return Err(ApiError::invalid(
+                    "PodLogOptions",
+                    "",
+                    name,
+                    &[crate::status::FieldError::invalid(
+                        "tailLines",
+                        &json!(lines),
+                        "must be greater than or equal to 0",
+                    )],
+                ));
+            }
+            Ok(lines) => Some(usize::try_from(lines).unwrap_or(usize::MAX)),
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "tailLines: strconv.ParseInt: parsing {value:?}: invalid syntax"
+                )));
+            }
+        },
+    };
     let pod =
         app.lock().store.get("pods", namespace, name).cloned().ok_or_else(|| ApiError::not_found("pods", "", name))?;
-    let container = text(&pod, "/spec/containers/0/name").to_string();
-    if pod.pointer("/status/containerStatuses/0/state/waiting").is_some()
-        || pod.pointer("/status/containerStatuses").is_none()
-    {
-        let reason = match text(&pod, "/status/containerStatuses/0/state/waiting/reason") {
+    let containers: Vec<String> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| text(c, "/name").to_string())
+        .collect();
+    let container = match param(query, "container") {
+        Some(container) if !container.is_empty() => {
+            if !containers.iter().any(|c| c == container) {
+                return Err(ApiError::bad_request(format!("container {container} is not valid for pod {name}")));
+            }
+            container.to_string()
+        }
+        _ if containers.len() == 1 => containers[0].clone(),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            )));
+        }
+    };
+    let status = pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .and_then(|statuses| statuses.iter().find(|s| text(s, "/name") == container));
+    if status.is_none_or(|s| s.pointer("/state/waiting").is_some()) {
+        let reason = match status.map(|s| text(s, "/state/waiting/reason")).unwrap_or("") {
             "" => "ContainerCreating",
             reason => reason,
         };
@@ -533,8 +585,24 @@ fn pod_log(app: &Shared, namespace: &str, name: &str) -> Result<Response, ApiErr
             "container \"{container}\" in pod \"{name}\" is waiting to start: {reason}"
         )));
     }
-    let path = app.config.dir.join("pods").join(namespace).join(name).join("log");
-    let data = std::fs::read(path).unwrap_or_default();
+    let path = crate::sandbox::container_dir(&app.config.dir, namespace, name, &container).join("log");
+    let mut data = std::fs::read(path).unwrap_or_default();
+    if let Some(lines) = tail {
+        let starts: Vec<usize> = data
+            .split_inclusive(|b| *b == b'\n')
+            .scan(0, |offset, line| {
+                let start = *offset;
+                *offset += line.len();
+                Some(start)
+            })
+            .collect();
+        let from = match starts.len().checked_sub(lines) {
+            _ if lines == 0 => data.len(),
+            Some(first) => starts[first],
+            None => 0,
+        };
+        data.drain(..from);
+    }
     let mut response = (StatusCode::OK, data).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     Ok(response)

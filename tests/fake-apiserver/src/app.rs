@@ -45,8 +45,8 @@ pub struct Token {
 #[derive(Debug, Default, Clone)]
 pub struct PodRuntime {
     pub uid: String,
-    /// Host PID of the container's PID 1.
-    pub init_pid: Option<i32>,
+    /// Container name → host PID of its PID 1, for each container running now.
+    pub init_pids: BTreeMap<String, i32>,
 }
 
 /// A node's runtime: its kubelet's health.

@@ -8,8 +8,9 @@
 //! upgrade are the registry's (pkg/registry/core/pod/strategy.go `ExecLocation`: container
 //! not valid, completed pod) and the kubelet's (`container not found`).
 //!
-//! The command runs in the pod's namespaces (`nsenter --target <PID 1> --pid --mount --root
-//! --wd`) with a clean environment. Output is read only as fast as the socket takes it: one
+//! The command runs in the namespaces of the container the `container` parameter names (the
+//! only one, if the pod has one; `nsenter --target <its PID 1> --pid --mount --root --wd`) with
+//! a clean environment. Output is read only as fast as the socket takes it: one
 //! 32 KiB read at a time through a queue of 8 frames. Mid-step faults fire at the first stdout
 //! byte of a `sh -s` exec, once each.
 
@@ -144,12 +145,14 @@ fn prepare(app: &Shared, info: &RequestInfo, query: &[(String, String)]) -> Resu
     if state.rt.nodes.get(&node).is_some_and(|n| n.lost_at.is_some()) {
         return Err(ApiError::internal(format!("error dialing backend: dial tcp {}:10250: i/o timeout", "10.0.0.2")));
     }
+    // The kubelet finds the container among those running (pkg/kubelet/kubelet.go
+    // `findContainer`): one not started yet, or ended, is not found.
     let init = state
         .rt
         .pods
         .get(&(info.namespace.clone(), info.name.clone()))
         .filter(|p| p.uid == text(&pod, "/metadata/uid"))
-        .and_then(|p| p.init_pid)
+        .and_then(|p| p.init_pids.get(&container).copied())
         .ok_or_else(|| ApiError::bad_request(format!("container not found (\"{container}\")")))?;
     Ok(Session {
         namespace: info.namespace.clone(),

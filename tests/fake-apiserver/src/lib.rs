@@ -1,8 +1,8 @@
 //! The fake API server as a test starts it: [`FakeCluster`] runs the built
 //! `knotless-fake-apiserver` (the real REST, watch and exec API; controllers, scheduler,
 //! autoscaler and kubelet modelled as upstream) on a free port with its kubeconfig, gives its
-//! control endpoints (faults, objects, request counts, nodes), and ends it with every pod
-//! sandbox it ran. The Kubernetes executor's tests and the end-to-end tests use it; the server
+//! control endpoints (faults, objects, request counts, nodes), and ends it with the sandbox of
+//! every container it ran. The Kubernetes executor's tests and the end-to-end tests use it; the server
 //! itself is the binary (`src/main.rs`), which a test builds first
 //! (`cargo build -p knotless-fake-apiserver`).
 
@@ -160,7 +160,8 @@ fn unchunk(mut text: &str) -> String {
 }
 
 impl Drop for FakeCluster {
-    /// Ends the server (it kills its pods' sandboxes), then kills any sandbox it left.
+    /// Ends the server (it kills its containers' sandboxes), then kills any sandbox it left:
+    /// the PID 1 in `pods/<ns>/<pod>/<container>/init.pid` of every container still running.
     fn drop(&mut self) {
         let _ = self.server.stdin.take();
         let _ = Command::new("kill").args(["-TERM", &self.server.id().to_string()]).status();
@@ -173,8 +174,10 @@ impl Drop for FakeCluster {
         let pods = self.state().join("pods");
         for namespace in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
             for pod in std::fs::read_dir(namespace.path()).into_iter().flatten().flatten() {
-                if let Ok(pid) = std::fs::read_to_string(pod.path().join("init.pid")) {
-                    let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+                for container in std::fs::read_dir(pod.path()).into_iter().flatten().flatten() {
+                    if let Ok(pid) = std::fs::read_to_string(container.path().join("init.pid")) {
+                        let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+                    }
                 }
             }
         }

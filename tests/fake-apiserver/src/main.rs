@@ -5,7 +5,7 @@
 //!
 //! `knotless-fake-apiserver --state DIR --rootfs ROOTFS.tar [flags]` binds 127.0.0.1:0, writes
 //! `DIR/kubeconfig`, prints `ready DIR/kubeconfig`, and serves until SIGTERM/SIGINT or until
-//! its stdin closes; on exit it kills every pod sandbox it started.
+//! its stdin closes; on exit it kills the sandbox of every container it started.
 
 mod api;
 mod app;
@@ -197,8 +197,8 @@ async fn main() -> anyhow::Result<()> {
         result = serve => result?,
         _ = stop => {}
     }
-    // Kill every sandbox: SIGKILL to a PID namespace's init takes all its processes.
-    let pids: Vec<i32> = app.lock().rt.pods.values().filter_map(|p| p.init_pid).collect();
+    // Kill every container's sandbox: SIGKILL to a PID namespace's init takes all its processes.
+    let pids: Vec<i32> = app.lock().rt.pods.values().flat_map(|p| p.init_pids.values().copied()).collect();
     for pid in pids {
         sandbox::signal(pid, Signal::SIGKILL);
     }

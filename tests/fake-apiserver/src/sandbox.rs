@@ -1,9 +1,15 @@
-//! A pod's container as a Linux sandbox (moved from tests/fake-kubectl/src/pods.rs): a busybox
-//! root folder unpacked from the rootfs tar, the container's command as PID 1 of its own PID
-//! and mount namespaces (`unshare --pid --fork --mount --mount-proc --root --wd`), with a clean
-//! environment as a container runtime gives (PATH, HOSTNAME, HOME and the container's `env`),
-//! stdout and stderr to the container log. `setpriv --pdeathsig KILL` and
-//! `unshare --kill-child` tie the sandbox to this server: if it dies, its pods die.
+//! A pod's containers as Linux sandboxes (moved from tests/fake-kubectl/src/pods.rs), one per
+//! container as the runtime gives each its own root filesystem and PID namespace: a busybox
+//! root folder unpacked from the rootfs tar into `DIR/pods/<ns>/<pod>/<container>/root`, the
+//! container's command as PID 1 of its own PID and mount namespaces (`unshare --pid --fork
+//! --mount --mount-proc --root --wd`), with a clean environment as a container runtime gives
+//! (PATH, HOSTNAME, HOME and the container's `env`), stdout and stderr to the container's log
+//! (`<container>/log`), its PID 1 in `<container>/init.pid` while it runs, and the kubelet's
+//! managed `/etc/hosts` written into its root (pkg/kubelet/kubelet_pods.go `makeHostsMount`
+//! mounts one file into every container; here each root gets a copy). The sandboxes share the
+//! host's network namespace rather than one of the pod's own: containers of a pod reach each
+//! other on 127.0.0.1 as in a real pod, and so do those of other pods. `setpriv --pdeathsig
+//! KILL` and `unshare --kill-child` tie a sandbox to this server: if it dies, its pods die.
 //! Signals go to PID 1 as the runtime sends them (a PID 1 without a handler ignores TERM, as in
 //! a real container); freezing (node lost) stops every process of the PID namespace.
 
@@ -24,6 +30,12 @@ pub fn pod_dir(dir: &Path, namespace: &str, pod: &str) -> PathBuf {
     dir.join("pods").join(namespace).join(pod)
 }
 
+/// The folder of a container's files: `DIR/pods/<ns>/<pod>/<container>` (`root`, `log`,
+/// `init.pid`).
+pub fn container_dir(dir: &Path, namespace: &str, pod: &str, container: &str) -> PathBuf {
+    pod_dir(dir, namespace, pod).join(container)
+}
+
 /// What a container runs.
 #[derive(Debug, Clone, Default)]
 pub struct ContainerSpec {
@@ -31,23 +43,32 @@ pub struct ContainerSpec {
     pub env: Vec<(String, String)>,
     pub working_dir: String,
     pub mounts: Vec<String>,
+    /// The pod's hostname (`HOSTNAME`).
+    pub hostname: String,
+    /// The kubelet-managed `/etc/hosts`, if the kubelet writes one.
+    pub hosts: Option<String>,
 }
 
-/// Unpacks the root and starts the container; the unshare process and the host PID of the
+/// Unpacks the container's root and starts it; the unshare process and the host PID of the
 /// container's PID 1 (`None` if it already exited).
 pub async fn start(
     dir: &Path,
     rootfs: &Path,
     namespace: &str,
     pod: &str,
+    container: &str,
     spec: &ContainerSpec,
 ) -> anyhow::Result<(Child, Option<i32>)> {
-    let base = pod_dir(dir, namespace, pod);
+    let base = container_dir(dir, namespace, pod, container);
     let root = base.join("root");
     tokio::fs::create_dir_all(&root).await?;
     let status = Command::new("tar").arg("-xf").arg(rootfs).arg("-C").arg(&root).status().await.context("tar")?;
     if !status.success() {
         bail!("cannot unpack {} into {}", rootfs.display(), root.display());
+    }
+    if let Some(hosts) = &spec.hosts {
+        tokio::fs::create_dir_all(root.join("etc")).await?;
+        tokio::fs::write(root.join("etc/hosts"), hosts).await.context("/etc/hosts")?;
     }
     // A container runtime gives every container these devices.
     for (name, minor) in [("null", 3), ("zero", 5), ("random", 8), ("urandom", 9)] {
@@ -88,7 +109,7 @@ pub async fn start(
         .args(&spec.command)
         .env_clear()
         .env("PATH", POD_PATH)
-        .env("HOSTNAME", pod)
+        .env("HOSTNAME", &spec.hostname)
         .env("HOME", "/root");
     for (name, value) in &spec.env {
         command.env(name, value);
@@ -115,7 +136,7 @@ pub async fn start(
             return Ok((child, None));
         }
         if Instant::now() > until {
-            bail!("the sandbox of pod {namespace}/{pod} did not start");
+            bail!("the sandbox of container {container} of pod {namespace}/{pod} did not start");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -156,7 +177,7 @@ pub fn freeze(init: i32, frozen: bool) {
     }
 }
 
-/// Removes a finished pod's root (its log stays).
-pub async fn remove_root(dir: &Path, namespace: &str, pod: &str) {
-    let _ = tokio::fs::remove_dir_all(pod_dir(dir, namespace, pod).join("root")).await;
+/// Removes a finished container's root (its log stays).
+pub async fn remove_root(dir: &Path, namespace: &str, pod: &str, container: &str) {
+    let _ = tokio::fs::remove_dir_all(container_dir(dir, namespace, pod, container).join("root")).await;
 }

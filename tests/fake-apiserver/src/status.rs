@@ -155,6 +155,7 @@ pub enum FieldErrorKind {
     NotSupported,
     Forbidden,
     NotFound,
+    Duplicate,
 }
 
 impl FieldErrorKind {
@@ -165,6 +166,7 @@ impl FieldErrorKind {
             Self::NotSupported => "FieldValueNotSupported",
             Self::Forbidden => "FieldValueForbidden",
             Self::NotFound => "FieldValueNotFound",
+            Self::Duplicate => "FieldValueDuplicate",
         }
     }
     fn text(self) -> &'static str {
@@ -174,6 +176,7 @@ impl FieldErrorKind {
             Self::NotSupported => "Unsupported value",
             Self::Forbidden => "Forbidden",
             Self::NotFound => "Not found",
+            Self::Duplicate => "Duplicate value",
         }
     }
 }
@@ -206,6 +209,9 @@ impl FieldError {
     }
     pub fn not_found(field: impl Into<String>, value: &Value) -> Self {
         Self { kind: FieldErrorKind::NotFound, field: field.into(), value: Some(render(value)), detail: String::new() }
+    }
+    pub fn duplicate(field: impl Into<String>, value: &Value) -> Self {
+        Self { kind: FieldErrorKind::Duplicate, field: field.into(), value: Some(render(value)), detail: String::new() }
     }
     pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
         Self { kind: FieldErrorKind::Forbidden, field: field.into(), value: None, detail: detail.into() }

@@ -1,9 +1,11 @@
 //! Value validation on create, as pkg/apis/core/validation/validation.go (`ValidatePodSpec`,
-//! `validateContainers`, `ValidateResourceRequirements`, `ValidateNodeSelector`),
+//! `validateContainers` with its duplicate names, `ValidateEnv`, `ValidateHostAliases`,
+//! `ValidateResourceRequirements`, `ValidateNodeSelector`),
 //! pkg/apis/batch/validation/validation.go (`ValidateJob`: restartPolicy, backoffLimit,
 //! activeDeadlineSeconds, ttlSecondsAfterFinished) and the name and label checks of
 //! staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go
-//! (`IsDNS1123Subdomain`, `IsDNS1123Label`, `IsQualifiedName`, `IsValidLabelValue`) do them.
+//! (`IsDNS1123Subdomain`, `IsDNS1123Label`, `IsQualifiedName`, `IsValidLabelValue`,
+//! `IsEnvVarName`) and of ip.go (`IsValidIPForLegacyField` with strict validation) do them.
 //! The API server checks only that an image is non-empty without surrounding whitespace: a
 //! malformed reference is the kubelet's to refuse (`InvalidImageName`).
 
@@ -14,6 +16,7 @@ use crate::status::FieldError;
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 const QUALIFIED_MSG: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+const ENV_VAR_MSG: &str = "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must not start with a digit (e.g. 'my.env-name',  or 'MY_ENV.NAME',  or 'MyEnvName1', regex used for validation is '[-._a-zA-Z][-._a-zA-Z0-9]*')";
 const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
 
 fn dns_label_ok(s: &str) -> bool {
@@ -37,6 +40,48 @@ pub fn dns1123_label(s: &str) -> Option<String> {
         return Some("must be no more than 63 characters".into());
     }
     (!dns_label_ok(s)).then(|| LABEL_MSG.to_string())
+}
+
+/// `IsEnvVarName`: every error (the regex, then `hasChDirPrefix`).
+pub fn env_var_name(s: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    let bytes = s.as_bytes();
+    let ok = bytes.first().is_some_and(|b| b.is_ascii_alphabetic() || matches!(b, b'-' | b'.' | b'_'))
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if !ok {
+        errors.push(ENV_VAR_MSG.to_string());
+    }
+    if s == "." {
+        errors.push("must not be '.'".into());
+    } else if s == ".." {
+        errors.push("must not be '..'".into());
+    } else if s.starts_with("..") {
+        errors.push("must not start with '..'".into());
+    }
+    errors
+}
+
+/// `IsValidIPForLegacyField` with strict validation (`parseIP`): the first error, if any.
+/// Go's sloppy parser takes IPv4 octets with leading zeros, which the strict check then refuses.
+pub fn ip_address(s: &str) -> Option<String> {
+    match s.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => {
+            Some("must not be an IPv4-mapped IPv6 address".into())
+        }
+        Ok(_) => None,
+        Err(_) => {
+            let octets: Vec<&str> = s.split('.').collect();
+            let sloppy = octets.len() == 4
+                && octets.iter().all(|o| {
+                    !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()) && o.parse::<u32>().is_ok_and(|v| v <= 255)
+                });
+            Some(if sloppy {
+                "must not have leading 0s".into()
+            } else {
+                "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)".into()
+            })
+        }
+    }
 }
 
 fn name_part_ok(s: &str) -> bool {
@@ -139,6 +184,7 @@ pub fn pod_spec(spec: &Value, path: &str, job: bool, errors: &mut Vec<FieldError
     if containers.is_empty() {
         errors.push(FieldError::required(format!("{path}.containers"), ""));
     }
+    let mut names = std::collections::BTreeSet::new();
     for (i, container) in containers.iter().enumerate() {
         let at = format!("{path}.containers[{i}]");
         let name = container.get("name").and_then(Value::as_str).unwrap_or("");
@@ -146,6 +192,9 @@ pub fn pod_spec(spec: &Value, path: &str, job: bool, errors: &mut Vec<FieldError
             errors.push(FieldError::required(format!("{at}.name"), ""));
         } else if let Some(error) = dns1123_label(name) {
             errors.push(FieldError::invalid(format!("{at}.name"), &json!(name), error));
+        }
+        if !names.insert(name) {
+            errors.push(FieldError::duplicate(format!("{at}.name"), &json!(name)));
         }
         let image = container.get("image").and_then(Value::as_str).unwrap_or("");
         if image.is_empty() {
@@ -172,8 +221,13 @@ pub fn pod_spec(spec: &Value, path: &str, job: bool, errors: &mut Vec<FieldError
             }
         }
         for (j, env) in container.get("env").and_then(Value::as_array).into_iter().flatten().enumerate() {
-            if env.get("name").and_then(Value::as_str).unwrap_or("").is_empty() {
+            let name = env.get("name").and_then(Value::as_str).unwrap_or("");
+            if name.is_empty() {
                 errors.push(FieldError::required(format!("{at}.env[{j}].name"), ""));
+            } else {
+                for error in env_var_name(name) {
+                    errors.push(FieldError::invalid(format!("{at}.env[{j}].name"), &json!(name), error));
+                }
             }
         }
         for (j, mount) in container.get("volumeMounts").and_then(Value::as_array).into_iter().flatten().enumerate() {
@@ -185,6 +239,19 @@ pub fn pod_spec(spec: &Value, path: &str, job: bool, errors: &mut Vec<FieldError
             }
             if mount.get("mountPath").and_then(Value::as_str).unwrap_or("").is_empty() {
                 errors.push(FieldError::required(format!("{at}.volumeMounts[{j}].mountPath"), ""));
+            }
+        }
+    }
+    for (i, alias) in spec.get("hostAliases").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let ip = alias.get("ip").and_then(Value::as_str).unwrap_or("");
+        if let Some(error) = ip_address(ip) {
+            errors.push(FieldError::invalid(format!("{path}.hostAliases[{i}].ip"), &json!(ip), error));
+        }
+        for (j, hostname) in alias.get("hostnames").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let hostname = hostname.as_str().unwrap_or("");
+            if let Some(error) = dns1123_subdomain(hostname) {
+                let field = format!("{path}.hostAliases[{i}].hostnames[{j}]");
+                errors.push(FieldError::invalid(field, &json!(hostname), error));
             }
         }
     }
@@ -260,5 +327,24 @@ mod tests {
         assert!(label_value("").is_none());
         assert!(label_value("-x").is_some());
         assert!(label_value(&"a".repeat(64)).is_some());
+    }
+
+    #[test]
+    fn env_names_and_ips() {
+        assert!(env_var_name("MY_ENV.NAME-1").is_empty());
+        assert!(env_var_name("_x").is_empty());
+        assert_eq!(env_var_name("1X"), vec![ENV_VAR_MSG.to_string()]);
+        assert_eq!(env_var_name("A=B"), vec![ENV_VAR_MSG.to_string()]);
+        assert_eq!(env_var_name(".."), vec!["must not be '..'".to_string()]);
+        assert_eq!(env_var_name("..x"), vec!["must not start with '..'".to_string()]);
+        assert_eq!(ip_address("127.0.0.1"), None);
+        assert_eq!(ip_address("2001:db8::1"), None);
+        assert_eq!(ip_address("010.0.0.1").as_deref(), Some("must not have leading 0s"));
+        assert_eq!(ip_address("::ffff:1.2.3.4").as_deref(), Some("must not be an IPv4-mapped IPv6 address"));
+        assert_eq!(
+            ip_address("300.1.1.1").as_deref(),
+            Some("must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")
+        );
+        assert!(ip_address("web").is_some() && ip_address("").is_some());
     }
 }

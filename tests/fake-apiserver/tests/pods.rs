@@ -139,7 +139,7 @@ async fn job_pod_watch_exec_and_foreground_delete() {
     assert_eq!(logs, "started\n");
 
     // Foreground deletion: the Job stays with the finalizer until its pod is gone.
-    let init: i32 = std::fs::read_to_string(server.dir.join("pods/t1").join(&name).join("init.pid"))
+    let init: i32 = std::fs::read_to_string(server.dir.join("pods/t1").join(&name).join("run/init.pid"))
         .unwrap()
         .trim()
         .parse()

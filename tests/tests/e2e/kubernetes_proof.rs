@@ -108,3 +108,37 @@ fn two_runs_cold_then_warm_on_nodes_the_autoscaler_adds_and_removes() {
     assert!(added >= 1 && removed >= 1, "the autoscaler added {added} and removed {removed} node(s)");
     assert!(!mark.exists(), "kubectl was run: {}", std::fs::read_to_string(&mark).unwrap_or_default());
 }
+
+/// `knotless-run run` with the Kubernetes executor and a workflow with a service: a busybox
+/// web server in the run's pod, reached from the step by its name, healthy before it; the Job
+/// and its pod (the service with it) are gone after the run.
+#[test]
+fn a_service_runs_in_the_run_pod_and_its_step_reaches_it_by_name() {
+    let cluster = FakeCluster::start(&["--grace", "2s"]);
+    // The fake's pods share the host's network: a port of this test's own.
+    let port = 30_000 + std::process::id() % 20_000;
+    let repo = knotless_tests::Repo::new();
+    repo.workflow(
+        "ci",
+        &format!(
+            "services:\n  web:\n    image: busybox\n    command: [sh, -c, \"mkdir -p /www && echo hello from $WHO > /www/index.html && exec httpd -f -p {port} -h /www\"]\n    env: {{ WHO: web }}\n    health: wget -q -O /dev/null http://127.0.0.1:{port}/\n    health-timeout: 30s\nsteps:\n  - name: fetch\n    run: wget -q -O - http://web:{port}/\n"
+        ),
+    );
+    let kubeconfig = cluster.kubeconfig.display().to_string();
+    let ran = knotless_tests::ran(knotless_tests::knotless_run(&[
+        "run",
+        &repo.path().display().to_string(),
+        "--executor",
+        "kubernetes",
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        "knotless-runs",
+        "--image",
+        "busybox",
+    ]));
+    assert_eq!(ran.code, Some(0), "{}", ran.both());
+    assert!(ran.stdout.contains("ci/fetch | hello from web"), "{}", ran.both());
+    assert!(ran.stdout.contains("and services web"), "{}", ran.both());
+    cluster.wait_clean();
+}

@@ -283,8 +283,8 @@ fn evict(state: &mut State) {
     }
 }
 
-/// `POST /fake/nodes/{name}/lose` and `/restore`: the kubelet stops (its pods' processes
-/// frozen: the node answers nothing) or comes back.
+/// `POST /fake/nodes/{name}/lose` and `/restore`: the kubelet stops (the processes of every
+/// container of its pods frozen: the node answers nothing) or comes back.
 pub fn set_lost(state: &mut State, name: &str, lost: bool) -> bool {
     let Some(rt) = state.rt.nodes.get_mut(name) else { return false };
     if lost {
@@ -297,8 +297,8 @@ pub fn set_lost(state: &mut State, name: &str, lost: bool) -> bool {
     }
     for pod in pods_on(state, name) {
         let key = util::ns_name(&pod);
-        if let Some(init) = state.rt.pods.get(&key).and_then(|p| p.init_pid) {
-            crate::sandbox::freeze(init, lost);
+        for init in state.rt.pods.get(&key).into_iter().flat_map(|p| p.init_pids.values()) {
+            crate::sandbox::freeze(*init, lost);
         }
     }
     true

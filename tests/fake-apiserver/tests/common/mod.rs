@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kube::api::{AttachParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde_json::{Value, json};
@@ -190,4 +192,35 @@ pub fn job(name: &str, script: &str, extra_spec: Value) -> Value {
 
 pub fn json<T: serde::Serialize>(value: &T) -> Value {
     serde_json::to_value(value).unwrap()
+}
+
+/// An exec into one container of a pod (`container=NAME`), without stdin: its stdout, its
+/// stderr and the Status (`None` when the stream ended without one).
+pub async fn exec_in(
+    pods: &Api<Pod>,
+    name: &str,
+    container: &str,
+    command: &[&str],
+) -> (String, String, Option<Status>) {
+    use tokio::io::AsyncReadExt;
+    let params = AttachParams::default().container(container).stdin(false).stdout(true).stderr(true);
+    let mut attached = pods.exec(name, command.to_vec(), &params).await.unwrap();
+    let mut out_reader = attached.stdout().unwrap();
+    let mut err_reader = attached.stderr().unwrap();
+    let status = attached.take_status().unwrap();
+    // kube-rs closes stdout and stderr only after a Status: read them while waiting for it.
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (mut out_open, mut err_open) = (true, true);
+    tokio::pin!(status);
+    let status = loop {
+        tokio::select! {
+            status = &mut status => break status,
+            read = out_reader.read_buf(&mut out), if out_open => out_open = matches!(read, Ok(n) if n > 0),
+            read = err_reader.read_buf(&mut err), if err_open => err_open = matches!(read, Ok(n) if n > 0),
+        }
+    };
+    while out_open && matches!(out_reader.read_buf(&mut out).now_or_never(), Some(Ok(n)) if n > 0) {}
+    while err_open && matches!(err_reader.read_buf(&mut err).now_or_never(), Some(Ok(n)) if n > 0) {}
+    drop(attached);
+    (String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned(), status)
 }
