@@ -6,6 +6,11 @@
 //! candidates by each value's first bytes, instead of its automaton, whose prefilter gives up
 //! on more than three first bytes (4 times faster for 100 random tokens). Fewer first bytes,
 //! more values, or a CPU without the instructions take the automaton.
+//! When every value is at least [`SAMPLED_SHORTEST`] bytes long, the text is sampled instead
+//! ([`Sampler`]): only the four bytes at every `shortest - 3`th position are looked up in a
+//! bitmap of every four bytes found anywhere in a value, since every occurrence of a value
+//! spans one such position; the automaton (a DFA, without a prefilter) runs only in the
+//! windows around the positions found there.
 //! A stream holds back only the bytes that could still begin a secret (a proper prefix of one):
 //! never more than the longest value minus one byte.
 
@@ -26,10 +31,49 @@ pub struct Masker {
 struct Inner {
     /// `None` when there are no values.
     finder: Option<Finder>,
+    /// `None` when a value is shorter than [`SAMPLED_SHORTEST`].
+    sampler: Option<Sampler>,
     /// The values, sorted and deduplicated, to find which could still begin at a chunk's end.
     values: Vec<Vec<u8>>,
     /// The longest value's length.
     longest: usize,
+    /// Their first bytes, for [`Masker::hold_from`].
+    beginnings: Beginnings,
+}
+
+/// The first byte and the first two bytes of each value: a tail of the text that begins
+/// otherwise begins no value, and needs no search among them.
+struct Beginnings {
+    firsts: [u64; 4],
+    pairs: Box<[u64; 1024]>,
+}
+
+impl Beginnings {
+    fn new(values: &[Vec<u8>]) -> Beginnings {
+        let mut beginnings = Beginnings { firsts: [0; 4], pairs: Box::new([0; 1024]) };
+        for value in values {
+            if let [first, rest @ ..] = value.as_slice() {
+                beginnings.firsts[usize::from(*first) / 64] |= 1 << (first % 64);
+                if let [second, ..] = rest {
+                    let pair = usize::from(*first) << 8 | usize::from(*second);
+                    beginnings.pairs[pair / 64] |= 1 << (pair % 64);
+                }
+            }
+        }
+        beginnings
+    }
+
+    /// Whether some value may begin with `tail` (`false` only when none does).
+    fn may_begin(&self, tail: &[u8]) -> bool {
+        match tail {
+            [] => false,
+            [first] => self.firsts[usize::from(*first) / 64] & (1 << (first % 64)) != 0,
+            [first, second, ..] => {
+                let pair = usize::from(*first) << 8 | usize::from(*second);
+                self.pairs[pair / 64] & (1 << (pair % 64)) != 0
+            }
+        }
+    }
 }
 
 /// The values could not be compiled into a matcher (only for absurdly many or long values).
@@ -47,13 +91,24 @@ impl fmt::Debug for Masker {
 impl Masker {
     /// A masker for `values`; empty values are ignored.
     pub fn new(values: impl IntoIterator<Item = impl AsRef<[u8]>>) -> Result<Masker, MaskError> {
+        Masker::build(values, Sampling::WhereFaster)
+    }
+
+    fn build(values: impl IntoIterator<Item = impl AsRef<[u8]>>, sampling: Sampling) -> Result<Masker, MaskError> {
         let mut values: Vec<Vec<u8>> =
             values.into_iter().map(|value| value.as_ref().to_vec()).filter(|value| !value.is_empty()).collect();
         values.sort();
         values.dedup();
         let longest = values.iter().map(Vec::len).max().unwrap_or(0);
-        let finder = if values.is_empty() { None } else { Some(Finder::new(&values)?) };
-        Ok(Masker { inner: Arc::new(Inner { finder, values, longest }) })
+        let sample = match sampling {
+            Sampling::WhereFaster => values.len() > GROUP && first_bytes(&values) > 3,
+            #[cfg(test)]
+            Sampling::Always => true,
+        };
+        let sampler = if sample { Sampler::new(&values) } else { None };
+        let finder = if values.is_empty() { None } else { Some(Finder::new(&values, sampler.is_some())?) };
+        let beginnings = Beginnings::new(&values);
+        Ok(Masker { inner: Arc::new(Inner { finder, sampler, values, longest, beginnings }) })
     }
 
     /// Whether there is nothing to mask.
@@ -88,13 +143,36 @@ impl Masker {
             return hold;
         };
         let mut done = 0;
-        for (start, end) in finder.matches(bytes) {
+        let mut mask = |start: usize, end: usize| {
             if start >= hold {
-                break;
+                return false;
             }
             out.extend_from_slice(&bytes[done..start]);
             out.extend_from_slice(MASK);
             done = end;
+            true
+        };
+        match &self.inner.sampler {
+            Some(sampler) => {
+                // Every match lies whole in one window: searched window by window, in order.
+                'windows: for (from, to) in sampler.windows(bytes, self.inner.longest) {
+                    if from >= hold {
+                        break;
+                    }
+                    for (start, end) in finder.matches(&bytes[from..to]) {
+                        if !mask(from + start, from + end) {
+                            break 'windows;
+                        }
+                    }
+                }
+            }
+            None => {
+                for (start, end) in finder.matches(bytes) {
+                    if !mask(start, end) {
+                        break;
+                    }
+                }
+            }
         }
         if done < hold {
             out.extend_from_slice(&bytes[done..hold]);
@@ -111,11 +189,142 @@ impl Masker {
         (earliest..bytes.len())
             .find(|&position| {
                 let tail = &bytes[position..];
+                if !self.inner.beginnings.may_begin(tail) {
+                    return false;
+                }
                 // Values longer than `tail` that start with it sort right after it.
                 let after = values.partition_point(|value| value.as_slice() <= tail);
                 values.get(after).is_some_and(|value| value.starts_with(tail))
             })
             .unwrap_or(bytes.len())
+    }
+}
+
+/// When a masker samples the text ([`Sampler`]).
+#[derive(Clone, Copy)]
+enum Sampling {
+    /// Only where the search of the whole text is slower: for more values than one packed
+    /// searcher takes, beginning with more than three different bytes (random tokens). Fewer
+    /// values are found faster by their first bytes (`memchr`, `memmem` or one packed search).
+    WhereFaster,
+    /// Whenever every value is long enough, to test the sampler with any values.
+    #[cfg(test)]
+    Always,
+}
+
+/// How many different bytes the values begin with.
+fn first_bytes(values: &[Vec<u8>]) -> usize {
+    values.iter().filter_map(|value| value.first()).copied().collect::<std::collections::BTreeSet<u8>>().len()
+}
+
+/// The shortest values the [`Sampler`] takes: with shorter ones it would sample too often.
+const SAMPLED_SHORTEST: usize = 8;
+
+/// How many bytes the [`Sampler`] looks up at once.
+const GRAM: usize = 4;
+
+/// A filter that tells where values may be, looking at a few positions of the text.
+///
+/// A value of length `n` holds `n - GRAM + 1` runs of [`GRAM`] bytes, starting at
+/// consecutive positions; with `stride = shortest - GRAM + 1`, an occurrence of any value
+/// therefore has one of them start at a multiple of `stride`. The bitmap holds a bit for
+/// each run of every value, by hash (a bit for a run no value holds only costs a search), so
+/// a position whose bit is clear is in no occurrence: the search runs only in the
+/// windows around the positions whose bit is set.
+struct Sampler {
+    stride: usize,
+    bits: Box<[u64; SAMPLER_BITS / 64]>,
+}
+
+/// The sampler's bitmap's size in bits: 128 KiB, about 256 bits for each run of 100 values of
+/// 40 bytes, so that few positions of ordinary text find a bit set by chance.
+const SAMPLER_BITS: usize = 1 << 20;
+
+impl Sampler {
+    /// `None` when a value is shorter than [`SAMPLED_SHORTEST`] (or there are none).
+    fn new(values: &[Vec<u8>]) -> Option<Sampler> {
+        let shortest = values.iter().map(Vec::len).min()?;
+        if shortest < SAMPLED_SHORTEST {
+            return None;
+        }
+        // Made on the heap: the array is too large to pass through the stack.
+        let bits = vec![0; SAMPLER_BITS / 64].into_boxed_slice().try_into().ok()?;
+        let mut sampler = Sampler { stride: shortest - GRAM + 1, bits };
+        for value in values {
+            for run in value.windows(GRAM) {
+                let bit = sampler.bit(run);
+                sampler.bits[bit / 64] |= 1 << (bit % 64);
+            }
+        }
+        Some(sampler)
+    }
+
+    fn bit(&self, run: &[u8]) -> usize {
+        let run = u32::from_le_bytes([run[0], run[1], run[2], run[3]]);
+        (run.wrapping_mul(0x9e37_79b1) >> (32 - SAMPLER_BITS.trailing_zeros())) as usize
+    }
+
+    /// The windows of `bytes` that hold every occurrence of a value (each whole in one),
+    /// in order, disjoint; `longest` is the longest value's length.
+    fn windows<'a>(&'a self, bytes: &'a [u8], longest: usize) -> impl Iterator<Item = (usize, usize)> + 'a {
+        // A value with a run at `position` starts at most `longest - GRAM` bytes before it
+        // and ends at most `longest` bytes after it.
+        let mut hits = Hits { sampler: self, bytes, block: 0, found: 0 }
+            .map(move |position| (position.saturating_sub(longest - GRAM), (position + longest).min(bytes.len())));
+        let mut current = hits.next();
+        std::iter::from_fn(move || {
+            let (from, mut to) = current?;
+            loop {
+                match hits.next() {
+                    Some((next_from, next_to)) if next_from <= to => to = next_to,
+                    next => {
+                        current = next;
+                        return Some((from, to));
+                    }
+                }
+            }
+        })
+    }
+
+    /// Whether the run at `position` of `bytes` has its bit set (`false` past the end).
+    fn set(&self, bytes: &[u8], position: usize) -> bool {
+        let Some(run) = bytes.get(position..position + GRAM) else { return false };
+        let bit = self.bit(run);
+        self.bits[bit / 64] & (1 << (bit % 64)) != 0
+    }
+}
+
+/// How many sampled positions [`Hits`] looks up before it branches on what it found.
+const BLOCK: usize = 8;
+
+/// The sampled positions whose bit is set, in order: looked up [`BLOCK`] at a time, without
+/// a branch on each, so that the lookups overlap.
+struct Hits<'a> {
+    sampler: &'a Sampler,
+    bytes: &'a [u8],
+    /// The first position of the next block to look up.
+    block: usize,
+    /// The hits of the block before it not yet returned, one bit each.
+    found: u32,
+}
+
+impl Iterator for Hits<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let stride = self.sampler.stride;
+        while self.found == 0 {
+            if self.block + GRAM > self.bytes.len() {
+                return None;
+            }
+            for index in 0..BLOCK {
+                self.found |= u32::from(self.sampler.set(self.bytes, self.block + index * stride)) << index;
+            }
+            self.block += BLOCK * stride;
+        }
+        let index = self.found.trailing_zeros() as usize;
+        self.found &= self.found - 1;
+        Some(self.block - (BLOCK - index) * stride)
     }
 }
 
@@ -133,12 +342,22 @@ const GROUP: usize = 64;
 const PACKED_LIMIT: usize = 4 * GROUP;
 
 impl Finder {
-    fn new(values: &[Vec<u8>]) -> Result<Finder, MaskError> {
+    /// A finder for the whole text, or for the short windows a [`Sampler`] finds (`sampled`):
+    /// there a DFA without a prefilter, which starts at once.
+    fn new(values: &[Vec<u8>], sampled: bool) -> Result<Finder, MaskError> {
+        if sampled {
+            let mut builder = AhoCorasick::builder();
+            builder.match_kind(MatchKind::LeftmostLongest).prefilter(false);
+            // A DFA grows with the values' total length: past its limits, the default kind.
+            let automaton = match builder.kind(Some(aho_corasick::AhoCorasickKind::DFA)).build(values) {
+                Ok(automaton) => automaton,
+                Err(_) => builder.kind(None).build(values)?,
+            };
+            return Ok(Finder::Automaton(automaton));
+        }
         // With three first bytes or fewer the automaton's prefilter looks for those bytes
         // with `memchr`, faster than the packed search when the bytes are rare.
-        let first_bytes: std::collections::BTreeSet<u8> =
-            values.iter().filter_map(|value| value.first()).copied().collect();
-        if values.len() <= PACKED_LIMIT && first_bytes.len() > 3 {
+        if values.len() <= PACKED_LIMIT && first_bytes(values) > 3 {
             let groups: Option<Vec<packed::Searcher>> = values
                 .chunks(GROUP)
                 .map(|group| {
@@ -461,8 +680,13 @@ mod tests {
             let sorted = &masker.inner.values;
             let automaton =
                 AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(sorted).expect("automaton");
-            let inner =
-                Inner { finder: Some(Finder::Automaton(automaton)), values: sorted.clone(), longest: masker.longest() };
+            let inner = Inner {
+                finder: Some(Finder::Automaton(automaton)),
+                sampler: None,
+                values: sorted.clone(),
+                longest: masker.longest(),
+                beginnings: Beginnings::new(sorted),
+            };
             let by_automaton = Masker { inner: Arc::new(inner) };
             assert_eq!(by_automaton.mask(&text), expected, "{values:?} {text:?}");
         }
@@ -471,21 +695,20 @@ mod tests {
     #[test]
     fn up_to_256_values_take_the_packed_searchers_and_more_the_automaton() {
         // Their first bytes differ (a to z), as random tokens' do.
+        // Shorter than eight bytes, so that the text is searched whole.
         let values = |count: usize| {
-            (0..count)
-                .map(|index| format!("{}{index:04}-token", char::from(b'a' + (index % 26) as u8)))
-                .collect::<Vec<_>>()
+            (0..count).map(|index| format!("{}{index:04}-t", char::from(b'a' + (index % 26) as u8))).collect::<Vec<_>>()
         };
         let packed = |masker: &Masker| matches!(masker.inner.finder, Some(Finder::Packed(_)));
         // The packed searcher needs SIMD instructions; without them every masker takes the automaton.
         if cfg!(target_arch = "x86_64") && std::arch::is_x86_feature_detected!("ssse3") {
             let masker = Masker::new(values(256)).expect("masker");
             assert!(packed(&masker));
-            assert_eq!(masker.mask(b"a v0255-token and h0007-token."), b"a *** and ***.");
+            assert_eq!(masker.mask(b"a v0255-t and h0007-t."), b"a *** and ***.");
         }
         let many = Masker::new(values(257)).expect("masker");
         assert!(!packed(&many));
-        assert_eq!(many.mask(b"a w0256-token and h0007-token."), b"a *** and ***.");
+        assert_eq!(many.mask(b"a w0256-t and h0007-t."), b"a *** and ***.");
         // Values that all begin alike take the automaton, whose prefilter looks for that byte.
         let alike = Masker::new(["token-1", "token-2", "token-3", "token-4", "token-5"]).expect("masker");
         assert!(!packed(&alike));
@@ -504,10 +727,79 @@ mod tests {
         };
         let values: Vec<Vec<u8>> = ["ab", "abc", "bcd", "zz"].iter().map(|value| value.as_bytes().to_vec()).collect();
         for groups in [vec![short, long], vec![long_again, short_again]] {
-            let inner = Inner { finder: Some(Finder::Packed(groups)), values: values.clone(), longest: 3 };
+            let inner = Inner {
+                finder: Some(Finder::Packed(groups)),
+                sampler: None,
+                values: values.clone(),
+                longest: 3,
+                beginnings: Beginnings::new(&values),
+            };
             let masker = Masker { inner: Arc::new(inner) };
             assert_eq!(masker.mask(b"x abc x abcd x zabcd"), b"x *** x ***d x z***d");
             assert_eq!(masker.mask(b"bcd ab"), b"*** ***");
         }
+    }
+
+    #[test]
+    fn sampled_masking_matches_leftmost_longest_whole_and_in_chunks() {
+        let mut rng = Rng(0x5a3b_1ed0_0000_0017);
+        // Two or three letters, so that values overlap, repeat and sit side by side.
+        for round in 0..600 {
+            let alphabet: &[u8] = if round % 2 == 0 { b"ab" } else { b"abz" };
+            let count = match round % 3 {
+                0 => 1,
+                1 => 2 + rng.below(5),
+                _ => 60 + rng.below(100),
+            };
+            let values: Vec<Vec<u8>> = (0..count)
+                .map(|_| (0..SAMPLED_SHORTEST + rng.below(7)).map(|_| alphabet[rng.below(alphabet.len())]).collect())
+                .collect();
+            let masker = Masker::build(&values, Sampling::Always).expect("masker builds");
+            assert!(masker.inner.sampler.is_some(), "{values:?}");
+            let text: Vec<u8> = (0..rng.below(200)).map(|_| alphabet[rng.below(alphabet.len())]).collect();
+            let expected = naive(&masker.inner.values, &text);
+            assert_eq!(masker.mask(&text), expected, "{values:?} {text:?}");
+            for _ in 0..5 {
+                let mut cuts: Vec<usize> = (0..rng.below(8)).map(|_| rng.below(text.len() + 1)).collect();
+                cuts.sort();
+                assert_eq!(stream_cut(&masker, &text, &cuts), expected, "{values:?} {text:?} {cuts:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn values_in_ordinary_text_are_found_at_every_offset() {
+        // Each value put at every offset of a line of text, and at the end of the text.
+        let values = ["ghp_0123456789abcdefghij", "hunter2-hunter2", "secret-value-042-xxxx"];
+        let masker = Masker::build(values, Sampling::Always).expect("masker builds");
+        assert!(masker.inner.sampler.is_some());
+        for value in values {
+            for offset in 0..40 {
+                let text = format!("{}{value} tail", "compiling crate ".repeat(3).get(..offset).unwrap_or(""));
+                let masked = masker.mask(text.as_bytes());
+                assert_eq!(masked, text.replace(value, "***").as_bytes(), "{text}");
+                let end = format!("{}{value}", "x".repeat(offset));
+                assert_eq!(masker.mask(end.as_bytes()), end.replace(value, "***").as_bytes(), "{end}");
+            }
+        }
+    }
+
+    #[test]
+    fn many_tokens_are_sampled_and_few_values_or_alike_values_are_not() {
+        let sampled = |values: &[String]| Masker::new(values).expect("masker builds").inner.sampler.is_some();
+        let tokens: Vec<String> =
+            (0..GROUP + 1).map(|index| format!("{}{index:08}", char::from(b'a' + (index % 26) as u8))).collect();
+        assert!(sampled(&tokens));
+        assert!(!sampled(&tokens[..GROUP]), "one packed search is faster");
+        let alike: Vec<String> = (0..100).map(|index| format!("secret-value-{index:03}")).collect();
+        assert!(!sampled(&alike), "the automaton's prefilter looks for their one first byte");
+        let mut short = tokens.clone();
+        short.push("1234567".into());
+        assert!(!sampled(&short), "a value shorter than eight bytes");
+        let masker = Masker::new(&short).expect("masker builds");
+        assert_eq!(masker.mask(b"a 1234567 b c00000028"), b"a *** b ***");
+        let forced = |values: &[&str]| Masker::build(values, Sampling::Always).expect("masker builds");
+        assert!(forced(&["12345678", "abcdefgh"]).inner.sampler.is_some());
+        assert!(forced(&["12345678", "1234567"]).inner.sampler.is_none());
     }
 }
