@@ -1,14 +1,15 @@
-//! `command`: one step as `/bin/sh -ec <script>` under its own reaper ([`crate::reaper`]),
-//! its output streamed as it comes, killed at its timeout or on cancellation, and the
-//! processes a secret-bearing step left behind killed after it.
+//! `command`: one step as `/bin/sh -ec <script>` under a reaper ([`crate::reaper`]), its
+//! output streamed as it comes, killed at its timeout or on cancellation, and the processes
+//! a secret-bearing step left behind killed after it.
 //!
 //! When the step's shell exits, output is read on until both pipes close or [`SETTLE`]
 //! passes with them still open: a process the step left running (`sleep 100 &`) holds the
 //! pipes, and the step must not wait for it. A non-secret step's leftovers may go on running
 //! (a step may start a service for later steps) under their reaper, which the session keeps
-//! until `stop`; their later output is not attributed to any step. A secret-bearing step's
-//! leftovers are killed, and its reaper has exited, before the result is sent: no process
-//! holding the step's secrets outlives it.
+//! until `stop`; their later output is not attributed to any step. A step that left nothing
+//! gives its reaper back to the session for the next step. A secret-bearing step's leftovers
+//! are killed, and its reaper has exited, before the result is sent: no process holding the
+//! step's secrets outlives it.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,8 @@ enum Ending {
     Cancelled,
     /// Its reaper ended before the shell did: the step killed or stopped it.
     Lost,
+    /// Its shell could not be started.
+    Failed(String),
 }
 
 /// `command`.
@@ -58,9 +61,10 @@ pub async fn run(
     let deadline = tokio::time::Instant::from_std(context.deadline(params.timeout_ms));
     let spec = StepSpec { script: &params.script, env: step_env(&params, &session, &config), workdir: &workdir };
     let started = Instant::now();
-    let (mut reaper, stdout, stderr) = Reaper::spawn(spec).map_err(|error| {
+    let cannot_start = |error: &dyn std::fmt::Display| {
         ExecutorError::infrastructure(format!("cannot start the step {step_name} in session {}: {error}", session.id))
-    })?;
+    };
+    let (mut reaper, stdout, stderr) = start(&session, spec).await.map_err(|error| cannot_start(&error))?;
     tracing::debug!(session = %session.id, step = params.step, name = %params.name, reaper = reaper.pid(), "step started");
     let mut pipes = Pipes::new(Some(stdout), Some(stderr));
 
@@ -73,7 +77,8 @@ pub async fn run(
             }
             event = reaper.next() => match event {
                 Event::Exit(code) => break Ending::Exited(code),
-                Event::Killed { .. } | Event::Gone | Event::Lost => break Ending::Lost,
+                Event::Failed(error) => break Ending::Failed(error),
+                Event::Killed { .. } | Event::Idle | Event::Gone | Event::Lost => break Ending::Lost,
             },
             () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
             () = context.cancelled() => break Ending::Cancelled,
@@ -96,6 +101,11 @@ pub async fn run(
                 }
                 _ => ExecutorError::cancelled(),
             });
+        }
+        Ending::Failed(error) => {
+            drain(&mut pipes, &context, &session.id, params.step).await;
+            session.keep_idle(reaper);
+            return Err(cannot_start(&error));
         }
         Ending::Lost => {
             // Once the reaper is collected, its orphans are this process's children.
@@ -122,9 +132,7 @@ pub async fn run(
         drain(&mut pipes, &context, &session.id, params.step).await;
     } else {
         match settle(&mut reaper, &mut pipes, &context, &session.id, params.step).await {
-            Settled::Gone => {
-                reaper.finish().await;
-            }
+            Settled::Idle => session.keep_idle(reaper),
             // Leftovers live on (a service for later steps): their reaper stays with the session.
             Settled::Running => session.linger(reaper),
             Settled::Lost => {
@@ -135,6 +143,33 @@ pub async fn run(
     }
     tracing::debug!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
     Ok(CommandResult { exit_code, duration_ms, killed_processes })
+}
+
+/// Runs the step under the session's idle reaper, or a new one when there is none or it is
+/// gone (killed while it waited); returns the reaper and the step's pipes.
+async fn start(session: &Session, spec: StepSpec<'_>) -> std::io::Result<(Reaper, Receiver, Receiver)> {
+    if let Some(mut idle) = session.take_idle() {
+        match idle.run(spec.clone()).await {
+            Ok((stdout, stderr)) => return Ok((idle, stdout, stderr)),
+            Err(error) if error.kind() == std::io::ErrorKind::InvalidInput => {
+                // Refused before anything was sent: the reaper still waits.
+                session.keep_idle(idle);
+                return Err(error);
+            }
+            Err(error) => {
+                tracing::debug!(session = %session.id, reaper = idle.pid(), "an idle reaper is gone: {error}");
+                idle.abandon().await;
+            }
+        }
+    }
+    let mut reaper = Reaper::spawn()?;
+    match reaper.run(spec).await {
+        Ok((stdout, stderr)) => Ok((reaper, stdout, stderr)),
+        Err(error) => {
+            reaper.abandon().await;
+            Err(error)
+        }
+    }
 }
 
 /// The step's whole environment: of the executor's own, only `PATH` and the user's
@@ -172,30 +207,30 @@ async fn kill(reaper: Reaper, context: &Context, session: &Session, step_name: &
 
 /// What a step left when its shell ended.
 enum Settled {
-    /// Nothing: its reaper is gone.
-    Gone,
+    /// Nothing: its reaper waits for another step.
+    Idle,
     /// Processes that go on running.
     Running,
     /// Its reaper died: what it left is this process's.
     Lost,
 }
 
-/// Reads the step's last output until both pipes close and the reaper says it is gone, or
+/// Reads the step's last output until both pipes close and the reaper says it is idle, or
 /// [`SETTLE`] passes; then closes the pipes.
 async fn settle(reaper: &mut Reaper, pipes: &mut Pipes, context: &Context, session: &str, step: u32) -> Settled {
     let settle = tokio::time::sleep(SETTLE);
     tokio::pin!(settle);
-    let mut gone = false;
-    while pipes.is_open() || !gone {
+    let mut idle = false;
+    while pipes.is_open() || !idle {
         tokio::select! {
             chunk = pipes.read(), if pipes.is_open() => {
                 if let Some((stream, bytes)) = chunk {
                     context.output(session, step, stream, &bytes).await;
                 }
             }
-            event = reaper.next(), if !gone => match event {
-                Event::Gone => gone = true,
-                Event::Exit(_) | Event::Killed { .. } | Event::Lost => {
+            event = reaper.next(), if !idle => match event {
+                Event::Idle => idle = true,
+                Event::Exit(_) | Event::Failed(_) | Event::Killed { .. } | Event::Gone | Event::Lost => {
                     pipes.close();
                     return Settled::Lost;
                 }
@@ -204,7 +239,7 @@ async fn settle(reaper: &mut Reaper, pipes: &mut Pipes, context: &Context, sessi
         }
     }
     pipes.close();
-    if gone { Settled::Gone } else { Settled::Running }
+    if idle { Settled::Idle } else { Settled::Running }
 }
 
 /// The step's output pipes.

@@ -5,10 +5,10 @@
 //! own process group, with a cleared environment holding only the step's variables and its
 //! own secrets, under a step reaper ([`reaper`]): a child subreaper whose descendants are
 //! exactly the step's processes, however they hide (`setsid`, a double fork, a cleared
-//! environment).
+//! environment), kept by the session for its next step when the step left nothing.
 //!
 //! Invariants:
-//! - stdout is the protocol's: nothing in this crate prints (the reaper's stderr is its step's).
+//! - stdout is the protocol's: nothing in this crate prints (a reaper's stdio is `/dev/null`).
 //! - variables and secrets reach a step through its environment only, never an argv or a file.
 //! - a step's processes are found through its reaper's process tree, never by a scan of the
 //!   host's `/proc`; when a reaper dies, its orphans come back to the executor, also a

@@ -3,25 +3,31 @@
 //!
 //! It is a fork of the executor that never execs (see [`Reaper::spawn`]): starting a second
 //! program for every step cost more than the step's own shell. It makes itself a child
-//! subreaper (`PR_SET_CHILD_SUBREAPER`), so that every orphan of the step (a `setsid` daemon,
-//! a double fork) becomes its child instead of init's: the step's processes are exactly the
-//! reaper's descendants. It runs `/bin/sh -ec SCRIPT` with the step's environment (its
-//! variables and secrets, which never reach an argv), its stdout and stderr (the step's
-//! pipes), its working folder and stdin from `/dev/null`. Between the fork and its exit it
-//! keeps only its three descriptors, and it names itself `knotless-reaper` (its `comm`, as
-//! `ps -o comm` and `top` show; its command line stays the executor's).
+//! subreaper (`PR_SET_CHILD_SUBREAPER`), so that every orphan of a step (a `setsid` daemon,
+//! a double fork) becomes its child instead of init's: while a step runs, its processes are
+//! exactly the reaper's descendants. It runs one step at a time, `/bin/sh -ec SCRIPT` with the
+//! step's environment (its variables and secrets, which never reach an argv), its stdout and
+//! stderr (the step's pipes, which the reaper closes once the shell has them), its working
+//! folder and stdin from `/dev/null`. Between steps it has no descendant, and a session keeps
+//! it for its next step (forking one costs more than the step's own shell); a step that
+//! leaves processes running keeps its reaper to itself, and one given secrets ends it. It
+//! keeps only `/dev/null` on its three standard descriptors, its socket and its signalfd, and
+//! it names itself `knotless-reaper` (its `comm`, as `ps -o comm` and `top` show; its command
+//! line stays the executor's).
 //!
 //! Its stdin is one end of a Unix socket pair; the executor holds the other ([`Reaper`]). On
 //! it, one line per message:
 //!
+//! - executor to reaper: `run LENGTH`, with the step's two pipes passed along
+//!   (`SCM_RIGHTS`), then `LENGTH` bytes: its working folder, its script, then each variable's
+//!   name and value, each ended by a NUL byte; `kill GRACE_MS`: SIGTERM to every descendant,
+//!   SIGKILL after the grace period, until none is left; `end`: the same, then exit;
 //! - reaper to executor: `exit CODE` when the step's shell ended (128 + N for signal N),
-//!   `killed PID...` after a kill, `stuck PID...` before it for processes that outlived
-//!   SIGKILL, and `gone` just before it exits, once the shell has ended and no descendant is
-//!   left;
-//! - executor to reaper: `kill GRACE_MS`: SIGTERM to every descendant, SIGKILL after the
-//!   grace period, until none is left.
+//!   `failed MESSAGE` when it could not be started, `killed PID...` after a kill, `stuck
+//!   PID...` before it for processes that outlived SIGKILL, `idle` once the step's shell has
+//!   ended and no descendant is left, and `gone` just before it exits.
 //!
-//! When the socket ends (the executor died or dropped the step) the reaper kills every
+//! When the socket ends (the executor died or dropped the reaper) the reaper kills every
 //! descendant and exits. When the reaper itself dies (a step may `kill -9 $PPID`), its
 //! orphans come back to the executor, also a subreaper, which kills them
 //! ([`kill_strays`]).
@@ -30,8 +36,9 @@
 #![allow(unsafe_code)]
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
+use std::io::{IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -45,6 +52,7 @@ use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, pthread_sigmask, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 use tokio::io::unix::AsyncFd;
@@ -57,55 +65,40 @@ use crate::processes::{self, AFTER_KILL, GRACE, Killed, Process};
 /// The longest line either side sends; a longer one is a broken peer.
 const MAX_LINE: usize = 1 << 20;
 
+/// The longest step (its folder, script and environment) the executor sends a reaper.
+const MAX_STEP: usize = 1 << 28;
+
 /// The reaper's name in `/proc/PID/comm` (15 bytes at most).
 const NAME: &std::ffi::CStr = c"knotless-reaper";
 
-/// The reaper's descriptors: its copies of what the executor made before the fork.
-struct Descriptors {
-    control: UnixStream,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
-}
-
-/// The forked reaper's whole life: it never returns into the executor's code. Only this
-/// thread exists here, and every lock another thread of the executor held at the fork stays
-/// held: the reaper writes its errors to fd 2 itself instead of through `std::io::stderr`,
-/// and touches nothing of the executor's (no runtime, no log, no shared state). Allocation
-/// is safe: glibc's `fork` resets its allocator's locks in the child.
-fn reaper_main(descriptors: Descriptors, shell: std::process::Command) -> ! {
-    let code = match become_reaper(descriptors).and_then(|control| Supervisor::start(control, shell)) {
+/// The reaper's whole life: it never returns into the executor's code. Only this thread
+/// exists here, and every lock another thread of the executor held at the fork stays held:
+/// the reaper touches nothing of the executor's (no runtime, no log, no shared state).
+/// Allocation is safe: glibc's `fork` resets its allocator's locks in the child.
+fn reaper_main(control: UnixStream) -> ! {
+    let code = match become_reaper(control).and_then(Supervisor::start) {
         Ok(mut supervisor) => match supervisor.run() {
             Ok(()) => 0,
-            Err(error) => {
+            Err(_) => {
                 // The socket broke (the executor died): nobody may be left with the secrets.
                 supervisor.kill(GRACE);
-                say_on_stderr(&error);
                 1
             }
         },
-        Err(error) => {
-            say_on_stderr(&error);
-            1
-        }
+        Err(_) => 1,
     };
     // SAFETY: `_exit` ends this process at once, running none of the exit handlers or
     // destructors, which are the executor's.
     unsafe { libc::_exit(code) }
 }
 
-/// Writes the reaper's error to its stderr, the step's: the message lands in the step's log.
-fn say_on_stderr(error: &std::io::Error) {
-    let message = format!("knotless step reaper: {error}\n");
-    let _ = nix::unistd::write(std::io::stderr().as_fd(), message.as_bytes());
-}
-
 /// Gives the reaper the default signal dispositions of a fresh program (the executor's
-/// handlers would write to descriptors it no longer has), puts the step's pipes on fds 1
-/// and 2, closes every other descriptor of the executor but the control socket (its
-/// protocol pipes, other steps' pipes: a reaper holding them would keep them from ever
-/// closing), and takes its own process group (a Ctrl-C at the runner's terminal reaches the
-/// runner, which stops the step through the executor). Returns the control socket.
-fn become_reaper(descriptors: Descriptors) -> std::io::Result<UnixStream> {
+/// handlers would write to descriptors it no longer has), puts `/dev/null` on fds 0 to 2,
+/// closes every other descriptor of the executor but the control socket (its protocol
+/// pipes, steps' pipes: a reaper holding them would keep them from ever closing), and takes
+/// its own process group (a Ctrl-C at the runner's terminal reaches the runner, which stops
+/// the step through the executor). Returns the control socket.
+fn become_reaper(control: UnixStream) -> std::io::Result<UnixStream> {
     for signal in Signal::iterator() {
         if matches!(signal, Signal::SIGKILL | Signal::SIGSTOP) {
             continue;
@@ -117,14 +110,15 @@ fn become_reaper(descriptors: Descriptors) -> std::io::Result<UnixStream> {
     }
     // Every signal was blocked across the fork ([`Reaper::spawn`]).
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
-    let Descriptors { control, stdout, stderr } = descriptors;
     let kept = control.as_raw_fd();
-    if [kept, stdout.as_raw_fd(), stderr.as_raw_fd()].iter().any(|fd| *fd <= 2) {
+    if kept <= 2 {
         return Err(std::io::Error::other("the executor's standard descriptors are closed"));
     }
-    nix::unistd::dup2_stdout(&stdout)?;
-    nix::unistd::dup2_stderr(&stderr)?;
-    nix::unistd::dup2_stdin(std::fs::File::open("/dev/null")?)?;
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    nix::unistd::dup2_stdin(&null)?;
+    nix::unistd::dup2_stdout(&null)?;
+    nix::unistd::dup2_stderr(&null)?;
+    drop(null);
     // SAFETY: closes every descriptor above 2 but the control socket; this process uses
     // none of them again (`_exit` drops nothing).
     let closed = unsafe {
@@ -134,7 +128,6 @@ fn become_reaper(descriptors: Descriptors) -> std::io::Result<UnixStream> {
     if closed != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    std::mem::forget((stdout, stderr));
     nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
     let _ = nix::sys::prctl::set_name(NAME);
     Ok(control)
@@ -144,31 +137,45 @@ fn become_reaper(descriptors: Descriptors) -> std::io::Result<UnixStream> {
 struct Supervisor {
     control: UnixStream,
     signals: SignalFd,
+    /// The step's shell while a step runs.
+    step: Option<Step>,
+    /// What the executor sent that was not read yet.
+    pending: Vec<u8>,
+    /// The descriptors passed along with `run`, in the order they came.
+    passed: Vec<OwnedFd>,
+    /// Lines for the executor, sent together before the reaper waits again (a step's `exit`
+    /// and `idle` in one wake-up of the executor).
+    outbox: Vec<u8>,
+}
+
+/// The step that runs.
+struct Step {
     shell: Pid,
     shell_done: bool,
-    pending: Vec<u8>,
+}
+
+/// What the executor asked.
+enum Command {
+    Run { spec: Vec<u8> },
+    Kill(Duration),
+    End,
 }
 
 impl Supervisor {
-    fn start(control: UnixStream, mut shell: std::process::Command) -> std::io::Result<Supervisor> {
+    fn start(control: UnixStream) -> std::io::Result<Supervisor> {
         nix::sys::prctl::set_child_subreaper(true)?;
-        // SIGCHLD is read from a signalfd; the shell gets an empty mask back from std.
+        // SIGCHLD is read from a signalfd; a step's shell gets an empty mask back from std.
         let mut mask = SigSet::empty();
         mask.add(Signal::SIGCHLD);
         mask.thread_block()?;
         let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
-        let shell = shell.spawn()?;
-        Ok(Supervisor {
-            control,
-            signals,
-            shell: Pid::from_raw(shell.id() as i32),
-            shell_done: false,
-            pending: Vec::new(),
-        })
+        Ok(Supervisor { control, signals, step: None, pending: Vec::new(), passed: Vec::new(), outbox: Vec::new() })
     }
 
+    /// Serves the executor until it says `end` (`Ok`) or its socket ends or breaks (`Err`).
     fn run(&mut self) -> std::io::Result<()> {
         loop {
+            self.flush()?;
             let (signalled, commanded) = {
                 let mut fds = [
                     PollFd::new(self.signals.as_fd(), PollFlags::POLLIN),
@@ -185,54 +192,142 @@ impl Supervisor {
             if signalled {
                 while let Ok(Some(_)) = self.signals.read_signal() {}
             }
-            if commanded && !self.command()? {
-                // The executor is gone: nobody may read the step's processes' secrets any more.
-                self.kill(GRACE);
-                return Ok(());
-            }
-            if !self.reap()? {
-                self.send("gone")?;
-                return Ok(());
-            }
-        }
-    }
-
-    /// Reads and obeys what the executor sent; `false` once the socket has ended.
-    fn command(&mut self) -> std::io::Result<bool> {
-        let mut buffer = [0u8; 256];
-        let read = match self.control.read(&mut buffer) {
-            Ok(0) => return Ok(false),
-            Ok(read) => read,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => return Ok(true),
-            Err(_) => return Ok(false),
-        };
-        self.pending.extend_from_slice(&buffer[..read]);
-        while let Some(end) = self.pending.iter().position(|&byte| byte == b'\n') {
-            let line: Vec<u8> = self.pending.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line[..end]).into_owned();
-            match line.strip_prefix("kill ").and_then(|grace| grace.parse::<u64>().ok()) {
-                Some(grace) => {
-                    let killed = self.kill(Duration::from_millis(grace));
-                    if !killed.stuck.is_empty() {
-                        self.send(&format!("stuck{}", pids(&killed.stuck)))?;
+            if commanded {
+                self.receive()?;
+                while let Some(command) = self.next_command()? {
+                    match command {
+                        Command::Run { spec } => self.run_step(&spec)?,
+                        Command::Kill(grace) => {
+                            let killed = self.kill(grace);
+                            if !killed.stuck.is_empty() {
+                                self.send(&format!("stuck{}", pids(&killed.stuck)))?;
+                            }
+                            self.send(&format!("killed{}", pids(&killed.killed)))?;
+                        }
+                        Command::End => {
+                            self.kill(GRACE);
+                            self.send("gone")?;
+                            return self.flush();
+                        }
                     }
-                    self.send(&format!("killed{}", pids(&killed.killed)))?;
                 }
-                None => return Ok(false),
+            }
+            if self.step.is_some() && !self.reap()? {
+                self.step = None;
+                self.send("idle")?;
             }
         }
-        if self.pending.len() > MAX_LINE {
-            return Ok(false);
-        }
-        Ok(true)
     }
 
-    /// Kills every descendant; reports the shell's end on the way if it ends then.
+    /// Reads what the executor sent, with the descriptors passed along; an error once the
+    /// socket has ended.
+    fn receive(&mut self) -> std::io::Result<()> {
+        let mut buffer = [0u8; 64 << 10];
+        let mut space = nix::cmsg_space!([RawFd; 2]);
+        let (read, fds) = {
+            let mut iov = [IoSliceMut::new(&mut buffer)];
+            let message =
+                match recvmsg::<()>(self.control.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+                    Ok(message) => message,
+                    Err(Errno::EINTR | Errno::EAGAIN) => return Ok(()),
+                    Err(error) => return Err(error.into()),
+                };
+            let mut fds = Vec::new();
+            for control in message.cmsgs()? {
+                if let ControlMessageOwned::ScmRights(received) = control {
+                    fds.extend(received);
+                }
+            }
+            (message.bytes, fds)
+        };
+        for fd in fds {
+            // SAFETY: the kernel just made this descriptor for this process; nothing else owns it.
+            self.passed.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        if read == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        self.pending.extend_from_slice(&buffer[..read]);
+        Ok(())
+    }
+
+    /// The next whole command in what was read, if there is one.
+    fn next_command(&mut self) -> std::io::Result<Option<Command>> {
+        let broken = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let Some(end) = self.pending.iter().position(|&byte| byte == b'\n') else {
+            return match self.pending.len() > MAX_LINE {
+                true => Err(broken("a line too long")),
+                false => Ok(None),
+            };
+        };
+        let line = String::from_utf8_lossy(&self.pending[..end]).into_owned();
+        let command = if line == "end" {
+            Command::End
+        } else if let Some(grace) = line.strip_prefix("kill ").and_then(|grace| grace.parse::<u64>().ok()) {
+            Command::Kill(Duration::from_millis(grace))
+        } else if let Some(length) = line.strip_prefix("run ").and_then(|length| length.parse::<usize>().ok()) {
+            if length > MAX_STEP {
+                return Err(broken("a step too long"));
+            }
+            if self.pending.len() < end + 1 + length {
+                return Ok(None);
+            }
+            let spec = self.pending[end + 1..end + 1 + length].to_vec();
+            self.pending.drain(..end + 1 + length);
+            return Ok(Some(Command::Run { spec }));
+        } else {
+            return Err(broken("an unknown command"));
+        };
+        self.pending.drain(..=end);
+        Ok(Some(command))
+    }
+
+    /// Starts a step's shell; says `failed` when it cannot.
+    fn run_step(&mut self, spec: &[u8]) -> std::io::Result<()> {
+        if self.passed.len() < 2 || self.step.is_some() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "a step without its pipes, or two at once",
+            ));
+        }
+        let stderr = self.passed.remove(1);
+        let stdout = self.passed.remove(0);
+        let mut fields = spec.split(|&byte| byte == 0);
+        let (Some(workdir), Some(script)) = (fields.next(), fields.next()) else {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a step without its script"));
+        };
+        let os = |bytes: &[u8]| std::ffi::OsStr::from_bytes(bytes).to_os_string();
+        let mut shell = std::process::Command::new("/bin/sh");
+        shell
+            .arg("-ec")
+            .arg(os(script))
+            .env_clear()
+            .current_dir(os(workdir))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
+            .process_group(0);
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            shell.env(os(name), os(value));
+        }
+        // The pipes are the shell's alone once it runs: dropping `shell` closes this copy.
+        match shell.spawn() {
+            Ok(child) => {
+                self.step = Some(Step { shell: Pid::from_raw(child.id() as i32), shell_done: false });
+                Ok(())
+            }
+            Err(error) => {
+                let message = format!("failed {error}").replace(['\n', '\r'], " ");
+                self.send(&message)
+            }
+        }
+    }
+
+    /// Kills every descendant; reports the step's shell's end on the way if it ends then.
     fn kill(&mut self, grace: Duration) -> Killed {
         let own = std::process::id() as i32;
         let mut ended = None;
-        let shell = self.shell;
-        let shell_done = self.shell_done;
+        let shell = self.step.as_ref().filter(|step| !step.shell_done).map(|step| step.shell);
         let killed = processes::kill_all(
             || processes::tree(processes::children(own)),
             || {
@@ -240,7 +335,7 @@ impl Supervisor {
                 while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                     match status {
                         WaitStatus::StillAlive => break,
-                        status if !shell_done && status.pid() == Some(shell) => ended = exit_code(status),
+                        status if shell.is_some() && status.pid() == shell => ended = exit_code(status),
                         _ => {}
                     }
                 }
@@ -248,36 +343,52 @@ impl Supervisor {
             grace,
         );
         if let Some(code) = ended {
-            self.shell_done = true;
+            if let Some(step) = &mut self.step {
+                step.shell_done = true;
+            }
             let _ = self.send(&format!("exit {code}"));
         }
         killed
     }
 
-    /// Collects every exited child, sending `exit` when the shell ends; `false` once the
-    /// shell has ended and no child is left.
+    /// Collects every exited child, sending `exit` when the step's shell ends; `false` once
+    /// the shell has ended and no child is left.
     fn reap(&mut self) -> std::io::Result<bool> {
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => return Ok(true),
                 Ok(status) => {
-                    if !self.shell_done
-                        && status.pid() == Some(self.shell)
+                    if let Some(step) = &mut self.step
+                        && !step.shell_done
+                        && status.pid() == Some(step.shell)
                         && let Some(code) = exit_code(status)
                     {
-                        self.shell_done = true;
+                        step.shell_done = true;
                         self.send(&format!("exit {code}"))?;
                     }
                 }
-                Err(Errno::ECHILD) => return Ok(!self.shell_done),
+                Err(Errno::ECHILD) => return Ok(self.step.as_ref().is_some_and(|step| !step.shell_done)),
                 Err(Errno::EINTR) => {}
                 Err(error) => return Err(error.into()),
             }
         }
     }
 
+    /// Queues a line for the executor ([`Supervisor::flush`]).
     fn send(&mut self, line: &str) -> std::io::Result<()> {
-        self.control.write_all(format!("{line}\n").as_bytes())
+        if self.outbox.len() > MAX_LINE {
+            return Err(std::io::Error::other("the executor reads nothing"));
+        }
+        self.outbox.extend_from_slice(line.as_bytes());
+        self.outbox.push(b'\n');
+        Ok(())
+    }
+
+    /// Sends the queued lines.
+    fn flush(&mut self) -> std::io::Result<()> {
+        let result = self.control.write_all(&self.outbox);
+        self.outbox.clear();
+        result
     }
 }
 
@@ -359,16 +470,20 @@ pub async fn kill_orphans() -> u32 {
 pub enum Event {
     /// The step's shell ended with this exit code.
     Exit(i32),
+    /// The step's shell could not be started, for this reason; the reaper is idle again.
+    Failed(String),
     /// It killed these processes; before it, these outlived SIGKILL.
     Killed { killed: Vec<i32>, stuck: Vec<i32> },
-    /// The shell ended and no descendant is left: it exits.
+    /// The step's shell ended and no descendant is left: it waits for another step.
+    Idle,
+    /// It exits, as it was asked.
     Gone,
     /// It ended without saying `gone`, or said something else: it was killed or stopped,
     /// and its orphans are this process's to kill.
     Lost,
 }
 
-/// The executor's handle on one step's reaper.
+/// The executor's handle on a reaper.
 pub struct Reaper {
     pid: Pid,
     /// A pidfd, readable once the reaper has exited; `None` on a kernel without them.
@@ -382,6 +497,7 @@ pub struct Reaper {
 }
 
 /// The environment and folder of a step.
+#[derive(Clone)]
 pub struct StepSpec<'a> {
     /// The step's script.
     pub script: &'a str,
@@ -391,28 +507,33 @@ pub struct StepSpec<'a> {
     pub workdir: &'a Path,
 }
 
+impl StepSpec<'_> {
+    /// The step as the reaper reads it: its folder, its script, then each variable's name and
+    /// value, each ended by a NUL byte. `None` when one of them holds a NUL byte, which no
+    /// argv, path or environment can.
+    fn encode(&self) -> Option<Vec<u8>> {
+        let env = self.env.iter().flat_map(|(name, value)| [name.as_bytes(), value.as_bytes()]);
+        let fields = [self.workdir.as_os_str().as_bytes(), self.script.as_bytes()].into_iter().chain(env);
+        let mut encoded = Vec::new();
+        for field in fields {
+            if field.contains(&0) {
+                return None;
+            }
+            encoded.extend_from_slice(field);
+            encoded.push(0);
+        }
+        Some(encoded)
+    }
+}
+
 impl Reaper {
-    /// Forks a reaper running the step; returns it and the step's output pipes.
-    pub fn spawn(spec: StepSpec<'_>) -> std::io::Result<(Reaper, Receiver, Receiver)> {
+    /// Forks a reaper, which waits for a step ([`Reaper::run`]).
+    pub fn spawn() -> std::io::Result<Reaper> {
         // Everything that can fail on this side is done before the fork: once the child runs,
         // it must be collected.
         let (ours, theirs) = UnixStream::pair()?;
         ours.set_nonblocking(true)?;
         let (reader, writer) = tokio::net::UnixStream::from_std(ours)?.into_split();
-        let (stdout, stdout_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let (stderr, stderr_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let (stdout, stderr) = (Receiver::from_owned_fd(stdout)?, Receiver::from_owned_fd(stderr)?);
-        // Made whole before the fork, spawned by the reaper after it.
-        let mut shell = std::process::Command::new("/bin/sh");
-        shell
-            .arg("-ec")
-            .arg(spec.script)
-            .env_clear()
-            .envs(spec.env)
-            .current_dir(spec.workdir)
-            .stdin(Stdio::null())
-            .process_group(0);
-        let descriptors = Descriptors { control: theirs, stdout: stdout_end, stderr: stderr_end };
         let forked = {
             // Registered before any stray sweep can see it as a child.
             let mut reapers = reapers();
@@ -422,10 +543,10 @@ impl Reaper {
             // SAFETY: the child runs `reaper_main` alone, which never returns, and holds to
             // what may be done between a fork of a threaded process and its exit (see there).
             let forked = match unsafe { nix::unistd::fork() } {
-                Ok(ForkResult::Child) => reaper_main(descriptors, shell),
+                Ok(ForkResult::Child) => reaper_main(theirs),
                 Ok(ForkResult::Parent { child }) => {
                     reapers.insert(child.as_raw());
-                    drop((descriptors, shell));
+                    drop(theirs);
                     Ok(child)
                 }
                 Err(error) => Err(error),
@@ -435,7 +556,7 @@ impl Reaper {
         };
         let pid = forked?;
         let exited = pidfd(pid);
-        let reaper = Reaper {
+        Ok(Reaper {
             pid,
             exited,
             collected: false,
@@ -444,8 +565,42 @@ impl Reaper {
             stuck: Vec::new(),
             ended: false,
             gone: false,
+        })
+    }
+
+    /// Has the reaper, idle, run a step; returns the step's output pipes.
+    pub async fn run(&mut self, spec: StepSpec<'_>) -> std::io::Result<(Receiver, Receiver)> {
+        let encoded = spec.encode().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "its script, folder or a variable holds a NUL byte")
+        })?;
+        let (stdout, stdout_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (stderr, stderr_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (stdout, stderr) = (Receiver::from_owned_fd(stdout)?, Receiver::from_owned_fd(stderr)?);
+        let header = format!("run {}\n", encoded.len());
+        let pipes = [stdout_end.as_raw_fd(), stderr_end.as_raw_fd()];
+        // The header carries the pipes; what of it the socket did not take is written below.
+        let socket = self.writer.as_ref();
+        let sent = loop {
+            socket.writable().await?;
+            let sent = socket.try_io(tokio::io::Interest::WRITABLE, || {
+                Ok(sendmsg::<()>(
+                    socket.as_raw_fd(),
+                    &[IoSlice::new(header.as_bytes())],
+                    &[ControlMessage::ScmRights(&pipes)],
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )?)
+            });
+            match sent {
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+                sent => break sent?,
+            }
         };
-        Ok((reaper, stdout, stderr))
+        // This end's copies of the write ends go: the step's end closes its output.
+        drop((stdout_end, stderr_end));
+        self.writer.write_all(&header.as_bytes()[sent..]).await?;
+        self.writer.write_all(&encoded).await?;
+        Ok((stdout, stderr))
     }
 
     /// The reaper's pid.
@@ -466,22 +621,22 @@ impl Reaper {
                     return Event::Lost;
                 }
             };
-            let mut words = line.split(' ');
-            let numbers = |words: std::str::Split<'_, char>| words.filter_map(|word| word.parse().ok()).collect();
-            match words.next() {
-                Some("exit") => {
-                    if let Some(code) = words.next().and_then(|code| code.parse().ok()) {
+            let (word, rest) = line.split_once(' ').unwrap_or((&line, ""));
+            let numbers = || rest.split(' ').filter_map(|word| word.parse().ok()).collect();
+            match word {
+                "exit" => {
+                    if let Ok(code) = rest.parse() {
                         return Event::Exit(code);
                     }
                 }
-                Some("stuck") => {
-                    self.stuck = numbers(words);
+                "failed" => return Event::Failed(rest.to_string()),
+                "stuck" => {
+                    self.stuck = numbers();
                     continue;
                 }
-                Some("killed") => {
-                    return Event::Killed { killed: numbers(words), stuck: std::mem::take(&mut self.stuck) };
-                }
-                Some("gone") => {
+                "killed" => return Event::Killed { killed: numbers(), stuck: std::mem::take(&mut self.stuck) },
+                "idle" => return Event::Idle,
+                "gone" => {
                     (self.ended, self.gone) = (true, true);
                     return Event::Gone;
                 }
@@ -493,9 +648,9 @@ impl Reaper {
         }
     }
 
-    /// Has the reaper kill every process of the step and waits for it to exit; SIGKILLs the
-    /// reaper itself when it does not answer within the grace period, [`AFTER_KILL`] and a
-    /// second.
+    /// Has the reaper kill every process of the step and exit, and waits for it to exit;
+    /// SIGKILLs the reaper itself when it does not answer within the grace period,
+    /// [`AFTER_KILL`] and a second.
     pub async fn end(mut self, grace: Duration) -> Ended {
         match self.kill(grace).await {
             Some((killed, stuck)) => {
@@ -518,7 +673,7 @@ impl Reaper {
         let answer = async {
             loop {
                 match self.next().await {
-                    Event::Exit(_) => {}
+                    Event::Exit(_) | Event::Failed(_) | Event::Idle => {}
                     Event::Killed { killed, stuck } => return Some((killed, stuck)),
                     Event::Gone | Event::Lost => return None,
                 }
@@ -527,17 +682,36 @@ impl Reaper {
         tokio::time::timeout(grace + AFTER_KILL + Duration::from_secs(1), answer).await.ok().flatten()
     }
 
-    /// Waits for the reaper to say `gone` and collects it; `false` if it was lost instead.
+    /// Has the reaper exit (killing what is left of its step) and collects it; `false` if it
+    /// was lost instead, or did not answer within [`GRACE`], [`AFTER_KILL`] and a second
+    /// (then it is killed).
     pub async fn finish(mut self) -> bool {
-        let gone = loop {
-            match self.next().await {
-                Event::Gone => break true,
-                Event::Lost => break false,
-                Event::Exit(_) | Event::Killed { .. } => {}
+        let asked = !self.ended && self.writer.write_all(b"end\n").await.is_ok();
+        let gone = match asked || self.gone {
+            true => {
+                let gone = async {
+                    loop {
+                        match self.next().await {
+                            Event::Gone => break true,
+                            Event::Lost => break false,
+                            Event::Exit(_) | Event::Failed(_) | Event::Killed { .. } | Event::Idle => {}
+                        }
+                    }
+                };
+                tokio::time::timeout(GRACE + AFTER_KILL + Duration::from_secs(1), gone).await.ok()
             }
+            false => None,
         };
-        self.collect().await;
-        gone
+        match gone {
+            Some(gone) => {
+                self.collect().await;
+                gone
+            }
+            None => {
+                self.abandon().await;
+                false
+            }
+        }
     }
 
     /// Kills the reaper itself (it does not answer) and collects it.

@@ -26,6 +26,8 @@ pub struct Session {
     pub keep: bool,
     /// The reapers of steps that left processes running.
     lingering: Mutex<Vec<Reaper>>,
+    /// A reaper whose step left nothing, for the next step.
+    idle: Mutex<Option<Reaper>>,
     /// Cancelled when the session stops: a step still running is killed as if cancelled.
     pub stopped: tokio_util::sync::CancellationToken,
 }
@@ -36,8 +38,32 @@ impl Session {
         knotless_protocol::sdk::lock(&self.lingering).push(reaper);
     }
 
-    /// Kills every process the session's steps left running. Returns their pids.
+    /// The reaper of a step that left nothing, if there is one, for the next step.
+    pub fn take_idle(&self) -> Option<Reaper> {
+        knotless_protocol::sdk::lock(&self.idle).take()
+    }
+
+    /// Keeps the reaper of a step that left nothing for the next step; ends it when the
+    /// session already keeps one, or has stopped.
+    pub fn keep_idle(&self, reaper: Reaper) {
+        let extra = {
+            let mut idle = knotless_protocol::sdk::lock(&self.idle);
+            match idle.is_none() && !self.stopped.is_cancelled() {
+                true => idle.replace(reaper),
+                false => Some(reaper),
+            }
+        };
+        if let Some(extra) = extra {
+            tokio::spawn(extra.finish());
+        }
+    }
+
+    /// Kills every process the session's steps left running, and ends its idle reaper.
+    /// Returns the pids it killed.
     pub async fn kill_lingering(&self) -> Vec<i32> {
+        if let Some(idle) = self.take_idle() {
+            idle.finish().await;
+        }
         let reapers = std::mem::take(&mut *knotless_protocol::sdk::lock(&self.lingering));
         let mut killed = Vec::new();
         let mut lost = false;
@@ -138,6 +164,7 @@ pub async fn start(
         root,
         keep: params.keep,
         lingering: Mutex::default(),
+        idle: Mutex::default(),
         stopped: tokio_util::sync::CancellationToken::new(),
     };
     for name in FOLDERS {

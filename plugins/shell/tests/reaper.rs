@@ -29,7 +29,7 @@ fn kind(target: &str) -> &str {
 }
 
 #[tokio::test]
-async fn a_reaper_holds_its_three_standard_descriptors_its_socket_and_its_signalfd_only() {
+async fn a_reaper_holds_dev_null_on_its_standard_descriptors_its_socket_and_its_signalfd_only() {
     let harness = initialized().await;
     harness.start("a").await;
     harness.start("b").await;
@@ -47,8 +47,8 @@ async fn a_reaper_holds_its_three_standard_descriptors_its_socket_and_its_signal
         let numbers: Vec<i32> = found.iter().map(|(fd, _)| *fd).collect();
         assert_eq!(numbers.len(), 5, "{found:?}");
         assert_eq!(&numbers[..3], &[0, 1, 2], "{found:?}");
-        assert_eq!(found[0].1, "/dev/null", "{found:?}");
-        assert_eq!((kind(&found[1].1), kind(&found[2].1)), ("pipe", "pipe"), "{found:?}");
+        // The step's pipes are its shell's alone: the reaper's are `/dev/null`.
+        assert!(found[..3].iter().all(|(_, target)| target == "/dev/null"), "{found:?}");
         let mut rest: Vec<&str> = found[3..].iter().map(|(_, target)| kind(target)).collect();
         rest.sort();
         assert_eq!(rest, ["anon_inode", "socket"], "{found:?}");
@@ -56,11 +56,10 @@ async fn a_reaper_holds_its_three_standard_descriptors_its_socket_and_its_signal
         let comm = std::fs::read_to_string(format!("/proc/{reaper}/comm")).expect("comm");
         assert_eq!(comm.trim_end(), "knotless-reaper");
     }
-    // The other step's pipes are not among the first reaper's: its output closes with it.
-    let pipes_of = |pid: i32| -> Vec<String> {
-        descriptors(pid).into_iter().filter(|(fd, _)| (1..=2).contains(fd)).map(|(_, target)| target).collect()
-    };
-    assert!(pipes_of(reaper_a).iter().all(|pipe| !pipes_of(reaper_b).contains(pipe)));
+    // Neither holds a pipe: a step's output closes with the step's own processes.
+    for reaper in [reaper_a, reaper_b] {
+        assert!(descriptors(reaper).iter().all(|(_, target)| kind(target) != "pipe"));
+    }
     for session in ["a", "b"] {
         harness.request("stop", json!({"session": session, "timeout_ms": 30_000})).await.expect("stop");
     }
@@ -89,4 +88,69 @@ async fn a_reaper_dies_of_sigterm_even_when_the_executor_handles_it_and_its_step
     assert!(seen.is_err(), "the executor's SIGTERM handler ran");
     let result = harness.command("s", 1, "echo fine", json!({}), 10_000).await.expect("command");
     assert_eq!(result["exit_code"], 0);
+}
+
+#[tokio::test]
+async fn a_session_reuses_the_reaper_of_a_step_that_left_nothing_and_ends_every_other() {
+    let harness = initialized().await;
+    harness.start("s").await;
+    let work = harness.session_dir("s").join("work");
+    let secret = json!({"TOKEN": unique("reused-reaper")});
+    let mut reapers = Vec::new();
+    for (step, script, secrets) in [
+        (0, "echo $PPID > 0.pid", json!({})),
+        (1, "echo $PPID > 1.pid", json!({})),
+        (2, "echo $PPID > 2.pid", secret.clone()),
+        (3, "echo $PPID > 3.pid; sleep 600 &", json!({})),
+        (4, "echo $PPID > 4.pid", json!({})),
+    ] {
+        let result = harness.command("s", step, script, secrets, 20_000).await.expect("command");
+        assert_eq!(result["exit_code"], 0, "{result}");
+        let reaper = read_pid(&work.join(format!("{step}.pid"))).await;
+        reapers.push(reaper);
+        match step {
+            // A step given secrets ended its reaper before its result came.
+            2 => assert!(!alive(reaper), "the reaper of a step given secrets outlived it"),
+            // A step that left a process running keeps its reaper.
+            3 => assert!(alive(reaper), "the reaper of a process left running is gone"),
+            _ => assert!(alive(reaper), "the reaper of step {step} is gone, not kept for the next step"),
+        }
+    }
+    // A step that left nothing gave its reaper to the next one; the others took new ones.
+    assert_eq!(reapers[0], reapers[1]);
+    assert_eq!(reapers[1], reapers[2]);
+    assert!(reapers[3] != reapers[2] && reapers[4] != reapers[3] && reapers[4] != reapers[2], "{reapers:?}");
+    harness.request("stop", json!({"session": "s", "timeout_ms": 30_000})).await.expect("stop");
+    for reaper in [reapers[3], reapers[4]] {
+        assert!(!alive(reaper), "reaper {reaper} outlived its session");
+    }
+}
+
+#[tokio::test]
+async fn a_variable_holding_a_nul_byte_fails_its_step_and_the_next_step_runs() {
+    let harness = initialized().await;
+    harness.start("s").await;
+    let params = json!({"session": "s", "step": 0, "script": "true", "env": {"BAD": "a\u{0}b"}, "timeout_ms": 10_000});
+    let error = harness.request("command", params).await.expect_err("an error");
+    assert!(error.1.contains("cannot start the step") && error.1.contains("NUL byte"), "{error:?}");
+    let result = harness.command("s", 1, "echo fine", json!({}), 10_000).await.expect("command");
+    assert_eq!(result["exit_code"], 0);
+}
+
+#[tokio::test]
+async fn a_step_runs_when_the_idle_reaper_it_would_take_was_killed_while_it_waited() {
+    let harness = initialized().await;
+    harness.start("s").await;
+    let work = harness.session_dir("s").join("work");
+    let result = harness.command("s", 0, "echo $PPID > 0.pid", json!({}), 10_000).await.expect("command");
+    assert_eq!(result["exit_code"], 0);
+    let idle = read_pid(&work.join("0.pid")).await;
+    assert!(alive(idle), "the idle reaper is not kept");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(idle), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    // Killed, it stays a zombie of the executor's until the next step finds it gone.
+    assert!(eventually(std::time::Duration::from_secs(10), || !alive(idle)).await, "the idle reaper lives on");
+    let result = harness.command("s", 1, "echo $PPID > 1.pid; echo fine", json!({}), 10_000).await.expect("command");
+    assert_eq!(result["exit_code"], 0, "{result}");
+    let next = read_pid(&work.join("1.pid")).await;
+    assert_ne!(next, idle);
 }
