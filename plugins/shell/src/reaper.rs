@@ -15,13 +15,14 @@
 //! it names itself `knotless-reaper` (its `comm`, as `ps -o comm` and `top` show; its command
 //! line stays the executor's).
 //!
-//! Its stdin is one end of a Unix socket pair; the executor holds the other ([`Reaper`]). On
-//! it, one line per message:
+//! It holds one end of a Unix socket pair; the executor holds the other ([`Reaper`]). On it,
+//! one line per message:
 //!
 //! - executor to reaper: `run LENGTH`, with the step's two pipes passed along
-//!   (`SCM_RIGHTS`), then `LENGTH` bytes: its working folder, its script, then each variable's
-//!   name and value, each ended by a NUL byte; `kill GRACE_MS`: SIGTERM to every descendant,
-//!   SIGKILL after the grace period, until none is left; `end`: the same, then exit;
+//!   (`SCM_RIGHTS`), then, in the same write, `LENGTH` bytes: its working folder, its
+//!   script, then each variable's name and value, each ended by a NUL byte; `kill
+//!   GRACE_MS`: SIGTERM to every descendant, SIGKILL after the grace period, until none is
+//!   left; `end`: the same, then exit;
 //! - reaper to executor: `exit CODE` when the step's shell ended (128 + N for signal N),
 //!   `failed MESSAGE` when it could not be started, `killed PID...` after a kill, `stuck
 //!   PID...` before it for processes that outlived SIGKILL, `idle` once the step's shell has
@@ -576,16 +577,18 @@ impl Reaper {
         let (stdout, stdout_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let (stderr, stderr_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let (stdout, stderr) = (Receiver::from_owned_fd(stdout)?, Receiver::from_owned_fd(stderr)?);
-        let header = format!("run {}\n", encoded.len());
+        let mut message = format!("run {}\n", encoded.len()).into_bytes();
+        message.extend_from_slice(&encoded);
         let pipes = [stdout_end.as_raw_fd(), stderr_end.as_raw_fd()];
-        // The header carries the pipes; what of it the socket did not take is written below.
+        // One message carries the pipes with the step (one wake-up of the reaper); what of it
+        // the socket did not take is written below.
         let socket = self.writer.as_ref();
         let sent = loop {
             socket.writable().await?;
             let sent = socket.try_io(tokio::io::Interest::WRITABLE, || {
                 Ok(sendmsg::<()>(
                     socket.as_raw_fd(),
-                    &[IoSlice::new(header.as_bytes())],
+                    &[IoSlice::new(&message)],
                     &[ControlMessage::ScmRights(&pipes)],
                     MsgFlags::MSG_NOSIGNAL,
                     None,
@@ -598,8 +601,7 @@ impl Reaper {
         };
         // This end's copies of the write ends go: the step's end closes its output.
         drop((stdout_end, stderr_end));
-        self.writer.write_all(&header.as_bytes()[sent..]).await?;
-        self.writer.write_all(&encoded).await?;
+        self.writer.write_all(&message[sent..]).await?;
         Ok((stdout, stderr))
     }
 

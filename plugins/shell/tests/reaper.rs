@@ -154,3 +154,31 @@ async fn a_step_runs_when_the_idle_reaper_it_would_take_was_killed_while_it_wait
     let next = read_pid(&work.join("1.pid")).await;
     assert_ne!(next, idle);
 }
+
+#[tokio::test]
+async fn a_step_larger_than_the_socket_takes_at_once_reaches_its_reaper_whole() {
+    let harness = initialized().await;
+    harness.start("s").await;
+    // A script of 100 KiB and four variables of 100 KiB: more than the socket pair takes in
+    // one write, so the step reaches the reaper in pieces, twice in a row to the same reaper.
+    let filler = format!("# {}\n", "x".repeat(100 << 10));
+    let value = |letter: &str| letter.repeat(100 << 10);
+    let env = json!({"A": value("a"), "B": value("b"), "C": value("c"), "D": value("d")});
+    let check = "test \"${#A}${#B}${#C}${#D}\" = 102400102400102400102400";
+    for step in 0..2 {
+        let script =
+            format!("{filler}{check} && test \"$D\" = \"$(printf %0102400d 0 | tr 0 d)\" && echo whole-{step}");
+        let params = json!({"session": "s", "step": step, "script": script, "env": env, "timeout_ms": 30_000});
+        let result = harness.request("command", params).await.expect("command");
+        assert_eq!(result["exit_code"], 0, "{result}");
+        assert_eq!(harness.output("s", step, "stdout"), format!("whole-{step}\n"));
+    }
+    // A script longer than one argument may be (128 KiB on Linux) is refused by name, and
+    // the reaper that could not start it runs the next step.
+    let script = format!("# {}\ntrue", "x".repeat(200 << 10));
+    let params = json!({"session": "s", "step": 2, "script": script, "timeout_ms": 30_000});
+    let error = harness.request("command", params).await.expect_err("an error");
+    assert!(error.1.contains("cannot start the step") && error.1.contains("Argument list too long"), "{error:?}");
+    let result = harness.command("s", 3, "echo fine", json!({}), 10_000).await.expect("command");
+    assert_eq!(result["exit_code"], 0);
+}
