@@ -550,28 +550,7 @@ fn pod_log(app: &Shared, namespace: &str, name: &str, query: &[(String, String)]
     };
     let pod =
         app.lock().store.get("pods", namespace, name).cloned().ok_or_else(|| ApiError::not_found("pods", "", name))?;
-    let containers: Vec<String> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|c| text(c, "/name").to_string())
-        .collect();
-    let container = match param(query, "container") {
-        Some(container) if !container.is_empty() => {
-            if !containers.iter().any(|c| c == container) {
-                return Err(ApiError::bad_request(format!("container {container} is not valid for pod {name}")));
-            }
-            container.to_string()
-        }
-        _ if containers.len() == 1 => containers[0].clone(),
-        _ => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {name}, choose one of: [{}]",
-                containers.join(" ")
-            )));
-        }
-    };
+    let container = container_of(&pod, name, param(query, "container"))?;
     let status = pod
         .pointer("/status/containerStatuses")
         .and_then(Value::as_array)
@@ -738,4 +717,27 @@ fn watch(
     let mut response = Response::new(Body::from_stream(stream));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(response)
+}
+
+/// The container a request about pod `name` is for (`pods/log`, `pods/exec`): the one named
+/// by `container`, or the pod's only one; as the API server answers otherwise.
+pub(crate) fn container_of(pod: &Value, name: &str, requested: Option<&str>) -> Result<String, ApiError> {
+    let containers: Vec<String> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| text(c, "/name").to_string())
+        .collect();
+    match requested {
+        Some(container) if !container.is_empty() => match containers.iter().any(|c| c == container) {
+            true => Ok(container.to_string()),
+            false => Err(ApiError::bad_request(format!("container {container} is not valid for pod {name}"))),
+        },
+        _ if containers.len() == 1 => Ok(containers[0].clone()),
+        _ => Err(ApiError::bad_request(format!(
+            "a container name must be specified for pod {name}, choose one of: [{}]",
+            containers.join(" ")
+        ))),
+    }
 }

@@ -111,27 +111,8 @@ fn prepare(app: &Shared, info: &RequestInfo, query: &[(String, String)]) -> Resu
         .get("pods", &info.namespace, &info.name)
         .cloned()
         .ok_or_else(|| ApiError::not_found("pods", "", &info.name))?;
-    let containers: Vec<String> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|c| text(c, "/name").to_string())
-        .collect();
-    let container = match query.iter().find(|(k, _)| k == "container").map(|(_, v)| v.clone()) {
-        Some(c) if !c.is_empty() => c,
-        _ if containers.len() == 1 => containers[0].clone(),
-        _ => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {}, choose one of: [{}]",
-                info.name,
-                containers.join(" ")
-            )));
-        }
-    };
-    if !containers.contains(&container) {
-        return Err(ApiError::bad_request(format!("container {container} is not valid for pod {}", info.name)));
-    }
+    let requested = query.iter().find(|(k, _)| k == "container").map(|(_, v)| v.as_str());
+    let container = crate::api::container_of(&pod, &info.name, requested)?;
     let phase = text(&pod, "/status/phase");
     if phase == "Succeeded" || phase == "Failed" {
         return Err(ApiError::bad_request(format!(

@@ -6,14 +6,14 @@ mod common;
 use std::time::Duration;
 
 use common::{Server, eventually, job};
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{AttachParams, DeleteParams, ListParams, PropagationPolicy};
 use kube::runtime::watcher;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 fn ready(pod: &Pod) -> bool {
     let status = pod.status.as_ref();
@@ -50,20 +50,7 @@ async fn exec(
             std::future::pending::<()>().await;
         }
     });
-    // kube-rs closes stdout and stderr only after a Status: read them while waiting for the
-    // exec's end, then take what they hold.
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let (mut out_open, mut err_open) = (true, true);
-    tokio::pin!(status);
-    let status = loop {
-        tokio::select! {
-            status = &mut status => break status,
-            read = out_reader.read_buf(&mut out), if out_open => out_open = matches!(read, Ok(n) if n > 0),
-            read = err_reader.read_buf(&mut err), if err_open => err_open = matches!(read, Ok(n) if n > 0),
-        }
-    };
-    while out_open && matches!(out_reader.read_buf(&mut out).now_or_never(), Some(Ok(n)) if n > 0) {}
-    while err_open && matches!(err_reader.read_buf(&mut err).now_or_never(), Some(Ok(n)) if n > 0) {}
+    let (out, err, status) = common::read_until_status(&mut out_reader, &mut err_reader, status).await;
     feed.abort();
     drop(attached);
     (out, err, status)

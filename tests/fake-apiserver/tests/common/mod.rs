@@ -202,13 +202,24 @@ pub async fn exec_in(
     container: &str,
     command: &[&str],
 ) -> (String, String, Option<Status>) {
-    use tokio::io::AsyncReadExt;
     let params = AttachParams::default().container(container).stdin(false).stdout(true).stderr(true);
     let mut attached = pods.exec(name, command.to_vec(), &params).await.unwrap();
     let mut out_reader = attached.stdout().unwrap();
     let mut err_reader = attached.stderr().unwrap();
     let status = attached.take_status().unwrap();
-    // kube-rs closes stdout and stderr only after a Status: read them while waiting for it.
+    let (out, err, status) = read_until_status(&mut out_reader, &mut err_reader, status).await;
+    drop(attached);
+    (String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned(), status)
+}
+
+/// An exec's stdout and stderr, read while waiting for its Status (kube-rs closes them only
+/// after a Status), then what they still hold.
+pub async fn read_until_status(
+    out_reader: &mut (impl tokio::io::AsyncRead + Unpin),
+    err_reader: &mut (impl tokio::io::AsyncRead + Unpin),
+    status: impl std::future::Future<Output = Option<Status>>,
+) -> (Vec<u8>, Vec<u8>, Option<Status>) {
+    use tokio::io::AsyncReadExt;
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let (mut out_open, mut err_open) = (true, true);
     tokio::pin!(status);
@@ -221,6 +232,5 @@ pub async fn exec_in(
     };
     while out_open && matches!(out_reader.read_buf(&mut out).now_or_never(), Some(Ok(n)) if n > 0) {}
     while err_open && matches!(err_reader.read_buf(&mut err).now_or_never(), Some(Ok(n)) if n > 0) {}
-    drop(attached);
-    (String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned(), status)
+    (out, err, status)
 }
