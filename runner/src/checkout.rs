@@ -129,12 +129,11 @@ impl Checkout {
                     bail!("no folder {}", base.display());
                 }
                 let files = if *git { Some(tracked_and_untracked(&base).await?) } else { None };
-                // A duplex, not a simplex: dropping its writer, however the packing ends, ends
-                // the reader's stream.
-                let (reader, writer) = tokio::io::duplex(ARCHIVE_PIPE);
-                let writer = tokio_util::io::SyncIoBridge::new(writer);
+                // A pipe the packing thread writes with plain blocking writes: closing its write
+                // end, however the packing ends, ends the reader's stream.
+                let (reader, writer) = archive_pipe().context("cannot make a pipe for the checkout")?;
                 let packing = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-                    let writer = std::io::BufWriter::with_capacity(ARCHIVE_PIPE, writer);
+                    let writer = std::io::BufWriter::with_capacity(ARCHIVE_PIPE, std::fs::File::from(writer));
                     let mut writer = match files {
                         Some(files) => knotless_protocol::tarball::pack_paths(&base, &files, writer),
                         None => knotless_protocol::tarball::pack_dir(&base, writer),
@@ -159,6 +158,7 @@ impl Checkout {
                     .spawn()
                     .with_context(|| format!("cannot run git in {}", repo.display()))?;
                 let stdout = child.stdout.take().context("git archive has no stdout")?;
+                widen(&stdout);
                 let stderr = child.stderr.take().context("git archive has no stderr")?;
                 let repo = repo.clone();
                 let done = async move {
@@ -223,8 +223,26 @@ async fn read_bounded(mut reader: impl AsyncRead + Unpin, bound: usize) -> Vec<u
     kept
 }
 
-/// How many bytes of a working tree's tar stream wait between the packing thread and the upload.
+/// How many bytes of a working tree's tar stream the packing thread writes at once.
 const ARCHIVE_PIPE: usize = 256 << 10;
+
+/// How many bytes of a checkout's tar stream may wait in its pipe (Linux's default limit for
+/// an unprivileged process): fewer wake-ups of the maker and the upload than the 64 KiB a
+/// pipe starts with.
+const PIPE_SIZE: i32 = 1 << 20;
+
+/// Has a pipe hold up to [`PIPE_SIZE`] bytes, if the system allows it (else it keeps its size).
+fn widen(pipe: &impl std::os::fd::AsFd) {
+    let _ = nix::fcntl::fcntl(pipe, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+}
+
+/// A pipe for a working tree's tar stream: its read end for the upload, its write end for the
+/// packing thread.
+fn archive_pipe() -> std::io::Result<(tokio::net::unix::pipe::Receiver, std::os::fd::OwnedFd)> {
+    let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    widen(&writer);
+    Ok((tokio::net::unix::pipe::Receiver::from_owned_fd(reader)?, writer))
+}
 
 /// A checkout's tar stream as it is made. It ends cleanly only when its maker (the packing
 /// thread, `git archive`) succeeded; otherwise its end is an error, and
