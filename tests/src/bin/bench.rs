@@ -289,6 +289,9 @@ fn timed_sh(script: &str) -> anyhow::Result<Duration> {
     Ok(started.elapsed())
 }
 
+/// How many times each transfer and its reference are measured.
+const TRANSFER_ROUNDS: usize = 3;
+
 /// The checkout uploads and the download a run makes, through the functions the engine calls
 /// (the checkout's tar stream made as it is sent; the vetted unpack on the way back), against
 /// `git archive | tar x` of the same commit and `tar c | tar x` of the same tree.
@@ -301,29 +304,34 @@ async fn transfers(session: &knotless_run::host::Session, scratch: &Path) -> any
         let size = if megabytes >= 1024 { format!("{} GiB", megabytes / 1024) } else { format!("{megabytes} MiB") };
         for rev in [None, Some("HEAD")] {
             let target = format!("{}/checkout-{megabytes}-{}", session.paths().work, rev.is_some());
-            settle()?;
-            let started = Instant::now();
-            let (checkout, _) = Checkout::resolve(&repo, rev).await?;
-            let mut archive = checkout.archive(None).await?;
-            session.upload(&target, &mut archive, 4 << 30, Duration::from_secs(600), &never).await?;
-            let ours = started.elapsed();
-            std::fs::remove_dir_all(&target)?;
-            let copy = scratch.join("reference-checkout");
-            std::fs::create_dir_all(&copy)?;
-            settle()?;
-            let reference = timed_sh(&format!(
-                "git -C '{}' archive --format=tar HEAD | tar -C '{}' -xf -",
-                repo.display(),
-                copy.display()
-            ))?;
-            std::fs::remove_dir_all(&copy)?;
+            // Median of three, alternating with the reference, so that both see the same load.
+            let (mut ours, mut reference) = (Vec::new(), Vec::new());
+            for _ in 0..TRANSFER_ROUNDS {
+                settle()?;
+                let started = Instant::now();
+                let (checkout, _) = Checkout::resolve(&repo, rev).await?;
+                let mut archive = checkout.archive(None).await?;
+                session.upload(&target, &mut archive, 4 << 30, Duration::from_secs(600), &never).await?;
+                ours.push(started.elapsed());
+                std::fs::remove_dir_all(&target)?;
+                let copy = scratch.join("reference-checkout");
+                std::fs::create_dir_all(&copy)?;
+                settle()?;
+                reference.push(timed_sh(&format!(
+                    "git -C '{}' archive --format=tar HEAD | tar -C '{}' -xf -",
+                    repo.display(),
+                    copy.display()
+                ))?);
+                std::fs::remove_dir_all(&copy)?;
+            }
+            let (ours, reference) = (median(&mut ours), median(&mut reference));
             let what = match rev {
                 None => "the working tree (`run`)",
                 Some(_) => "a commit (`run --rev HEAD`)",
             };
             rows.push(Row {
                 what: format!(
-                    "checkout upload of {size} from a git repository, {what}, into a shell session (reference: `git archive | tar x` of the same commit)"
+                    "checkout upload of {size} from a git repository, {what}, into a shell session, median of {TRANSFER_ROUNDS} (reference: `git archive | tar x` of the same commit)"
                 ),
                 ours: millis(ours),
                 reference: millis(reference),
@@ -336,20 +344,24 @@ async fn transfers(session: &knotless_run::host::Session, scratch: &Path) -> any
             session
                 .upload(&target, &mut checkout.archive(None).await?, 1 << 30, Duration::from_secs(600), &never)
                 .await?;
-            let back = scratch.join("downloaded");
-            settle()?;
-            let started = Instant::now();
-            session.download(&target, &back, 1 << 30, Duration::from_secs(600), &never).await?;
-            let ours = started.elapsed();
-            let copy = scratch.join("reference-download");
-            std::fs::create_dir_all(&copy)?;
-            settle()?;
-            let reference = timed_sh(&format!("tar -C '{target}' -cf - . | tar -C '{}' -xf -", copy.display()))?;
-            for folder in [back, copy, PathBuf::from(&target)] {
-                std::fs::remove_dir_all(folder)?;
+            let (back, copy) = (scratch.join("downloaded"), scratch.join("reference-download"));
+            let (mut ours, mut reference) = (Vec::new(), Vec::new());
+            for _ in 0..TRANSFER_ROUNDS {
+                settle()?;
+                let started = Instant::now();
+                session.download(&target, &back, 1 << 30, Duration::from_secs(600), &never).await?;
+                ours.push(started.elapsed());
+                std::fs::create_dir_all(&copy)?;
+                settle()?;
+                reference.push(timed_sh(&format!("tar -C '{target}' -cf - . | tar -C '{}' -xf -", copy.display()))?);
+                for folder in [&back, &copy] {
+                    std::fs::remove_dir_all(folder)?;
+                }
             }
+            std::fs::remove_dir_all(&target)?;
+            let (ours, reference) = (median(&mut ours), median(&mut reference));
             rows.push(Row {
-                what: "download of 100 MiB of outputs from a shell session, vetted (reference: `tar c | tar x` of the same tree)".into(),
+                what: format!("download of 100 MiB of outputs from a shell session, vetted, median of {TRANSFER_ROUNDS} (reference: `tar c | tar x` of the same tree)"),
                 ours: millis(ours),
                 reference: millis(reference),
                 ratio: ours.as_secs_f64() / reference.as_secs_f64(),
