@@ -306,10 +306,17 @@ struct Places {
     at: Vec<(u32, u32)>,
 }
 
-/// Hashes a run (four bytes already spread by the values' randomness or the text's) with one
-/// multiplication.
+/// Hashes a run with a multiplication, its high half folded into the low one (the table
+/// picks a bucket by the low bits, which a product alone takes from the run's low bits only).
 #[derive(Default)]
 struct RunHasher(u64);
+
+impl RunHasher {
+    fn mix(&mut self, value: u64) {
+        let product = (self.0 ^ value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = product ^ (product >> 32);
+    }
+}
 
 impl Hasher for RunHasher {
     fn finish(&self) -> u64 {
@@ -318,12 +325,12 @@ impl Hasher for RunHasher {
 
     fn write(&mut self, bytes: &[u8]) {
         for byte in bytes {
-            self.0 = (self.0 << 8 | u64::from(*byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            self.mix(u64::from(*byte));
         }
     }
 
     fn write_u32(&mut self, run: u32) {
-        self.0 = u64::from(run).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.mix(u64::from(run));
     }
 }
 
