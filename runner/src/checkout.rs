@@ -327,3 +327,54 @@ async fn tracked_and_untracked(base: &Path) -> anyhow::Result<Vec<PathBuf>> {
     files.dedup();
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    /// How many descriptors of this process are open on `path`.
+    fn open_on(path: &Path) -> usize {
+        let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+        entries.flatten().filter(|entry| std::fs::read_link(entry.path()).is_ok_and(|target| target == path)).count()
+    }
+
+    /// Waits up to 10 s for `done`; whether it came.
+    async fn within_10s(done: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    #[test]
+    fn a_working_tree_archive_dropped_unread_ends_its_packing_and_closes_its_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let folder = std::fs::canonicalize(dir.path()).expect("canonical");
+        // Larger than the pipe and the packing thread's buffer: the thread waits to write
+        // with the file open.
+        let big = folder.join("big.bin");
+        std::fs::write(&big, vec![7u8; 8 << 20]).expect("write");
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let (opened, closed) = runtime.block_on(async {
+            let (checkout, _) = Checkout::resolve(&folder, None).await.expect("resolves");
+            let mut archive = checkout.archive(None).await.expect("packs");
+            let mut header = [0u8; 512];
+            archive.read_exact(&mut header).await.expect("the first header");
+            let opened = within_10s(|| open_on(&big) == 1).await;
+            drop(archive);
+            (opened, within_10s(|| open_on(&big) == 0).await)
+        });
+        // A packing thread that never ends must fail the test, not hang it.
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        assert!(opened, "the packing thread has the file open");
+        assert!(closed, "the packing thread still holds the file after its archive was dropped");
+    }
+}
