@@ -8,11 +8,12 @@
 //! more values, or a CPU without the instructions take the automaton.
 //! More than 64 values, each at least [`SAMPLED_SHORTEST`] bytes long, that begin with more
 //! than three different bytes or are all at least [`SAMPLED_ALIKE`] bytes long, are found by
-//! sampling the text instead ([`Sampler`]): only the four bytes at every `shortest - 3`th position are looked up in a
-//! bitmap of every four bytes found anywhere in a value, since every occurrence of a value
-//! spans one such position; in the windows around the positions found there, the values
-//! holding those four bytes are compared where they would be, or, when many values hold them
-//! (a prefix they share), the automaton (a DFA, without a prefilter) searches the window.
+//! sampling the text instead ([`Sampler`]): only the four bytes at every `shortest - 3`th
+//! position are looked up in a bitmap of every four bytes found anywhere in a value, since
+//! every occurrence of a value spans one such position; in the windows around the positions
+//! found there, the values holding those four bytes are compared where they would be, or,
+//! when many values hold them (a prefix they share), the automaton (a DFA, without a
+//! prefilter) searches the window.
 //! The sampled text is copied first and masked in the copy: the copy brings it into the cache
 //! faster than the look-ups would.
 //! A stream holds back only the bytes that could still begin a secret (a proper prefix of one):
@@ -678,7 +679,7 @@ impl MaskStream {
             joint.clear();
             self.carry = joint;
         }
-        // Searched where it is, not copied first.
+        // The chunk (or what the held bytes left of it) is masked where it is, joined to nothing.
         let hold = self.masker.hold_from(chunk);
         let done = self.masker.mask_into(chunk, hold, out);
         self.carry.extend_from_slice(&chunk[done..]);
