@@ -837,10 +837,28 @@ mod tests {
             let text: Vec<u8> = (0..rng.below(60)).map(|_| alphabet[rng.below(alphabet.len())]).collect();
             let whole = masker.mask(&text);
             for _ in 0..20 {
-                let mut cuts: Vec<usize> = (0..rng.below(8)).map(|_| rng.below(text.len() + 1)).collect();
-                cuts.sort();
+                let cuts = random_cuts(&mut rng, text.len());
                 assert_eq!(stream_cut(&masker, &text, &cuts), whole, "{values:?} {text:?} {cuts:?}");
             }
+        }
+    }
+
+    /// Up to seven places to cut a text of `length` bytes, in order.
+    fn random_cuts(rng: &mut Rng, length: usize) -> Vec<usize> {
+        let mut cuts: Vec<usize> = (0..rng.below(8)).map(|_| rng.below(length + 1)).collect();
+        cuts.sort();
+        cuts
+    }
+
+    /// Masking `text` whole, and as a stream in five random chunkings, gives what [`naive`]
+    /// gives.
+    fn masks_as_naive(masker: &Masker, text: &[u8], rng: &mut Rng) {
+        let values = &masker.inner.values;
+        let expected = naive(values, text);
+        assert_eq!(masker.mask(text), expected, "{values:?} {text:?}");
+        for _ in 0..5 {
+            let cuts = random_cuts(rng, text.len());
+            assert_eq!(stream_cut(masker, text, &cuts), expected, "{values:?} {text:?} {cuts:?}");
         }
     }
 
@@ -962,13 +980,7 @@ mod tests {
             let masker = Masker::build(&values, Sampling::Always).expect("masker builds");
             assert!(masker.inner.sampler.is_some(), "{values:?}");
             let text: Vec<u8> = (0..rng.below(200)).map(|_| alphabet[rng.below(alphabet.len())]).collect();
-            let expected = naive(&masker.inner.values, &text);
-            assert_eq!(masker.mask(&text), expected, "{values:?} {text:?}");
-            for _ in 0..5 {
-                let mut cuts: Vec<usize> = (0..rng.below(8)).map(|_| rng.below(text.len() + 1)).collect();
-                cuts.sort();
-                assert_eq!(stream_cut(&masker, &text, &cuts), expected, "{values:?} {text:?} {cuts:?}");
-            }
+            masks_as_naive(&masker, &text, &mut rng);
         }
     }
 
@@ -1007,13 +1019,7 @@ mod tests {
                     compared += 1;
                 }
             }
-            let expected = naive(&masker.inner.values, &text);
-            assert_eq!(masker.mask(&text), expected, "{values:?} {text:?}");
-            for _ in 0..5 {
-                let mut cuts: Vec<usize> = (0..rng.below(8)).map(|_| rng.below(text.len() + 1)).collect();
-                cuts.sort();
-                assert_eq!(stream_cut(&masker, &text, &cuts), expected, "{values:?} {text:?} {cuts:?}");
-            }
+            masks_as_naive(&masker, &text, &mut rng);
         }
         assert!(compared * 2 > windows, "only {compared} windows of {windows} were compared rather than searched");
     }

@@ -49,6 +49,20 @@ async fn start_with(
     (host, opened)
 }
 
+/// Starts a session with `services`, which must fail, and shuts the host down: the start's
+/// error, its message and how long it took.
+async fn start_fails(
+    cluster: &Cluster,
+    services: Vec<Service>,
+) -> (knotless_testkit::host::HostError, String, Duration) {
+    let (host, opened) = start_with(cluster, services).await;
+    let (error, took) = opened.err().expect("the start fails");
+    let message = error.to_string();
+    eprintln!("{took:?}: {message}");
+    host.shutdown().await;
+    (error, message, took)
+}
+
 #[tokio::test]
 async fn a_service_is_reached_by_its_name_and_is_healthy_before_the_first_step() {
     let cluster = Cluster::with(FAST);
@@ -81,15 +95,11 @@ async fn a_service_is_reached_by_its_name_and_is_healthy_before_the_first_step()
 async fn a_service_that_ends_before_it_is_healthy_is_named_with_the_end_of_its_log() {
     let cluster = Cluster::with(FAST);
     let db = service("db", "echo starting; echo \"db: cannot open its data\" >&2; exit 3", Some("false"), 30_000);
-    let (host, opened) = start_with(&cluster, vec![db]).await;
-    let (error, took) = opened.err().expect("the start fails");
-    let message = error.to_string();
-    eprintln!("{took:?}: {message}");
+    let (error, message, took) = start_fails(&cluster, vec![db]).await;
     assert_eq!(error.kind(), Some(ErrorKind::Infrastructure), "{message}");
     assert!(message.contains("service db ended (Error, exit code 3)"), "{message}");
     assert!(message.contains("its log ends: starting / db: cannot open its data"), "{message}");
     assert!(took < Duration::from_secs(20), "{took:?}");
-    host.shutdown().await;
     cluster.wait_clean();
 }
 
@@ -97,15 +107,11 @@ async fn a_service_that_ends_before_it_is_healthy_is_named_with_the_end_of_its_l
 async fn a_service_never_healthy_is_named_with_its_health_command_once_its_timeout_passes() {
     let cluster = Cluster::with(FAST);
     let slow = service("slow", "echo waiting for ever; exec sleep 3600", Some("echo not yet >&2; exit 7"), 1_500);
-    let (host, opened) = start_with(&cluster, vec![slow]).await;
-    let (error, took) = opened.err().expect("the start fails");
-    let message = error.to_string();
-    eprintln!("{took:?}: {message}");
+    let (_, message, took) = start_fails(&cluster, vec![slow]).await;
     assert!(message.contains("service slow did not become healthy within 1500 ms"), "{message}");
     assert!(message.contains("last ended with exit code 7: not yet"), "{message}");
     assert!(message.contains("its log ends: waiting for ever"), "{message}");
     assert!(took >= Duration::from_millis(1_500) && took < Duration::from_secs(30), "{took:?}");
-    host.shutdown().await;
     cluster.wait_clean();
 }
 
@@ -114,13 +120,9 @@ async fn a_service_whose_image_does_not_exist_is_named() {
     let cluster = Cluster::with(FAST);
     let mut missing = service("cache", "true", None, 30_000);
     missing.image = "knotless-test/no-such-service:1".into();
-    let (host, opened) = start_with(&cluster, vec![missing]).await;
-    let (error, took) = opened.err().expect("the start fails");
-    let message = error.to_string();
-    eprintln!("{took:?}: {message}");
+    let (_, message, took) = start_fails(&cluster, vec![missing]).await;
     assert!(message.contains("service cache: the image knotless-test/no-such-service:1 does not exist"), "{message}");
     assert!(took < Duration::from_secs(15), "{took:?}");
-    host.shutdown().await;
     cluster.wait_clean();
 }
 
@@ -152,10 +154,8 @@ async fn services_with_names_no_container_can_take_are_refused_before_anything_i
         vec![service("web", "true", None, 30_000), service("web", "true", None, 30_000)],
         vec![bad],
     ] {
-        let (host, opened) = start_with(&cluster, services).await;
-        let (error, _) = opened.err().expect("the start fails");
-        assert_eq!(error.kind(), Some(ErrorKind::Configuration), "{error}");
-        host.shutdown().await;
+        let (error, message, _) = start_fails(&cluster, services).await;
+        assert_eq!(error.kind(), Some(ErrorKind::Configuration), "{message}");
     }
     let by = cluster.requests()["by"].to_string();
     assert!(!by.contains("jobs"), "a Job was asked for: {by}");

@@ -20,6 +20,11 @@ steps:
 "#;
 
 /// The nodes the fake cluster has.
+/// The flags that run on the fake cluster with `kubeconfig`.
+fn on_the_cluster(kubeconfig: &str) -> [&str; 8] {
+    ["--executor", "kubernetes", "--kubeconfig", kubeconfig, "--namespace", "knotless-runs", "--image", "busybox"]
+}
+
 fn nodes(cluster: &FakeCluster) -> usize {
     cluster.control("GET", "/fake/nodes", None).as_array().map_or(0, Vec::len)
 }
@@ -54,23 +59,8 @@ fn two_runs_cold_then_warm_on_nodes_the_autoscaler_adds_and_removes() {
     let (repo, first) = repo_with(dir.path(), &[("warm", WARM)]);
     let url = repo.url();
     let kubeconfig = cluster.kubeconfig.display().to_string();
-    let args = [
-        "--executor",
-        "kubernetes",
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        "knotless-runs",
-        "--image",
-        "busybox",
-        "--runner-id",
-        "e2e-k8s-proof",
-        "--poll",
-        "3600",
-        "--disk-floor",
-        "0",
-        url.as_str(),
-    ];
+    let mut args = on_the_cluster(&kubeconfig).to_vec();
+    args.extend(["--runner-id", "e2e-k8s-proof", "--poll", "3600", "--disk-floor", "0", url.as_str()]);
     let runner = Runner::start_with_env(&dir.path().join("state"), &args, &[("PATH", &path)]);
 
     let cold = runner.final_checks(&url, &first, 1).remove(0);
@@ -125,18 +115,10 @@ fn a_service_runs_in_the_run_pod_and_its_step_reaches_it_by_name() {
         ),
     );
     let kubeconfig = cluster.kubeconfig.display().to_string();
-    let ran = knotless_tests::ran(knotless_tests::knotless_run(&[
-        "run",
-        &repo.path().display().to_string(),
-        "--executor",
-        "kubernetes",
-        "--kubeconfig",
-        &kubeconfig,
-        "--namespace",
-        "knotless-runs",
-        "--image",
-        "busybox",
-    ]));
+    let path = repo.path().display().to_string();
+    let mut args = vec!["run", path.as_str()];
+    args.extend(on_the_cluster(&kubeconfig));
+    let ran = knotless_tests::ran(knotless_tests::knotless_run(&args));
     assert_eq!(ran.code, Some(0), "{}", ran.both());
     assert!(ran.stdout.contains("ci/fetch | hello from web"), "{}", ran.both());
     assert!(ran.stdout.contains("and services web"), "{}", ran.both());
