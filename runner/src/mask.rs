@@ -9,11 +9,13 @@
 //! More than 64 values, each at least [`SAMPLED_SHORTEST`] bytes long, that begin with more
 //! than three different bytes or are all at least [`SAMPLED_ALIKE`] bytes long, are found by
 //! sampling the text instead ([`Sampler`]): only the four bytes at every `shortest - 3`th
-//! position are looked up in a bitmap of every four bytes found anywhere in a value, since
-//! every occurrence of a value spans one such position; in the windows around the positions
-//! found there, the values holding those four bytes are compared where they would be, or,
-//! when many values hold them (a prefix they share), the automaton (a DFA, without a
-//! prefilter) searches the window.
+//! position are looked up, in a bitmap of the four bytes found at each of a value's first
+//! `shortest - 3` positions, since the first such position an occurrence spans is one of
+//! them; in the windows around the positions found there, the values holding those four
+//! bytes there are compared where they would be, or, when many values hold them at one or
+//! two offsets (a prefix they share), those of the values that begin as the text does there;
+//! when they are at more offsets, the automaton (a DFA, without a prefilter) searches the
+//! window.
 //! The sampled text is copied first and masked in the copy: the copy brings it into the cache
 //! faster than the look-ups would.
 //! A stream holds back only the bytes that could still begin a secret (a proper prefix of one):
@@ -288,10 +290,12 @@ const GRAM: usize = 4;
 ///
 /// A value of length `n` holds `n - GRAM + 1` runs of [`GRAM`] bytes, starting at
 /// consecutive positions; with `stride = shortest - GRAM + 1`, an occurrence of any value
-/// therefore has one of them start at a multiple of `stride`. The bitmap holds a bit for
-/// each run of every value, by hash (a bit for a run no value holds only costs a search), so
-/// a position whose bit is clear is in no occurrence: the search runs only in the
-/// windows around the positions whose bit is set.
+/// therefore has one of them start at a multiple of `stride`, and the first such run is one
+/// of the value's first `stride` runs (it starts less than `stride` bytes into the value).
+/// The bitmap holds a bit for each of those runs of every value, by hash (a bit for a run
+/// no value holds there only costs a search), so a position whose bit is clear is the first
+/// sampled run of no occurrence: the search runs only in the windows around the positions
+/// whose bit is set.
 struct Sampler {
     stride: usize,
     bits: Box<[u64; SAMPLER_BITS / 64]>,
@@ -299,12 +303,94 @@ struct Sampler {
     places: Places,
 }
 
-/// The values and offsets at which each run of [`GRAM`] bytes occurs.
+/// The values and offsets at which each run of [`GRAM`] bytes occurs, and the values by
+/// their beginnings.
 struct Places {
-    /// For each run, the range of `at` that lists where it occurs.
-    runs: HashMap<u32, (u32, u32), BuildHasherDefault<RunHasher>>,
+    /// For each run, where it occurs.
+    runs: HashMap<u32, Run, BuildHasherDefault<RunHasher>>,
     /// Each a value's index and the offset of the run in it, grouped by run.
     at: Vec<(u32, u32)>,
+    /// For each [`Places::beginning`] of a value, the range of `begun` that lists the values
+    /// with it.
+    beginnings: HashMap<(u64, u64), (u32, u32), BuildHasherDefault<RunHasher>>,
+    /// Values' indexes, grouped by their beginnings.
+    begun: Vec<u32>,
+    /// The shortest value's length.
+    shortest: usize,
+}
+
+/// Where a run occurs in the values.
+#[derive(Clone, Copy)]
+enum Run {
+    /// In at most [`PLACES_COMPARED`] places: this range of [`Places::at`].
+    Few(u32, u32),
+    /// In more places (a part many values share), but at only these offsets of them (the
+    /// first `.1`): an occurrence that holds the run there begins that many bytes before it.
+    Offsets([u32; OFFSETS_COMPARED], u32),
+    /// At more offsets than that.
+    Crowded,
+}
+
+impl Places {
+    /// Lists only the first `stride` runs of each value: the rest are never an occurrence's
+    /// first sampled run ([`Sampler`]).
+    fn new(values: &[Vec<u8>], shortest: usize, stride: usize) -> Option<Places> {
+        let mut runs = Vec::new();
+        for (index, value) in values.iter().enumerate() {
+            for (offset, run) in value.windows(GRAM).take(stride).enumerate() {
+                runs.push((read_run(run), u32::try_from(index).ok()?, u32::try_from(offset).ok()?));
+            }
+        }
+        runs.sort_unstable();
+        let mut places = Places {
+            runs: HashMap::default(),
+            at: Vec::with_capacity(runs.len()),
+            beginnings: HashMap::default(),
+            begun: Vec::with_capacity(values.len()),
+            shortest,
+        };
+        for group in runs.chunk_by(|one, other| one.0 == other.0) {
+            let first = u32::try_from(places.at.len()).ok()?;
+            places.at.extend(group.iter().map(|&(_, index, offset)| (index, offset)));
+            let end = u32::try_from(places.at.len()).ok()?;
+            let run = if end - first <= PLACES_COMPARED {
+                Run::Few(first, end)
+            } else {
+                let mut offsets: Vec<u32> = group.iter().map(|&(_, _, offset)| offset).collect();
+                offsets.sort_unstable();
+                offsets.dedup();
+                match offsets.len() {
+                    count @ 1..=OFFSETS_COMPARED => {
+                        let mut kept = [0; OFFSETS_COMPARED];
+                        kept[..count].copy_from_slice(&offsets);
+                        Run::Offsets(kept, u32::try_from(count).ok()?)
+                    }
+                    _ => Run::Crowded,
+                }
+            };
+            places.runs.insert(group[0].0, run);
+        }
+        let mut begun: Vec<((u64, u64), u32)> = values
+            .iter()
+            .enumerate()
+            .map(|(index, value)| Some((places.beginning(value)?, u32::try_from(index).ok()?)))
+            .collect::<Option<_>>()?;
+        begun.sort_unstable();
+        for group in begun.chunk_by(|one, other| one.0 == other.0) {
+            let first = u32::try_from(places.begun.len()).ok()?;
+            places.begun.extend(group.iter().map(|&(_, index)| index));
+            places.beginnings.insert(group[0].0, (first, u32::try_from(places.begun.len()).ok()?));
+        }
+        Some(places)
+    }
+
+    /// The first eight bytes of `bytes` and the eight up to the shortest value's length
+    /// (which may overlap them): the same for a value and for the text where it occurs;
+    /// `None` when `bytes` is shorter than the shortest value.
+    fn beginning(&self, bytes: &[u8]) -> Option<(u64, u64)> {
+        let word = |at: usize| bytes.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes);
+        Some((word(0)?, word(self.shortest.checked_sub(8)?)?))
+    }
 }
 
 /// Hashes a run with a multiplication, its high half folded into the low one (the table
@@ -333,11 +419,19 @@ impl Hasher for RunHasher {
     fn write_u32(&mut self, run: u32) {
         self.mix(u64::from(run));
     }
+
+    fn write_u64(&mut self, word: u64) {
+        self.mix(word);
+    }
 }
 
 /// The most places of one run [`Sampler::occurrences`] compares; a run found in more (a prefix
 /// many values share) is left to the automaton.
 const PLACES_COMPARED: u32 = 4;
+
+/// The most offsets of a run in more places than [`PLACES_COMPARED`] at which it is looked
+/// for by the values' beginnings ([`Run::Offsets`]).
+const OFFSETS_COMPARED: usize = 2;
 
 /// The sampler's bitmap's size in bits: 128 KiB, about 256 bits for each run of 100 values of
 /// 40 bytes, so that few positions of ordinary text find a bit set by chance.
@@ -352,22 +446,11 @@ impl Sampler {
         }
         // Made on the heap: the array is too large to pass through the stack.
         let bits = vec![0; SAMPLER_BITS / 64].into_boxed_slice().try_into().ok()?;
-        let mut runs = Vec::new();
-        for (index, value) in values.iter().enumerate() {
-            for (offset, run) in value.windows(GRAM).enumerate() {
-                runs.push((read_run(run), u32::try_from(index).ok()?, u32::try_from(offset).ok()?));
-            }
-        }
-        runs.sort_unstable();
-        let mut places = Places { runs: HashMap::default(), at: Vec::with_capacity(runs.len()) };
-        for (run, index, offset) in runs {
-            let first = u32::try_from(places.at.len()).ok()?;
-            places.runs.entry(run).or_insert((first, first)).1 += 1;
-            places.at.push((index, offset));
-        }
-        let mut sampler = Sampler { stride: shortest - GRAM + 1, bits, places };
+        let stride = shortest - GRAM + 1;
+        let places = Places::new(values, shortest, stride)?;
+        let mut sampler = Sampler { stride, bits, places };
         for value in values {
-            for run in value.windows(GRAM) {
+            for run in value.windows(GRAM).take(stride) {
                 let bit = sampler.bit(run);
                 sampler.bits[bit / 64] |= 1 << (bit % 64);
             }
@@ -377,9 +460,10 @@ impl Sampler {
 
     /// Every occurrence of a value in `bytes[from..to]`, a window of [`Sampler::windows`],
     /// found by comparing the values that hold the run at each sampled position of the window
-    /// where they would be; sorted by start, the longest first. `false` (and nothing found)
-    /// when a run is in too many places, or the window is longer than `limit`: the automaton
-    /// searches it instead.
+    /// among their first `stride` runs where they would be, or, when many values hold it at
+    /// one or two offsets, the values that begin as the text does there; sorted by start, the
+    /// longest first. `false` (and nothing found) when a run is in too many places, or the
+    /// window is longer than `limit`: the automaton searches it instead.
     fn occurrences(
         &self,
         values: &[Vec<u8>],
@@ -398,22 +482,34 @@ impl Sampler {
             if !self.holds(run) {
                 continue;
             }
-            let Some(&(first, end)) = self.places.runs.get(&run) else { continue };
-            if end - first > PLACES_COMPARED {
+            let Some(&run) = self.places.runs.get(&run) else { continue };
+            // Whether the value `index` occurs at `start`; `false` when it does but not whole in
+            // the window: the windows are not what this relies on.
+            let mut compare = |index: u32, start: usize| {
+                let value = &values[index as usize];
+                if bytes.get(start..start + value.len()) != Some(value.as_slice()) {
+                    return true;
+                }
+                found.push((start, start + value.len()));
+                start >= from && start + value.len() <= to
+            };
+            let whole = match run {
+                Run::Few(first, end) => self.places.at[first as usize..end as usize].iter().all(|&(index, offset)| {
+                    position.checked_sub(offset as usize).is_none_or(|start| compare(index, start))
+                }),
+                Run::Offsets(offsets, count) => offsets[..count as usize].iter().all(|&offset| {
+                    let Some(start) = position.checked_sub(offset as usize) else { return true };
+                    let Some(beginning) = self.places.beginning(&bytes[start..]) else { return true };
+                    let Some(&(first, end)) = self.places.beginnings.get(&beginning) else { return true };
+                    // Values alike in their first bytes: left to the automaton.
+                    end - first <= PLACES_COMPARED
+                        && self.places.begun[first as usize..end as usize].iter().all(|&index| compare(index, start))
+                }),
+                Run::Crowded => false,
+            };
+            if !whole {
                 found.clear();
                 return false;
-            }
-            for &(index, offset) in &self.places.at[first as usize..end as usize] {
-                let value = &values[index as usize];
-                let Some(start) = position.checked_sub(offset as usize) else { continue };
-                if bytes.get(start..start + value.len()) == Some(value.as_slice()) {
-                    if start < from || start + value.len() > to {
-                        // Not whole in the window: the windows are not what this relies on.
-                        found.clear();
-                        return false;
-                    }
-                    found.push((start, start + value.len()));
-                }
             }
         }
         found.sort_unstable_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
@@ -433,10 +529,11 @@ impl Sampler {
     /// The windows of `bytes` that hold every occurrence of a value (each whole in one),
     /// in order, disjoint; `longest` is the longest value's length.
     fn windows<'a>(&'a self, bytes: &'a [u8], longest: usize) -> impl Iterator<Item = (usize, usize)> + 'a {
-        // A value with a run at `position` starts at most `longest - GRAM` bytes before it
-        // and ends at most `longest` bytes after it.
+        // A value whose first sampled run is at `position` starts less than `stride` bytes
+        // before it and ends at most `longest` bytes after it.
+        let before = self.stride - 1;
         let mut hits = Hits { sampler: self, bytes, block: 0, found: 0 }
-            .map(move |position| (position.saturating_sub(longest - GRAM), (position + longest).min(bytes.len())));
+            .map(move |position| (position.saturating_sub(before), (position + longest).min(bytes.len())));
         let mut current = hits.next();
         std::iter::from_fn(move || {
             let (from, mut to) = current?;
@@ -984,6 +1081,40 @@ mod tests {
         }
     }
 
+    /// Up to `length` bytes: `values` whole, cut short at either end, and run together,
+    /// between random letters of `alphabet`.
+    fn text_of(values: &[Vec<u8>], alphabet: &[u8], length: usize, rng: &mut Rng) -> Vec<u8> {
+        let mut text = Vec::new();
+        while text.len() < length {
+            let value = &values[rng.below(values.len())];
+            match rng.below(4) {
+                0 => text.extend_from_slice(value),
+                1 => {
+                    let cut = rng.below(value.len());
+                    text.extend_from_slice(if rng.below(2) == 0 { &value[..cut] } else { &value[cut..] });
+                }
+                _ => text.extend((0..rng.below(24)).map(|_| alphabet[rng.below(alphabet.len())])),
+            }
+        }
+        text
+    }
+
+    /// Masks `text` as [`naive`] does; returns how many of its sampled windows were compared
+    /// rather than searched, and how many there were.
+    fn compared_windows(masker: &Masker, text: &[u8], rng: &mut Rng) -> (usize, usize) {
+        let sampler = masker.inner.sampler.as_ref().expect("sampled");
+        let longest = masker.inner.longest;
+        let (mut compared, mut windows, mut found) = (0, 0, Vec::new());
+        for window in sampler.windows(text, longest) {
+            windows += 1;
+            if sampler.occurrences(&masker.inner.values, text, window, WINDOW_COMPARED * longest, &mut found) {
+                compared += 1;
+            }
+        }
+        masks_as_naive(masker, text, rng);
+        (compared, windows)
+    }
+
     #[test]
     fn occurrences_compared_in_windows_are_masked_leftmost_longest() {
         let mut rng = Rng(0x0cc0_57ed_0000_0031);
@@ -996,30 +1127,40 @@ mod tests {
                 .map(|_| (0..SAMPLED_SHORTEST + rng.below(9)).map(|_| alphabet[rng.below(alphabet.len())]).collect())
                 .collect();
             let masker = Masker::build(&values, Sampling::Always).expect("masker builds");
-            // Values whole, cut short at either end, and run together, between random letters.
-            let length = rng.below(400);
-            let mut text = Vec::new();
-            while text.len() < length {
-                let value = &values[rng.below(values.len())];
-                match rng.below(4) {
-                    0 => text.extend_from_slice(value),
-                    1 => {
-                        let cut = rng.below(value.len());
-                        text.extend_from_slice(if rng.below(2) == 0 { &value[..cut] } else { &value[cut..] });
-                    }
-                    _ => text.extend((0..rng.below(24)).map(|_| alphabet[rng.below(alphabet.len())])),
-                }
-            }
-            let sampler = masker.inner.sampler.as_ref().expect("sampled");
-            let longest = masker.inner.longest;
-            let mut found = Vec::new();
-            for window in sampler.windows(&text, longest) {
-                windows += 1;
-                if sampler.occurrences(&masker.inner.values, &text, window, WINDOW_COMPARED * longest, &mut found) {
-                    compared += 1;
-                }
-            }
-            masks_as_naive(&masker, &text, &mut rng);
+            let text = text_of(&values, alphabet, rng.below(400), &mut rng);
+            let (more, of) = compared_windows(&masker, &text, &mut rng);
+            (compared, windows) = (compared + more, windows + of);
+        }
+        assert!(compared * 2 > windows, "only {compared} windows of {windows} were compared rather than searched");
+    }
+
+    #[test]
+    fn values_that_begin_alike_are_compared_where_they_begin() {
+        // Many values sharing their first bytes (the runs there are in more places than are
+        // compared), then a part of their own, then a letter repeated (a run at many offsets).
+        let mut rng = Rng(0xa11c_e000_0000_0041);
+        let (mut compared, mut windows) = (0, 0);
+        for round in 0..600 {
+            let alphabet: &[u8] = [&b"abcdef"[..], b"abcdefghijklmnop"][round % 2];
+            let letters = |count: usize, rng: &mut Rng| -> Vec<u8> {
+                (0..count).map(|_| alphabet[rng.below(alphabet.len())]).collect()
+            };
+            let shared = letters(GRAM + rng.below(12), &mut rng);
+            let count = PLACES_COMPARED as usize + 1 + rng.below(60);
+            let values: Vec<Vec<u8>> = (0..count)
+                .map(|_| {
+                    let mut value = shared.clone();
+                    let own = SAMPLED_SHORTEST.saturating_sub(shared.len()) + 1 + rng.below(4);
+                    value.extend(letters(own, &mut rng));
+                    let repeated = alphabet[rng.below(alphabet.len())];
+                    value.extend(std::iter::repeat_n(repeated, rng.below(12)));
+                    value
+                })
+                .collect();
+            let masker = Masker::build(&values, Sampling::Always).expect("masker builds");
+            let text = text_of(&values, alphabet, rng.below(400), &mut rng);
+            let (more, of) = compared_windows(&masker, &text, &mut rng);
+            (compared, windows) = (compared + more, windows + of);
         }
         assert!(compared * 2 > windows, "only {compared} windows of {windows} were compared rather than searched");
     }
