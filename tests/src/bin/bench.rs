@@ -51,6 +51,11 @@ fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let groups: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, depth] = groups.as_slice()
+        && flag == RELAY
+    {
+        return relay(depth.parse()?);
+    }
     let wanted = |group: &str| groups.is_empty() || groups.iter().any(|g| g == group);
     // On a tmpfs when there is one: the transfers then measure the code, not the disk's
     // writeback, which moved the same figure by 3x from run to run here.
@@ -165,9 +170,12 @@ async fn open(host: &std::sync::Arc<ExecutorHost>) -> anyhow::Result<knotless_ru
 
 /// One step `true` through the shell executor, against spawning `sh -c true`: on the host as
 /// it is, then with 300 more sleeping processes on it (a step's cost must not grow with the
-/// host's process count).
+/// host's process count). With the first, the same step against its chain of processes doing
+/// nothing else: a byte relayed from this process through two more ([`relay`]), in the
+/// executor's and the reaper's places, the second running `sh -c true` for it with its output
+/// piped: what a step costs by its structure alone.
 async fn trivial_steps(session: &knotless_run::host::Session) -> anyhow::Result<Vec<Row>> {
-    let quiet = trivial_step(session, "").await?;
+    let (quiet, structure) = trivial_step(session, "").await?;
     let mut sleepers = Vec::with_capacity(300);
     for _ in 0..300 {
         sleepers.push(std::process::Command::new("sleep").arg("600").stdin(Stdio::null()).spawn()?);
@@ -177,15 +185,66 @@ async fn trivial_steps(session: &knotless_run::host::Session) -> anyhow::Result<
         let _ = sleeper.kill();
         let _ = sleeper.wait();
     }
-    Ok(vec![quiet, crowded?])
+    Ok(vec![quiet, structure, crowded?.0])
 }
 
-async fn trivial_step(session: &knotless_run::host::Session, host: &str) -> anyhow::Result<Row> {
+/// The flag that makes this program a relay ([`relay`]).
+const RELAY: &str = "--relay";
+
+/// Relays each byte of stdin through `depth - 1` more relays, the last running `sh -c true`
+/// for it (its output piped and read to its end), then answers with a byte; until stdin ends.
+fn relay(depth: u32) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let mut next = match depth > 1 {
+        true => Some(
+            std::process::Command::new(std::env::current_exe()?)
+                .args([RELAY, &(depth - 1).to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()?,
+        ),
+        false => None,
+    };
+    let (mut input, mut output, mut byte) = (std::io::stdin().lock(), std::io::stdout().lock(), [0u8]);
+    while input.read(&mut byte)? == 1 {
+        match &mut next {
+            Some(child) => {
+                child.stdin.as_mut().context("relay stdin")?.write_all(&byte)?;
+                child.stdout.as_mut().context("relay stdout")?.read_exact(&mut byte)?;
+            }
+            // Its output piped and read to its end, as a step's is.
+            None => {
+                if !std::process::Command::new("sh").args(["-c", "true"]).output()?.status.success() {
+                    bail!("sh -c true failed");
+                }
+            }
+        }
+        output.write_all(&byte)?;
+        output.flush()?;
+    }
+    if let Some(mut child) = next {
+        drop(child.stdin.take());
+        child.wait()?;
+    }
+    Ok(())
+}
+
+/// The trivial step against `sh -c true`, and against its structure's chain of processes.
+async fn trivial_step(session: &knotless_run::host::Session, host: &str) -> anyhow::Result<(Row, Row)> {
     const STEPS: usize = 300;
     let never = CancellationToken::new();
     let mut ours = Vec::with_capacity(STEPS);
     let mut reference = Vec::with_capacity(STEPS);
-    // Interleaved, so that both see the same load.
+    let mut structure = Vec::with_capacity(STEPS);
+    let mut chain = tokio::process::Command::new(std::env::current_exe()?)
+        .args([RELAY, "2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let (mut into, mut out) =
+        (chain.stdin.take().context("relay stdin")?, chain.stdout.take().context("relay stdout")?);
+    // Interleaved, so that all see the same load.
     for index in 0..STEPS {
         let params = CommandParams {
             session: session.id().to_string(),
@@ -209,14 +268,25 @@ async fn trivial_step(session: &knotless_run::host::Session, host: &str) -> anyh
         if !status.success() {
             bail!("sh -c true failed");
         }
+        let started = Instant::now();
+        into.write_all(b"s").await?;
+        let mut byte = [0u8];
+        tokio::io::AsyncReadExt::read_exact(&mut out, &mut byte).await?;
+        structure.push(started.elapsed());
     }
-    let (ours, reference) = (median(&mut ours), median(&mut reference));
-    Ok(Row {
-        what: format!("one trivial step through the shell executor{host}, median of {STEPS} (reference: `sh -c true`)"),
+    drop(into);
+    chain.wait().await?;
+    let (ours, reference, structure) = (median(&mut ours), median(&mut reference), median(&mut structure));
+    let row = |reference: Duration, what: &str| Row {
+        what: format!("one trivial step through the shell executor{host}, median of {STEPS} (reference: {what})"),
         ours: millis(ours),
         reference: millis(reference),
         ratio: ours.as_secs_f64() / reference.as_secs_f64(),
-    })
+    };
+    Ok((
+        row(reference, "`sh -c true`"),
+        row(structure, "a byte relayed through two processes, the second running `sh -c true` with its output piped"),
+    ))
 }
 
 /// A git repository at `root` with `megabytes` MiB of incompressible data in files of 1 MiB
