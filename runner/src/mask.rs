@@ -136,7 +136,7 @@ impl Masker {
     /// `bytes` with every value replaced by `***`.
     pub fn mask(&self, bytes: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(bytes.len());
-        let end = self.mask_into(bytes, bytes.len(), &mut out);
+        let end = self.mask_into(bytes, Hold::From(bytes.len()), &mut out);
         out.extend_from_slice(&bytes[end..]);
         out
     }
@@ -146,17 +146,19 @@ impl Masker {
         MaskStream { masker: self.clone(), carry: Vec::new() }
     }
 
-    /// Appends `bytes`, masked, to `out` up to the first byte at or after `hold` that no match
-    /// starting before `hold` covers; matches starting at or after `hold` are left alone.
+    /// Appends `bytes`, masked, to `out` up to the first byte at or after the held ones that no
+    /// match starting before them covers; matches starting among them are left alone.
     /// Returns where it stopped.
-    fn mask_into(&self, bytes: &[u8], hold: usize, out: &mut Vec<u8>) -> usize {
+    fn mask_into(&self, bytes: &[u8], hold: Hold, out: &mut Vec<u8>) -> usize {
         let Some(finder) = &self.inner.finder else {
+            let hold = self.hold(bytes, hold);
             out.extend_from_slice(&bytes[..hold]);
             return hold;
         };
         if let Some(sampler) = &self.inner.sampler {
             return self.mask_sampled(sampler, finder, bytes, hold, out);
         }
+        let hold = self.hold(bytes, hold);
         let mut done = 0;
         let mut mask = |start: usize, end: usize| {
             if start >= hold {
@@ -183,9 +185,12 @@ impl Masker {
     /// also brings them into the cache for the look-ups (which, reading a few bytes at a
     /// time, would wait for memory), and each match is then masked in the copy, which shrinks
     /// (every sampled value is longer than [`MASK`]).
-    fn mask_sampled(&self, sampler: &Sampler, finder: &Finder, bytes: &[u8], hold: usize, out: &mut Vec<u8>) -> usize {
+    fn mask_sampled(&self, sampler: &Sampler, finder: &Finder, bytes: &[u8], hold: Hold, out: &mut Vec<u8>) -> usize {
         let base = out.len();
-        out.extend_from_slice(&bytes[..hold]);
+        // All of it, held bytes too (which the end cuts off): then the held bytes are found in
+        // the cache, not read from memory one at a time.
+        out.extend_from_slice(bytes);
+        let hold = self.hold(bytes, hold);
         // `out[base..write]` is the masked text of `bytes[..done]`, never longer than it.
         let (mut done, mut write) = (0, base);
         let mut found = Vec::new();
@@ -234,6 +239,14 @@ impl Masker {
         done
     }
 
+    /// Where the held bytes of `bytes` begin.
+    fn hold(&self, bytes: &[u8], hold: Hold) -> usize {
+        match hold {
+            Hold::From(hold) => hold,
+            Hold::Prefix => self.hold_from(bytes),
+        }
+    }
+
     /// The first position from which `bytes[position..]` is a proper prefix of some value:
     /// the bytes a stream must hold back (`bytes.len()` when there is none).
     fn hold_from(&self, bytes: &[u8]) -> usize {
@@ -251,6 +264,15 @@ impl Masker {
             })
             .unwrap_or(bytes.len())
     }
+}
+
+/// Which bytes at the end of a text [`Masker::mask_into`] holds back.
+#[derive(Clone, Copy)]
+enum Hold {
+    /// Those from this position on.
+    From(usize),
+    /// Those that could begin a value ([`Masker::hold_from`]).
+    Prefix,
 }
 
 /// When a masker samples the text ([`Sampler`]).
@@ -763,22 +785,20 @@ impl MaskStream {
             let mut joint = std::mem::take(&mut self.carry);
             if chunk.len() < longest {
                 joint.extend_from_slice(chunk);
-                let hold = self.masker.hold_from(&joint);
-                let done = self.masker.mask_into(&joint, hold, out);
+                let done = self.masker.mask_into(&joint, Hold::Prefix, out);
                 self.carry = joint.split_off(done);
                 return;
             }
             // A value begun in the held bytes ends within the chunk's first `longest - 1` bytes:
             // only those are joined to them, and the rest of the chunk is not copied first.
             joint.extend_from_slice(&chunk[..longest - 1]);
-            let done = self.masker.mask_into(&joint, held, out);
+            let done = self.masker.mask_into(&joint, Hold::From(held), out);
             chunk = &chunk[done - held..];
             joint.clear();
             self.carry = joint;
         }
         // The chunk (or what the held bytes left of it) is masked where it is, joined to nothing.
-        let hold = self.masker.hold_from(chunk);
-        let done = self.masker.mask_into(chunk, hold, out);
+        let done = self.masker.mask_into(chunk, Hold::Prefix, out);
         self.carry.extend_from_slice(&chunk[done..]);
     }
 
