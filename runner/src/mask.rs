@@ -6,18 +6,21 @@
 //! candidates by each value's first bytes, instead of its automaton, whose prefilter gives up
 //! on more than three first bytes (4 times faster for 100 random tokens). Fewer first bytes,
 //! more values, or a CPU without the instructions take the automaton.
-//! More than 64 values, each at least [`SAMPLED_SHORTEST`] bytes long, that begin with more
-//! than three different bytes or are all at least [`SAMPLED_ALIKE`] bytes long, are found by
-//! sampling the text instead ([`Sampler`]): only the four bytes at every `shortest - 3`th
-//! position are looked up, in a bitmap of the four bytes found at each of a value's first
-//! `shortest - 3` positions, since the first such position an occurrence spans is one of
-//! them; in the windows around the positions found there, the values holding those four
-//! bytes there are compared where they would be, or, when many values hold them at one or
-//! two offsets (a prefix they share), those of the values that begin as the text does there;
-//! when they are at more offsets, the automaton (a DFA, without a prefilter) searches the
-//! window.
-//! The sampled text is copied first and masked in the copy: the copy brings it into the cache
-//! faster than the look-ups would.
+//! More than 64 values, each at least 8 bytes long, that all begin with the same
+//! [`SHARED_LEAST`] bytes or more are found where those bytes are ([`Shared`]): `memmem`
+//! finds them, and there the values that begin as the text does are compared.
+//! Other sets of more than 64 values, each at least [`SAMPLED_SHORTEST`] bytes long, that
+//! begin with more than three different bytes or are all at least [`SAMPLED_ALIKE`] bytes
+//! long, are found by sampling the text ([`Sampler`]): only the four bytes at every
+//! `shortest - 3`th position are looked up, in a bitmap of the four bytes found at each of a
+//! value's first `shortest - 3` positions, since the first such position an occurrence spans
+//! is one of them; in the windows around the positions found there, the values holding those
+//! four bytes there are compared where they would be, or, when many values hold them at one
+//! or two offsets (a part many share), those of the values that begin as the text does
+//! there; when they are at more offsets, the automaton (a DFA, without a prefilter) searches
+//! the window.
+//! Both copy the text first and mask it in the copy: the copy brings it into the cache faster
+//! than the look-ups would.
 //! A stream holds back only the bytes that could still begin a secret (a proper prefix of one):
 //! never more than the longest value minus one byte.
 
@@ -40,7 +43,10 @@ pub struct Masker {
 struct Inner {
     /// `None` when there are no values.
     finder: Option<Finder>,
-    /// `None` when a value is shorter than [`SAMPLED_SHORTEST`].
+    /// `None` unless more than [`GROUP`] values share their first bytes ([`Shared`]).
+    shared: Option<Shared>,
+    /// `None` when a value is shorter than [`SAMPLED_SHORTEST`], or the values share their
+    /// first bytes.
     sampler: Option<Sampler>,
     /// The values, sorted and deduplicated, to find which could still begin at a chunk's end.
     values: Vec<Vec<u8>>,
@@ -109,18 +115,31 @@ impl Masker {
         values.sort();
         values.dedup();
         let longest = values.iter().map(Vec::len).max().unwrap_or(0);
-        let sample = match sampling {
-            Sampling::WhereFaster => {
-                let shortest = values.iter().map(Vec::len).min().unwrap_or(0);
-                values.len() > GROUP && (first_bytes(&values) > 3 || shortest >= SAMPLED_ALIKE)
-            }
+        let many = values.len() > GROUP;
+        let shared = match sampling {
+            Sampling::WhereFaster => many,
             #[cfg(test)]
-            Sampling::Always => true,
+            Sampling::Always => false,
+            #[cfg(test)]
+            Sampling::Shared => true,
         };
+        let shared = if shared { Shared::new(&values) } else { None };
+        let sample = shared.is_none()
+            && match sampling {
+                Sampling::WhereFaster => {
+                    let shortest = values.iter().map(Vec::len).min().unwrap_or(0);
+                    many && (first_bytes(&values) > 3 || shortest >= SAMPLED_ALIKE)
+                }
+                #[cfg(test)]
+                Sampling::Always => true,
+                #[cfg(test)]
+                Sampling::Shared => false,
+            };
         let sampler = if sample { Sampler::new(&values) } else { None };
-        let finder = if values.is_empty() { None } else { Some(Finder::new(&values, sampler.is_some())?) };
+        let windowed = sampler.is_some() || shared.is_some();
+        let finder = if values.is_empty() { None } else { Some(Finder::new(&values, windowed)?) };
         let beginnings = Beginnings::new(&values);
-        Ok(Masker { inner: Arc::new(Inner { finder, sampler, values, longest, beginnings }) })
+        Ok(Masker { inner: Arc::new(Inner { finder, shared, sampler, values, longest, beginnings }) })
     }
 
     /// Whether there is nothing to mask.
@@ -155,6 +174,9 @@ impl Masker {
             out.extend_from_slice(&bytes[..hold]);
             return hold;
         };
+        if let Some(shared) = &self.inner.shared {
+            return self.mask_shared(shared, finder, bytes, hold, out);
+        }
         if let Some(sampler) = &self.inner.sampler {
             return self.mask_sampled(sampler, finder, bytes, hold, out);
         }
@@ -186,13 +208,8 @@ impl Masker {
     /// time, would wait for memory), and each match is then masked in the copy, which shrinks
     /// (every sampled value is longer than [`MASK`]).
     fn mask_sampled(&self, sampler: &Sampler, finder: &Finder, bytes: &[u8], hold: Hold, out: &mut Vec<u8>) -> usize {
-        let base = out.len();
-        // All of it, held bytes too (which the end cuts off): then the held bytes are found in
-        // the cache, not read from memory one at a time.
-        out.extend_from_slice(bytes);
+        let mut copy = InPlace::new(out, bytes);
         let hold = self.hold(bytes, hold);
-        // `out[base..write]` is the masked text of `bytes[..done]`, never longer than it.
-        let (mut done, mut write) = (0, base);
         let mut found = Vec::new();
         let (values, longest) = (&self.inner.values, self.inner.longest);
         // Every match lies whole in one window: found window by window, in order.
@@ -220,23 +237,33 @@ impl Masker {
                 if start >= hold {
                     break 'windows;
                 }
-                out.copy_within(base + done..base + start, write);
-                write += start - done;
-                if out.len() < write + MASK.len() {
-                    out.resize(write + MASK.len(), 0);
-                }
-                out[write..write + MASK.len()].copy_from_slice(MASK);
-                write += MASK.len();
-                done = end;
+                copy.mask(out, start, end);
             }
         }
-        if done < hold {
-            out.copy_within(base + done..base + hold, write);
-            write += hold - done;
-            done = hold;
+        copy.finish(out, hold)
+    }
+
+    /// [`Masker::mask_into`] with values that share their first bytes ([`Shared`]): where
+    /// those bytes are, the longest value there, if any, is masked; the search goes on from its
+    /// end, or from the next byte. Copied first, as [`Masker::mask_sampled`] does.
+    fn mask_shared(&self, shared: &Shared, finder: &Finder, bytes: &[u8], hold: Hold, out: &mut Vec<u8>) -> usize {
+        let mut copy = InPlace::new(out, bytes);
+        let hold = self.hold(bytes, hold);
+        let mut from = 0;
+        while let Some(found) = bytes.get(from..).and_then(|rest| shared.beginning.find(rest)) {
+            let start = from + found;
+            if start >= hold {
+                break;
+            }
+            match shared.longest_at(&self.inner.values, finder, self.inner.longest, bytes, start) {
+                Some(end) => {
+                    copy.mask(out, start, end);
+                    from = end;
+                }
+                None => from = start + 1,
+            }
         }
-        out.truncate(write);
-        done
+        copy.finish(out, hold)
     }
 
     /// Where the held bytes of `bytes` begin.
@@ -266,6 +293,97 @@ impl Masker {
     }
 }
 
+/// The masked copy [`Masker::mask_sampled`] and [`Masker::mask_shared`] make: the bytes
+/// copied whole after what `out` held, held bytes too (which [`InPlace::finish`] cuts off:
+/// then finding them reads the cache, not memory one byte at a time), then each match masked
+/// in place: the copy only shrinks, every value they take being longer than [`MASK`].
+struct InPlace {
+    /// Where the copy begins in `out`.
+    base: usize,
+    /// `out[base..write]` is the masked text of the bytes before `done`, never longer.
+    done: usize,
+    write: usize,
+}
+
+impl InPlace {
+    fn new(out: &mut Vec<u8>, bytes: &[u8]) -> InPlace {
+        let base = out.len();
+        out.extend_from_slice(bytes);
+        InPlace { base, done: 0, write: base }
+    }
+
+    /// Masks the match `start..end`, which begins at or after the end of the one before.
+    fn mask(&mut self, out: &mut Vec<u8>, start: usize, end: usize) {
+        out.copy_within(self.base + self.done..self.base + start, self.write);
+        self.write += start - self.done;
+        if out.len() < self.write + MASK.len() {
+            out.resize(self.write + MASK.len(), 0);
+        }
+        out[self.write..self.write + MASK.len()].copy_from_slice(MASK);
+        self.write += MASK.len();
+        self.done = end;
+    }
+
+    /// Ends the copy at `hold`, or at the last match's end when that is later; returns where.
+    fn finish(mut self, out: &mut Vec<u8>, hold: usize) -> usize {
+        if self.done < hold {
+            out.copy_within(self.base + self.done..self.base + hold, self.write);
+            self.write += hold - self.done;
+            self.done = hold;
+        }
+        out.truncate(self.write);
+        self.done
+    }
+}
+
+/// The fewest first bytes more than [`GROUP`] values must all share to be found where those
+/// bytes are ([`Shared`]) rather than sampled: `memmem` finds four bytes fast in any text.
+const SHARED_LEAST: usize = 4;
+
+/// Values that all begin with the same [`SHARED_LEAST`] bytes or more, each at least 8 bytes
+/// long: every occurrence begins where those bytes are, which `memmem` finds (with SIMD, by
+/// the rarest of their bytes), and there the values that begin as the text does ([`Starts`])
+/// are compared, or, when more than [`PLACES_COMPARED`] begin alike, the automaton searches
+/// the window a value there would fill.
+struct Shared {
+    beginning: memchr::memmem::Finder<'static>,
+    starts: Starts,
+}
+
+impl Shared {
+    /// `None` when the values, sorted, share fewer than [`SHARED_LEAST`] first bytes, or one
+    /// is shorter than 8 bytes.
+    fn new(values: &[Vec<u8>]) -> Option<Shared> {
+        // Sorted: what the first and the last share, all share.
+        let (first, last) = (values.first()?, values.last()?);
+        let shared = first.iter().zip(last).take_while(|(one, other)| one == other).count();
+        if shared < SHARED_LEAST {
+            return None;
+        }
+        let starts = Starts::new(values)?;
+        Some(Shared { beginning: memchr::memmem::Finder::new(&first[..shared]).into_owned(), starts })
+    }
+
+    /// The end of the longest value at `start` of `bytes`, if one is there.
+    fn longest_at(
+        &self,
+        values: &[Vec<u8>],
+        finder: &Finder,
+        longest: usize,
+        bytes: &[u8],
+        start: usize,
+    ) -> Option<usize> {
+        let alike = self.starts.at(bytes, start);
+        if alike.len() <= PLACES_COMPARED as usize {
+            let there = alike.iter().map(|&index| &values[index as usize]);
+            return there.filter(|value| bytes[start..].starts_with(value)).map(|value| start + value.len()).max();
+        }
+        // The leftmost-longest match of the window, if it begins at `start`, is the longest there.
+        let window = &bytes[start..(start + longest).min(bytes.len())];
+        finder.matches(window).next().filter(|&(at, _)| at == 0).map(|(_, end)| start + end)
+    }
+}
+
 /// Which bytes at the end of a text [`Masker::mask_into`] holds back.
 #[derive(Clone, Copy)]
 enum Hold {
@@ -275,18 +393,23 @@ enum Hold {
     Prefix,
 }
 
-/// When a masker samples the text ([`Sampler`]).
+/// When a masker finds values where their shared first bytes are ([`Shared`]) or samples the
+/// text ([`Sampler`]).
 #[derive(Clone, Copy)]
 enum Sampling {
     /// Only where the search of the whole text is slower: for more values than one packed
-    /// searcher takes, beginning with more than three different bytes (random tokens), or
-    /// all at least [`SAMPLED_ALIKE`] bytes long. Fewer values are found faster by their first
-    /// bytes (`memchr`, `memmem` or one packed search), and short values beginning alike by the
+    /// searcher takes, where they share their first bytes if they do; if not, sampled when
+    /// they begin with more than three different bytes (random tokens), or are all at least
+    /// [`SAMPLED_ALIKE`] bytes long. Fewer values are found faster by their first bytes
+    /// (`memchr`, `memmem` or one packed search), and short values beginning alike by the
     /// automaton's `memchr` for those bytes than by a look-up every few bytes.
     WhereFaster,
     /// Whenever every value is long enough, to test the sampler with any values.
     #[cfg(test)]
     Always,
+    /// Whenever the values share enough first bytes, to test [`Shared`] with any values.
+    #[cfg(test)]
+    Shared,
 }
 
 /// How many different bytes the values begin with.
@@ -332,13 +455,51 @@ struct Places {
     runs: HashMap<u32, Run, BuildHasherDefault<RunHasher>>,
     /// Each a value's index and the offset of the run in it, grouped by run.
     at: Vec<(u32, u32)>,
-    /// For each [`Places::beginning`] of a value, the range of `begun` that lists the values
-    /// with it.
-    beginnings: HashMap<(u64, u64), (u32, u32), BuildHasherDefault<RunHasher>>,
-    /// Values' indexes, grouped by their beginnings.
+    starts: Starts,
+}
+
+/// The values by their beginnings: which could occur where the text begins a certain way.
+struct Starts {
+    /// For each [`Starts::key`] of a value, the range of `begun` that lists the values with it.
+    keys: HashMap<(u64, u64), (u32, u32), BuildHasherDefault<RunHasher>>,
+    /// Values' indexes, grouped by their keys.
     begun: Vec<u32>,
-    /// The shortest value's length.
+    /// The shortest value's length, at least 8.
     shortest: usize,
+}
+
+impl Starts {
+    /// `None` when a value is shorter than 8 bytes.
+    fn new(values: &[Vec<u8>]) -> Option<Starts> {
+        let shortest = values.iter().map(Vec::len).min().filter(|&shortest| shortest >= 8)?;
+        let mut starts = Starts { keys: HashMap::default(), begun: Vec::with_capacity(values.len()), shortest };
+        let mut begun: Vec<((u64, u64), u32)> = values
+            .iter()
+            .enumerate()
+            .map(|(index, value)| Some((starts.key(value)?, u32::try_from(index).ok()?)))
+            .collect::<Option<_>>()?;
+        begun.sort_unstable();
+        for group in begun.chunk_by(|one, other| one.0 == other.0) {
+            let first = u32::try_from(starts.begun.len()).ok()?;
+            starts.begun.extend(group.iter().map(|&(_, index)| index));
+            starts.keys.insert(group[0].0, (first, u32::try_from(starts.begun.len()).ok()?));
+        }
+        Some(starts)
+    }
+
+    /// The first eight bytes of `bytes` and the eight up to the shortest value's length
+    /// (which may overlap them): the same for a value and for the text where it occurs;
+    /// `None` when `bytes` is shorter than the shortest value.
+    fn key(&self, bytes: &[u8]) -> Option<(u64, u64)> {
+        let word = |at: usize| bytes.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes);
+        Some((word(0)?, word(self.shortest - 8)?))
+    }
+
+    /// The indexes of the values that may occur at `start` of `bytes` (the others do not).
+    fn at(&self, bytes: &[u8], start: usize) -> &[u32] {
+        let range = bytes.get(start..).and_then(|tail| self.keys.get(&self.key(tail)?));
+        range.map_or(&[], |&(first, end)| &self.begun[first as usize..end as usize])
+    }
 }
 
 /// Where a run occurs in the values.
@@ -356,7 +517,7 @@ enum Run {
 impl Places {
     /// Lists only the first `stride` runs of each value: the rest are never an occurrence's
     /// first sampled run ([`Sampler`]).
-    fn new(values: &[Vec<u8>], shortest: usize, stride: usize) -> Option<Places> {
+    fn new(values: &[Vec<u8>], stride: usize) -> Option<Places> {
         let mut runs = Vec::new();
         for (index, value) in values.iter().enumerate() {
             for (offset, run) in value.windows(GRAM).take(stride).enumerate() {
@@ -364,13 +525,8 @@ impl Places {
             }
         }
         runs.sort_unstable();
-        let mut places = Places {
-            runs: HashMap::default(),
-            at: Vec::with_capacity(runs.len()),
-            beginnings: HashMap::default(),
-            begun: Vec::with_capacity(values.len()),
-            shortest,
-        };
+        let mut places =
+            Places { runs: HashMap::default(), at: Vec::with_capacity(runs.len()), starts: Starts::new(values)? };
         for group in runs.chunk_by(|one, other| one.0 == other.0) {
             let first = u32::try_from(places.at.len()).ok()?;
             places.at.extend(group.iter().map(|&(_, index, offset)| (index, offset)));
@@ -392,26 +548,7 @@ impl Places {
             };
             places.runs.insert(group[0].0, run);
         }
-        let mut begun: Vec<((u64, u64), u32)> = values
-            .iter()
-            .enumerate()
-            .map(|(index, value)| Some((places.beginning(value)?, u32::try_from(index).ok()?)))
-            .collect::<Option<_>>()?;
-        begun.sort_unstable();
-        for group in begun.chunk_by(|one, other| one.0 == other.0) {
-            let first = u32::try_from(places.begun.len()).ok()?;
-            places.begun.extend(group.iter().map(|&(_, index)| index));
-            places.beginnings.insert(group[0].0, (first, u32::try_from(places.begun.len()).ok()?));
-        }
         Some(places)
-    }
-
-    /// The first eight bytes of `bytes` and the eight up to the shortest value's length
-    /// (which may overlap them): the same for a value and for the text where it occurs;
-    /// `None` when `bytes` is shorter than the shortest value.
-    fn beginning(&self, bytes: &[u8]) -> Option<(u64, u64)> {
-        let word = |at: usize| bytes.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes);
-        Some((word(0)?, word(self.shortest.checked_sub(8)?)?))
     }
 }
 
@@ -469,7 +606,7 @@ impl Sampler {
         // Made on the heap: the array is too large to pass through the stack.
         let bits = vec![0; SAMPLER_BITS / 64].into_boxed_slice().try_into().ok()?;
         let stride = shortest - GRAM + 1;
-        let places = Places::new(values, shortest, stride)?;
+        let places = Places::new(values, stride)?;
         let mut sampler = Sampler { stride, bits, places };
         for value in values {
             for run in value.windows(GRAM).take(stride) {
@@ -521,11 +658,9 @@ impl Sampler {
                 }),
                 Run::Offsets(offsets, count) => offsets[..count as usize].iter().all(|&offset| {
                     let Some(start) = position.checked_sub(offset as usize) else { return true };
-                    let Some(beginning) = self.places.beginning(&bytes[start..]) else { return true };
-                    let Some(&(first, end)) = self.places.beginnings.get(&beginning) else { return true };
+                    let values = self.places.starts.at(bytes, start);
                     // Values alike in their first bytes: left to the automaton.
-                    end - first <= PLACES_COMPARED
-                        && self.places.begun[first as usize..end as usize].iter().all(|&index| compare(index, start))
+                    values.len() <= PLACES_COMPARED as usize && values.iter().all(|&index| compare(index, start))
                 }),
                 Run::Crowded => false,
             };
@@ -1022,6 +1157,7 @@ mod tests {
                 AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(sorted).expect("automaton");
             let inner = Inner {
                 finder: Some(Finder::Automaton(automaton)),
+                shared: None,
                 sampler: None,
                 values: sorted.clone(),
                 longest: masker.longest(),
@@ -1069,6 +1205,7 @@ mod tests {
         for groups in [vec![short, long], vec![long_again, short_again]] {
             let inner = Inner {
                 finder: Some(Finder::Packed(groups)),
+                shared: None,
                 sampler: None,
                 values: values.clone(),
                 longest: 3,
@@ -1203,16 +1340,69 @@ mod tests {
     }
 
     #[test]
-    fn many_tokens_are_sampled_and_few_values_or_alike_values_are_not() {
-        let sampled = |values: &[String]| Masker::new(values).expect("masker builds").inner.sampler.is_some();
+    fn values_sharing_their_first_bytes_are_masked_leftmost_longest_where_those_are() {
+        // Values beginning with the same bytes (which may repeat themselves, as `abab` does),
+        // then their own; some alike for longer than the shortest value (the automaton then
+        // picks among them), and run together, cut short and between random letters.
+        let mut rng = Rng(0x5ba2_ed00_0000_0053);
+        for round in 0..600 {
+            let alphabet: &[u8] = [&b"ab"[..], b"abc", b"abcdefghij"][round % 3];
+            let letters = |count: usize, rng: &mut Rng| -> Vec<u8> {
+                (0..count).map(|_| alphabet[rng.below(alphabet.len())]).collect()
+            };
+            let shared = letters(SHARED_LEAST + rng.below(12), &mut rng);
+            let count = 1 + rng.below(40);
+            let values: Vec<Vec<u8>> = (0..count)
+                .map(|_| {
+                    let mut value = shared.clone();
+                    value.extend(letters(SAMPLED_SHORTEST.saturating_sub(shared.len()) + rng.below(6), &mut rng));
+                    value
+                })
+                .collect();
+            let masker = Masker::build(&values, Sampling::Shared).expect("masker builds");
+            assert!(masker.inner.shared.is_some(), "{values:?}");
+            let text = text_of(&values, alphabet, rng.below(400), &mut rng);
+            masks_as_naive(&masker, &text, &mut rng);
+        }
+    }
+
+    #[test]
+    fn where_more_values_begin_alike_than_are_compared_only_a_value_beginning_there_is_masked() {
+        // Six values alike in the bytes their beginnings are told apart by (the first eight and
+        // the eight up to the shortest length), differing between them: the automaton searches
+        // the window a value there would fill, which here holds a value beginning later.
+        let values: Vec<String> = ["0000", "1111", "2222", "3333", "4444"]
+            .iter()
+            .map(|middle| format!("abcdefgh{middle}ijklmnop"))
+            .chain(["abcdefghQQQQijklmnop and twenty bytes more".to_string()])
+            .collect();
+        let masker = Masker::build(&values, Sampling::Shared).expect("masker builds");
+        let shared = masker.inner.shared.as_ref().expect("shared");
+        assert!(shared.starts.at(b"abcdefghZZZZijklmnop", 0).len() > PLACES_COMPARED as usize);
+        let text = b"abcdefghZZZZijklmnopabcdefgh0000ijklmnop";
+        assert_eq!(masker.mask(text), b"abcdefghZZZZijklmnop***");
+        masks_as_naive(&masker, text, &mut Rng(7));
+    }
+
+    #[test]
+    fn many_tokens_are_sampled_many_values_beginning_alike_are_shared_and_few_values_are_neither() {
+        let built = |values: &[String]| Masker::new(values).expect("masker builds");
+        let sampled = |values: &[String]| built(values).inner.sampler.is_some();
+        let shared = |values: &[String]| built(values).inner.shared.is_some();
         let tokens: Vec<String> =
             (0..GROUP + 1).map(|index| format!("{}{index:08}", char::from(b'a' + (index % 26) as u8))).collect();
-        assert!(sampled(&tokens));
+        assert!(sampled(&tokens) && !shared(&tokens));
         assert!(!sampled(&tokens[..GROUP]), "one packed search is faster");
         let alike: Vec<String> = (0..100).map(|index| format!("secret-value-{index:03}")).collect();
-        assert!(sampled(&alike), "16 bytes: a look-up every 13 bytes");
+        assert!(shared(&alike) && !sampled(&alike), "found where `secret-value-` is");
+        assert!(!shared(&alike[..GROUP]), "one packed search is faster");
         let short: Vec<String> = (0..100).map(|index| format!("secret-{index:03}")).collect();
-        assert!(!sampled(&short), "the automaton's prefilter looks for their one first byte");
+        assert!(shared(&short), "ten bytes, beginning with seven they share");
+        let tiny: Vec<String> = (0..100).map(|index| format!("sec{index:03}")).collect();
+        assert!(!shared(&tiny) && !sampled(&tiny), "shorter than eight bytes: the automaton");
+        let three: Vec<String> =
+            (0..100).map(|index| format!("ab-{}{index:014}", char::from(b'a' + (index % 26) as u8))).collect();
+        assert!(!shared(&three) && sampled(&three), "three bytes shared are too few: sampled");
         let mut short = tokens.clone();
         short.push("1234567".into());
         assert!(!sampled(&short), "a value shorter than eight bytes");
