@@ -245,22 +245,36 @@ impl Masker {
 
     /// [`Masker::mask_into`] with values that share their first bytes ([`Shared`]): where
     /// those bytes are, the longest value there, if any, is masked; the search goes on from its
-    /// end, or from the next byte. Copied first, as [`Masker::mask_sampled`] does.
+    /// end, or from the next byte. Where more values begin alike than are compared, or the
+    /// comparisons have cost [`COMPARED_PER_BYTE`] times the text (a text dense with the
+    /// shared bytes), the automaton searches the rest. Copied first, as
+    /// [`Masker::mask_sampled`] does.
     fn mask_shared(&self, shared: &Shared, finder: &Finder, bytes: &[u8], hold: Hold, out: &mut Vec<u8>) -> usize {
         let mut copy = InPlace::new(out, bytes);
         let hold = self.hold(bytes, hold);
+        let (values, longest) = (&self.inner.values, self.inner.longest);
+        let mut budget = COMPARED_PER_BYTE * (bytes.len() + longest);
         let mut from = 0;
         while let Some(found) = bytes.get(from..).and_then(|rest| shared.beginning.find(rest)) {
             let start = from + found;
             if start >= hold {
                 break;
             }
-            match shared.longest_at(&self.inner.values, finder, self.inner.longest, bytes, start) {
-                Some(end) => {
+            match shared.longest_at(values, bytes, start, &mut budget) {
+                There::Value(end) => {
                     copy.mask(out, start, end);
                     from = end;
                 }
-                None => from = start + 1,
+                There::Nothing => from = start + 1,
+                There::Search => {
+                    for (match_start, end) in finder.matches(&bytes[start..]) {
+                        if start + match_start >= hold {
+                            break;
+                        }
+                        copy.mask(out, start + match_start, start + end);
+                    }
+                    break;
+                }
             }
         }
         copy.finish(out, hold)
@@ -340,11 +354,14 @@ impl InPlace {
 /// bytes are ([`Shared`]) rather than sampled: `memmem` finds four bytes fast in any text.
 const SHARED_LEAST: usize = 4;
 
+/// How many bytes of values [`Masker::mask_shared`] compares for each byte of the text, at
+/// most, before the automaton searches the rest: the work stays linear in the text.
+const COMPARED_PER_BYTE: usize = 8;
+
 /// Values that all begin with the same [`SHARED_LEAST`] bytes or more, each at least 8 bytes
 /// long: every occurrence begins where those bytes are, which `memmem` finds (with SIMD, by
 /// the rarest of their bytes), and there the values that begin as the text does ([`Starts`])
-/// are compared, or, when more than [`PLACES_COMPARED`] begin alike, the automaton searches
-/// the window a value there would fill.
+/// are compared.
 struct Shared {
     beginning: memchr::memmem::Finder<'static>,
     starts: Starts,
@@ -364,24 +381,31 @@ impl Shared {
         Some(Shared { beginning: memchr::memmem::Finder::new(&first[..shared]).into_owned(), starts })
     }
 
-    /// The end of the longest value at `start` of `bytes`, if one is there.
-    fn longest_at(
-        &self,
-        values: &[Vec<u8>],
-        finder: &Finder,
-        longest: usize,
-        bytes: &[u8],
-        start: usize,
-    ) -> Option<usize> {
+    /// The longest value at `start` of `bytes`, found by comparing at most
+    /// [`PLACES_COMPARED`] values, their lengths taken from `budget`.
+    fn longest_at(&self, values: &[Vec<u8>], bytes: &[u8], start: usize, budget: &mut usize) -> There {
         let alike = self.starts.at(bytes, start);
-        if alike.len() <= PLACES_COMPARED as usize {
-            let there = alike.iter().map(|&index| &values[index as usize]);
-            return there.filter(|value| bytes[start..].starts_with(value)).map(|value| start + value.len()).max();
+        let cost: usize = alike.iter().map(|&index| values[index as usize].len()).sum();
+        if alike.len() > PLACES_COMPARED as usize || cost > *budget {
+            return There::Search;
         }
-        // The leftmost-longest match of the window, if it begins at `start`, is the longest there.
-        let window = &bytes[start..(start + longest).min(bytes.len())];
-        finder.matches(window).next().filter(|&(at, _)| at == 0).map(|(_, end)| start + end)
+        *budget -= cost;
+        let there = alike.iter().map(|&index| &values[index as usize]);
+        match there.filter(|value| bytes[start..].starts_with(value)).map(Vec::len).max() {
+            Some(length) => There::Value(start + length),
+            None => There::Nothing,
+        }
     }
+}
+
+/// What [`Shared::longest_at`] found.
+enum There {
+    /// The longest value there, ending here.
+    Value(usize),
+    /// No value.
+    Nothing,
+    /// Too many values to compare: the automaton is to search from there.
+    Search,
 }
 
 /// Which bytes at the end of a text [`Masker::mask_into`] holds back.
@@ -1367,10 +1391,9 @@ mod tests {
     }
 
     #[test]
-    fn where_more_values_begin_alike_than_are_compared_only_a_value_beginning_there_is_masked() {
+    fn where_more_values_begin_alike_than_are_compared_the_automaton_searches_on() {
         // Six values alike in the bytes their beginnings are told apart by (the first eight and
-        // the eight up to the shortest length), differing between them: the automaton searches
-        // the window a value there would fill, which here holds a value beginning later.
+        // the eight up to the shortest length), differing between them.
         let values: Vec<String> = ["0000", "1111", "2222", "3333", "4444"]
             .iter()
             .map(|middle| format!("abcdefgh{middle}ijklmnop"))
@@ -1379,9 +1402,28 @@ mod tests {
         let masker = Masker::build(&values, Sampling::Shared).expect("masker builds");
         let shared = masker.inner.shared.as_ref().expect("shared");
         assert!(shared.starts.at(b"abcdefghZZZZijklmnop", 0).len() > PLACES_COMPARED as usize);
-        let text = b"abcdefghZZZZijklmnopabcdefgh0000ijklmnop";
-        assert_eq!(masker.mask(text), b"abcdefghZZZZijklmnop***");
+        let text = b"abcdefghZZZZijklmnopabcdefgh0000ijklmnop abcdefghQQQQijklmnop and twenty bytes more";
+        assert_eq!(masker.mask(text), b"abcdefghZZZZijklmnop*** ***");
         masks_as_naive(&masker, text, &mut Rng(7));
+    }
+
+    #[test]
+    fn a_text_dense_with_the_shared_bytes_is_searched_once_the_comparisons_cost_too_much() {
+        // Four long values told apart only in their middles, and a text of the bytes they
+        // share at every position: each comparison would run the length of the values.
+        let values: Vec<String> = (0..4).map(|at| format!("{}q{}", "x".repeat(8 + at), "x".repeat(120 - at))).collect();
+        let masker = Masker::build(&values, Sampling::Shared).expect("masker builds");
+        let shared = masker.inner.shared.as_ref().expect("shared");
+        let dense = "x".repeat(3000);
+        let mut budget = 0;
+        assert!(matches!(shared.longest_at(&masker.inner.values, dense.as_bytes(), 0, &mut budget), There::Search));
+        let mut budget = usize::MAX;
+        assert!(matches!(shared.longest_at(&masker.inner.values, dense.as_bytes(), 0, &mut budget), There::Nothing));
+        // Past the budget (eight bytes compared for each byte of the text), the automaton
+        // still finds the value at the end.
+        let text = format!("{dense} {} tail", values[2]);
+        assert_eq!(masker.mask(text.as_bytes()), format!("{dense} *** tail").as_bytes());
+        masks_as_naive(&masker, text.as_bytes(), &mut Rng(11));
     }
 
     #[test]
