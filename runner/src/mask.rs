@@ -1280,70 +1280,68 @@ mod tests {
         text
     }
 
-    /// Masks `text` as [`naive`] does; returns how many of its sampled windows were compared
-    /// rather than searched, and how many there were.
-    fn compared_windows(masker: &Masker, text: &[u8], rng: &mut Rng) -> (usize, usize) {
-        let sampler = masker.inner.sampler.as_ref().expect("sampled");
-        let longest = masker.inner.longest;
+    /// For each of `rounds` sets of values (and the letters of the text around them) that
+    /// `values_of` makes, a sampling masker masks texts as [`naive`] does; more than half of
+    /// their sampled windows are compared rather than searched.
+    fn most_windows_compared(
+        mut rng: Rng,
+        rounds: usize,
+        mut values_of: impl FnMut(usize, &mut Rng) -> (&'static [u8], Vec<Vec<u8>>),
+    ) {
         let (mut compared, mut windows, mut found) = (0, 0, Vec::new());
-        for window in sampler.windows(text, longest) {
-            windows += 1;
-            if sampler.occurrences(&masker.inner.values, text, window, WINDOW_COMPARED * longest, &mut found) {
-                compared += 1;
+        for round in 0..rounds {
+            let (alphabet, values) = values_of(round, &mut rng);
+            let masker = Masker::build(&values, Sampling::Always).expect("masker builds");
+            let text = text_of(&values, alphabet, rng.below(400), &mut rng);
+            let sampler = masker.inner.sampler.as_ref().expect("sampled");
+            let longest = masker.inner.longest;
+            for window in sampler.windows(&text, longest) {
+                windows += 1;
+                if sampler.occurrences(&masker.inner.values, &text, window, WINDOW_COMPARED * longest, &mut found) {
+                    compared += 1;
+                }
             }
+            masks_as_naive(&masker, &text, &mut rng);
         }
-        masks_as_naive(masker, text, rng);
-        (compared, windows)
+        assert!(compared * 2 > windows, "only {compared} windows of {windows} were compared rather than searched");
     }
 
     #[test]
     fn occurrences_compared_in_windows_are_masked_leftmost_longest() {
-        let mut rng = Rng(0x0cc0_57ed_0000_0031);
-        let (mut compared, mut windows) = (0, 0);
-        for round in 0..900 {
+        most_windows_compared(Rng(0x0cc0_57ed_0000_0031), 900, |round, rng| {
             // Enough letters that most runs are in few places, few enough that values overlap.
             let alphabet: &[u8] = [&b"abcd"[..], b"abcdefgh", b"abcdefghijklmnop"][round % 3];
             let count = 1 + rng.below(if round % 2 == 0 { 4 } else { 40 });
-            let values: Vec<Vec<u8>> = (0..count)
+            let values = (0..count)
                 .map(|_| (0..SAMPLED_SHORTEST + rng.below(9)).map(|_| alphabet[rng.below(alphabet.len())]).collect())
                 .collect();
-            let masker = Masker::build(&values, Sampling::Always).expect("masker builds");
-            let text = text_of(&values, alphabet, rng.below(400), &mut rng);
-            let (more, of) = compared_windows(&masker, &text, &mut rng);
-            (compared, windows) = (compared + more, windows + of);
-        }
-        assert!(compared * 2 > windows, "only {compared} windows of {windows} were compared rather than searched");
+            (alphabet, values)
+        });
     }
 
     #[test]
     fn values_that_begin_alike_are_compared_where_they_begin() {
         // Many values sharing their first bytes (the runs there are in more places than are
         // compared), then a part of their own, then a letter repeated (a run at many offsets).
-        let mut rng = Rng(0xa11c_e000_0000_0041);
-        let (mut compared, mut windows) = (0, 0);
-        for round in 0..600 {
+        most_windows_compared(Rng(0xa11c_e000_0000_0041), 600, |round, rng| {
             let alphabet: &[u8] = [&b"abcdef"[..], b"abcdefghijklmnop"][round % 2];
             let letters = |count: usize, rng: &mut Rng| -> Vec<u8> {
                 (0..count).map(|_| alphabet[rng.below(alphabet.len())]).collect()
             };
-            let shared = letters(GRAM + rng.below(12), &mut rng);
+            let shared = letters(GRAM + rng.below(12), rng);
             let count = PLACES_COMPARED as usize + 1 + rng.below(60);
-            let values: Vec<Vec<u8>> = (0..count)
+            let values = (0..count)
                 .map(|_| {
                     let mut value = shared.clone();
                     let own = SAMPLED_SHORTEST.saturating_sub(shared.len()) + 1 + rng.below(4);
-                    value.extend(letters(own, &mut rng));
+                    value.extend(letters(own, rng));
                     let repeated = alphabet[rng.below(alphabet.len())];
                     value.extend(std::iter::repeat_n(repeated, rng.below(12)));
                     value
                 })
                 .collect();
-            let masker = Masker::build(&values, Sampling::Always).expect("masker builds");
-            let text = text_of(&values, alphabet, rng.below(400), &mut rng);
-            let (more, of) = compared_windows(&masker, &text, &mut rng);
-            (compared, windows) = (compared + more, windows + of);
-        }
-        assert!(compared * 2 > windows, "only {compared} windows of {windows} were compared rather than searched");
+            (alphabet, values)
+        });
     }
 
     #[test]
