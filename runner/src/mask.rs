@@ -682,9 +682,9 @@ impl Sampler {
                 }),
                 Run::Offsets(offsets, count) => offsets[..count as usize].iter().all(|&offset| {
                     let Some(start) = position.checked_sub(offset as usize) else { return true };
-                    let values = self.places.starts.at(bytes, start);
-                    // Values alike in their first bytes: left to the automaton.
-                    values.len() <= PLACES_COMPARED as usize && values.iter().all(|&index| compare(index, start))
+                    let alike = self.places.starts.at(bytes, start);
+                    // Many values alike in their first bytes: left to the automaton.
+                    alike.len() <= PLACES_COMPARED as usize && alike.iter().all(|&index| compare(index, start))
                 }),
                 Run::Crowded => false,
             };
