@@ -330,7 +330,7 @@ async fn tracked_and_untracked(base: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use tokio::io::AsyncReadExt;
 
@@ -340,18 +340,6 @@ mod tests {
     fn open_on(path: &Path) -> usize {
         let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return 0 };
         entries.flatten().filter(|entry| std::fs::read_link(entry.path()).is_ok_and(|target| target == path)).count()
-    }
-
-    /// Waits up to 10 s for `done`; whether it came.
-    async fn within_10s(done: impl Fn() -> bool) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !done() {
-            if Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        true
     }
 
     #[test]
@@ -368,9 +356,9 @@ mod tests {
             let mut archive = checkout.archive(None).await.expect("packs");
             let mut header = [0u8; 512];
             archive.read_exact(&mut header).await.expect("the first header");
-            let opened = within_10s(|| open_on(&big) == 1).await;
+            let opened = knotless_testkit::eventually(Duration::from_secs(10), || open_on(&big) == 1).await;
             drop(archive);
-            (opened, within_10s(|| open_on(&big) == 0).await)
+            (opened, knotless_testkit::eventually(Duration::from_secs(10), || open_on(&big) == 0).await)
         });
         // A packing thread that never ends must fail the test, not hang it.
         runtime.shutdown_timeout(Duration::from_secs(1));

@@ -115,27 +115,19 @@ impl Masker {
         values.sort();
         values.dedup();
         let longest = values.iter().map(Vec::len).max().unwrap_or(0);
-        let many = values.len() > GROUP;
-        let shared = match sampling {
-            Sampling::WhereFaster => many,
+        let (share, sample) = match sampling {
+            Sampling::WhereFaster => {
+                let many = values.len() > GROUP;
+                let shortest = values.iter().map(Vec::len).min().unwrap_or(0);
+                (many, many && (first_bytes(&values) > 3 || shortest >= SAMPLED_ALIKE))
+            }
             #[cfg(test)]
-            Sampling::Always => false,
+            Sampling::Always => (false, true),
             #[cfg(test)]
-            Sampling::Shared => true,
+            Sampling::Shared => (true, false),
         };
-        let shared = if shared { Shared::new(&values) } else { None };
-        let sample = shared.is_none()
-            && match sampling {
-                Sampling::WhereFaster => {
-                    let shortest = values.iter().map(Vec::len).min().unwrap_or(0);
-                    many && (first_bytes(&values) > 3 || shortest >= SAMPLED_ALIKE)
-                }
-                #[cfg(test)]
-                Sampling::Always => true,
-                #[cfg(test)]
-                Sampling::Shared => false,
-            };
-        let sampler = if sample { Sampler::new(&values) } else { None };
+        let shared = if share { Shared::new(&values) } else { None };
+        let sampler = if sample && shared.is_none() { Sampler::new(&values) } else { None };
         let windowed = sampler.is_some() || shared.is_some();
         let finder = if values.is_empty() { None } else { Some(Finder::new(&values, windowed)?) };
         let beginnings = Beginnings::new(&values);
@@ -358,8 +350,8 @@ const SHARED_LEAST: usize = 4;
 /// most, before the automaton searches the rest: the work stays linear in the text.
 const COMPARED_PER_BYTE: usize = 8;
 
-/// Values that all begin with the same [`SHARED_LEAST`] bytes or more, each at least 8 bytes
-/// long: every occurrence begins where those bytes are, which `memmem` finds (with SIMD, by
+/// Values that all begin with the same [`SHARED_LEAST`] bytes or more, each at least
+/// [`WORD`] bytes long: every occurrence begins where those bytes are, which `memmem` finds (with SIMD, by
 /// the rarest of their bytes), and there the values that begin as the text does ([`Starts`])
 /// are compared.
 struct Shared {
@@ -369,7 +361,7 @@ struct Shared {
 
 impl Shared {
     /// `None` when the values, sorted, share fewer than [`SHARED_LEAST`] first bytes, or one
-    /// is shorter than 8 bytes.
+    /// is shorter than [`WORD`].
     fn new(values: &[Vec<u8>]) -> Option<Shared> {
         // Sorted: what the first and the last share, all share.
         let (first, last) = (values.first()?, values.last()?);
@@ -482,20 +474,23 @@ struct Places {
     starts: Starts,
 }
 
+/// The bytes of each of the two words a value's beginning is known by ([`Starts::key`]).
+const WORD: usize = 8;
+
 /// The values by their beginnings: which could occur where the text begins a certain way.
 struct Starts {
     /// For each [`Starts::key`] of a value, the range of `begun` that lists the values with it.
     keys: HashMap<(u64, u64), (u32, u32), BuildHasherDefault<RunHasher>>,
     /// Values' indexes, grouped by their keys.
     begun: Vec<u32>,
-    /// The shortest value's length, at least 8.
+    /// The shortest value's length, at least [`WORD`].
     shortest: usize,
 }
 
 impl Starts {
-    /// `None` when a value is shorter than 8 bytes.
+    /// `None` when a value is shorter than [`WORD`].
     fn new(values: &[Vec<u8>]) -> Option<Starts> {
-        let shortest = values.iter().map(Vec::len).min().filter(|&shortest| shortest >= 8)?;
+        let shortest = values.iter().map(Vec::len).min().filter(|&shortest| shortest >= WORD)?;
         let mut starts = Starts { keys: HashMap::default(), begun: Vec::with_capacity(values.len()), shortest };
         let mut begun: Vec<((u64, u64), u32)> = values
             .iter()
@@ -515,8 +510,8 @@ impl Starts {
     /// (which may overlap them): the same for a value and for the text where it occurs;
     /// `None` when `bytes` is shorter than the shortest value.
     fn key(&self, bytes: &[u8]) -> Option<(u64, u64)> {
-        let word = |at: usize| bytes.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes);
-        Some((word(0)?, word(self.shortest - 8)?))
+        let word = |at: usize| bytes.get(at..at + WORD)?.try_into().ok().map(u64::from_le_bytes);
+        Some((word(0)?, word(self.shortest - WORD)?))
     }
 
     /// The indexes of the values that may occur at `start` of `bytes` (the others do not).
@@ -732,9 +727,7 @@ impl Sampler {
 
     /// Whether the run at `position` of `bytes` has its bit set (`false` past the end).
     fn set(&self, bytes: &[u8], position: usize) -> bool {
-        let Some(run) = bytes.get(position..position + GRAM) else { return false };
-        let bit = self.bit(run);
-        self.bits[bit / 64] & (1 << (bit % 64)) != 0
+        bytes.get(position..position + GRAM).is_some_and(|run| self.holds(read_run(run)))
     }
 }
 
