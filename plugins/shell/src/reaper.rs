@@ -41,9 +41,7 @@ use std::io::{IoSlice, IoSliceMut, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,6 +66,9 @@ const MAX_LINE: usize = 1 << 20;
 
 /// The longest step (its folder, script and environment) the executor sends a reaper.
 const MAX_STEP: usize = 1 << 28;
+
+/// The highest signal number on Linux (`SIGRTMAX`).
+const SIGNALS: libc::c_int = 64;
 
 /// The reaper's name in `/proc/PID/comm` (15 bytes at most).
 const NAME: &std::ffi::CStr = c"knotless-reaper";
@@ -100,23 +101,32 @@ fn reaper_main(control: UnixStream) -> ! {
 /// its own process group (a Ctrl-C at the runner's terminal reaches the runner, which stops
 /// the step through the executor). Returns the control socket.
 fn become_reaper(control: UnixStream) -> std::io::Result<UnixStream> {
-    for signal in Signal::iterator() {
-        if matches!(signal, Signal::SIGKILL | Signal::SIGSTOP) {
-            continue;
+    // Every signal to its default, the real-time ones too: one its parent ignored would stay
+    // ignored in every step (a disposition of SIG_IGN outlives `execve`), and glibc's
+    // `sigaction` refuses to touch the two it keeps for itself, so the system call is made
+    // directly. The kernel's `struct sigaction` for SIG_DFL, no flags and an empty mask is
+    // all zeros.
+    let default = [0u64; 4];
+    for signal in 1..=SIGNALS {
+        if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+            // SAFETY: `default` is a whole kernel `struct sigaction`, read and not kept; the
+            // last argument is the size of the kernel's signal set.
+            let _ =
+                unsafe { libc::syscall(libc::SYS_rt_sigaction, signal, default.as_ptr(), std::ptr::null::<u8>(), 8) };
         }
-        // A write to a socket whose reader died is an error, not a death, as in the executor.
-        let handler = if signal == Signal::SIGPIPE { SigHandler::SigIgn } else { SigHandler::SigDfl };
-        // SAFETY: no handler is installed, only the default disposition or SIG_IGN.
-        let _ = unsafe { nix::sys::signal::signal(signal, handler) };
     }
+    // A write to a socket whose reader died is an error, not a death, as in the executor.
+    // SAFETY: no handler is installed, only SIG_IGN.
+    unsafe { nix::sys::signal::signal(Signal::SIGPIPE, SigHandler::SigIgn) }?;
     // Every signal was blocked across the fork ([`Reaper::spawn`]).
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
     let kept = control.as_raw_fd();
     if kept <= 2 {
         return Err(std::io::Error::other("the executor's standard descriptors are closed"));
     }
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
-    nix::unistd::dup2_stdin(&null)?;
+    // Its stdin, read-only as `std::process::Stdio::null` opens it, is each step's.
+    nix::unistd::dup2_stdin(std::fs::File::open("/dev/null")?)?;
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
     nix::unistd::dup2_stdout(&null)?;
     nix::unistd::dup2_stderr(&null)?;
     drop(null);
@@ -138,6 +148,8 @@ fn become_reaper(control: UnixStream) -> std::io::Result<UnixStream> {
 struct Supervisor {
     control: UnixStream,
     signals: SignalFd,
+    /// What starts each step's shell.
+    shell: Launcher,
     /// The step's shell while a step runs.
     step: Option<Step>,
     /// What the executor sent that was not read yet.
@@ -170,7 +182,15 @@ impl Supervisor {
         mask.add(Signal::SIGCHLD);
         mask.thread_block()?;
         let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
-        Ok(Supervisor { control, signals, step: None, pending: Vec::new(), passed: Vec::new(), outbox: Vec::new() })
+        Ok(Supervisor {
+            control,
+            signals,
+            shell: Launcher::new(),
+            step: None,
+            pending: Vec::new(),
+            passed: Vec::new(),
+            outbox: Vec::new(),
+        })
     }
 
     /// Serves the executor until it says `end` (`Ok`) or its socket ends or breaks (`Err`).
@@ -297,24 +317,23 @@ impl Supervisor {
         let (Some(workdir), Some(script)) = (fields.next(), fields.next()) else {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a step without its script"));
         };
-        let os = |bytes: &[u8]| std::ffi::OsStr::from_bytes(bytes).to_os_string();
-        let mut shell = std::process::Command::new("/bin/sh");
-        shell
-            .arg("-ec")
-            .arg(os(script))
-            .env_clear()
-            .current_dir(os(workdir))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(stdout))
-            .stderr(Stdio::from(stderr))
-            .process_group(0);
+        let mut env = std::collections::BTreeMap::new();
         while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-            shell.env(os(name), os(value));
+            // As in an environment built by `std::process::Command`: the last value of a name wins.
+            env.insert(name, value);
         }
-        // The pipes are the shell's alone once it runs: dropping `shell` closes this copy.
-        match shell.spawn() {
-            Ok(child) => {
-                self.step = Some(Step { shell: Pid::from_raw(child.id() as i32), shell_done: false });
+        let started = self.shell.start(Shell {
+            workdir,
+            script,
+            env: env.into_iter(),
+            stdout: stdout.as_raw_fd(),
+            stderr: stderr.as_raw_fd(),
+        });
+        // The pipes are the shell's alone once it runs.
+        drop((stdout, stderr));
+        match started {
+            Ok(shell) => {
+                self.step = Some(Step { shell, shell_done: false });
                 Ok(())
             }
             Err(error) => {
@@ -390,6 +409,122 @@ impl Supervisor {
         let result = self.control.write_all(&self.outbox);
         self.outbox.clear();
         result
+    }
+}
+
+/// A step's shell to start: `/bin/sh -ec SCRIPT` in `workdir`, with exactly `env`, the
+/// reaper's stdin (`/dev/null`) and the step's two pipes on fds 1 and 2, in a process group
+/// of its own.
+struct Shell<'a, E> {
+    workdir: &'a [u8],
+    script: &'a [u8],
+    env: E,
+    stdout: RawFd,
+    stderr: RawFd,
+}
+
+/// Starts a step's shell as `posix_spawn` would (a child sharing the reaper's memory, which
+/// waits until it has called `execve`), doing only what a reaper's child needs: the reaper
+/// has every signal but SIGPIPE at its default and `/dev/null` on its stdin, so none of the
+/// 64 `sigaction` calls or the descriptor checks of glibc's `posix_spawn` are needed, nor
+/// `/dev/null` opened, nor a stack mapped and unmapped for each step.
+struct Launcher {
+    stack: Vec<u8>,
+}
+
+/// What the child reads (everything prepared before the clone: it allocates nothing) and
+/// where it writes why it failed.
+struct Launch {
+    workdir: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    stdout: RawFd,
+    stderr: RawFd,
+    /// The child's `errno` when it could not exec; 0 when it did.
+    error: libc::c_int,
+}
+
+/// The child's stack: the child runs a few system calls on it.
+const LAUNCH_STACK: usize = 64 << 10;
+
+impl Launcher {
+    fn new() -> Launcher {
+        Launcher { stack: vec![0; LAUNCH_STACK] }
+    }
+
+    /// Starts the shell; its pid, or why it could not be started.
+    fn start<'a>(&mut self, shell: Shell<'a, impl Iterator<Item = (&'a [u8], &'a [u8])>>) -> std::io::Result<Pid> {
+        let text =
+            |bytes: &[u8]| std::ffi::CString::new(bytes).map_err(|_| std::io::Error::other("a field holds a NUL byte"));
+        let workdir = text(shell.workdir)?;
+        let args = [text(b"/bin/sh")?, text(b"-ec")?, text(shell.script)?];
+        let mut env = Vec::new();
+        for (name, value) in shell.env {
+            env.push(text(&[name, b"=", value].concat())?);
+        }
+        let argv: Vec<*const libc::c_char> =
+            args.iter().map(|arg| arg.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+        let envp: Vec<*const libc::c_char> =
+            env.iter().map(|pair| pair.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+        let mut launch = Launch {
+            workdir: workdir.as_ptr(),
+            argv: argv.as_ptr(),
+            envp: envp.as_ptr(),
+            stdout: shell.stdout,
+            stderr: shell.stderr,
+            error: 0,
+        };
+        // The stack grows down from its 16-byte aligned top.
+        let top = self.stack.as_mut_ptr_range().end as usize & !15;
+        // SAFETY: the child shares this memory and runs `launch_child` alone on its own stack
+        // while this thread waits (CLONE_VFORK) until it has called `execve` or `_exit`: it
+        // reads `launch`, its strings and arrays, which all outlive the call, and writes only
+        // `launch.error`. It allocates nothing and takes no lock; no signal handler of this
+        // process can run in it (this process installs none).
+        let pid = unsafe {
+            libc::clone(
+                launch_child,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::from_mut(&mut launch).cast(),
+            )
+        };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let pid = Pid::from_raw(pid);
+        match launch.error {
+            0 => Ok(pid),
+            error => {
+                // It has exited: collect it here, where its status is not taken for a step's.
+                let _ = waitpid(pid, None);
+                Err(std::io::Error::from_raw_os_error(error))
+            }
+        }
+    }
+}
+
+/// The shell's side of [`Launcher::start`]: the step's pipes on fds 1 and 2 (every other
+/// descriptor of the reaper is close-on-exec), SIGPIPE back to its default, no signal
+/// blocked, its working folder and process group, then `execve`.
+extern "C" fn launch_child(launch: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `launch` is the `Launch` of [`Launcher::start`], alive while this runs; only
+    // async-signal-safe calls are made.
+    unsafe {
+        let launch = &mut *launch.cast::<Launch>();
+        let mut none = std::mem::zeroed::<libc::sigset_t>();
+        let ready = libc::signal(libc::SIGPIPE, libc::SIG_DFL) != libc::SIG_ERR
+            && libc::sigemptyset(&mut none) == 0
+            && libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) == 0
+            && libc::dup2(launch.stdout, 1) == 1
+            && libc::dup2(launch.stderr, 2) == 2
+            && libc::chdir(launch.workdir) == 0
+            && libc::setpgid(0, 0) == 0;
+        if ready {
+            libc::execve(*launch.argv, launch.argv, launch.envp);
+        }
+        launch.error = Errno::last_raw().max(1);
+        libc::_exit(127)
     }
 }
 
@@ -527,6 +662,15 @@ impl StepSpec<'_> {
     }
 }
 
+/// One of a step's output pipes: this side's end, non-blocking, and the step's, blocking as a
+/// program expects its stdout to be. Made non-blocking at once, the read end needs none of the
+/// checks `Receiver::from_owned_fd` makes of a descriptor of unknown origin.
+fn step_pipe() -> std::io::Result<(Receiver, OwnedFd)> {
+    let (ours, theirs) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+    nix::fcntl::fcntl(&theirs, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))?;
+    Ok((Receiver::from_owned_fd_unchecked(ours)?, theirs))
+}
+
 impl Reaper {
     /// Forks a reaper, which waits for a step ([`Reaper::run`]).
     pub fn spawn() -> std::io::Result<Reaper> {
@@ -574,9 +718,8 @@ impl Reaper {
         let encoded = spec.encode().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "its script, folder or a variable holds a NUL byte")
         })?;
-        let (stdout, stdout_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let (stderr, stderr_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let (stdout, stderr) = (Receiver::from_owned_fd(stdout)?, Receiver::from_owned_fd(stderr)?);
+        let (stdout, stdout_end) = step_pipe()?;
+        let (stderr, stderr_end) = step_pipe()?;
         let mut message = format!("run {}\n", encoded.len()).into_bytes();
         message.extend_from_slice(&encoded);
         let pipes = [stdout_end.as_raw_fd(), stderr_end.as_raw_fd()];

@@ -182,3 +182,37 @@ async fn a_step_larger_than_the_socket_takes_at_once_reaches_its_reaper_whole() 
     let result = harness.command("s", 3, "echo fine", json!({}), 10_000).await.expect("command");
     assert_eq!(result["exit_code"], 0);
 }
+
+#[tokio::test]
+async fn a_steps_shell_starts_with_default_signals_none_blocked_stdin_read_only_and_its_own_process_group() {
+    let harness = initialized().await;
+    harness.start("s").await;
+    // The reaper ignores SIGPIPE and blocks SIGCHLD; neither may reach a step (`yes | head`
+    // relies on SIGPIPE's default). The shell reads its own status with builtins, and its
+    // descriptors are listed by a child started with no pipe: while a child of it runs, `dash`
+    // may still hold every signal blocked from starting it, and a pipeline's pipes open.
+    let script = "while read -r line; do case $line in SigBlk:*|SigIgn:*) echo \"$line\";; esac; done < /proc/$$/status; \
+                  ls /proc/$$/fd; for fd in 0 1 2; do grep '^flags:' /proc/$$/fdinfo/$fd; done; \
+                  echo \"$$ $(cut -d' ' -f5 /proc/$$/stat)\"; pwd; echo x >&0 2>/dev/null && echo wrote-stdin; \
+                  yes | head -c 3; echo";
+    for step in 0..2 {
+        let result = harness.command("s", step, script, json!({}), 10_000).await.expect("command");
+        assert_eq!(result["exit_code"], 0, "{result}");
+        let output = harness.output("s", step, "stdout");
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines[0], "SigBlk:\t0000000000000000", "{output}");
+        assert_eq!(lines[1], "SigIgn:\t0000000000000000", "{output}");
+        assert_eq!(lines[2..5], ["0", "1", "2"], "{output}");
+        let flags: Vec<u32> = lines[5..8]
+            .iter()
+            .map(|line| u32::from_str_radix(line.trim_start_matches("flags:").trim(), 8).expect("flags"))
+            .collect();
+        assert_eq!(flags[0] & 3, 0, "stdin is not read-only: {output}");
+        // A program expects blocking output: a non-blocking pipe fails its writes with EAGAIN.
+        assert!(flags.iter().all(|flags| flags & 0o4000 == 0), "a descriptor is non-blocking: {output}");
+        let (pid, group) = lines[8].split_once(' ').expect("pid and group");
+        assert_eq!(pid, group, "{output}");
+        assert_eq!(std::path::Path::new(lines[9]), harness.session_dir("s").join("work"), "{output}");
+        assert_eq!(lines[10..], ["y", "y"], "{output}");
+    }
+}

@@ -206,3 +206,34 @@ fn a_transfer_longer_than_a_second_shows_its_progress_on_a_terminal_only() {
     assert_eq!(piped.code, Some(0), "{}", piped.both());
     assert!(!piped.stdout.contains('\r') && !piped.stdout.contains("==> checkout: "), "{}", piped.both());
 }
+
+#[test]
+fn a_step_starts_with_every_signal_at_its_default_whatever_knotless_run_was_started_ignoring() {
+    let repo = Repo::new();
+    // The step's own signal state, read with the shell's builtins (while a child of it runs,
+    // `dash` may still hold every signal blocked from starting it), and its executor's (the
+    // parent of its reaper, its parent).
+    let script = "while read -r line; do case $line in SigBlk:*|SigIgn:*) echo \"$line\";; esac; done < /proc/$$/status\n      \
+                  executor=$(cut -d' ' -f4 /proc/$PPID/stat)\n      \
+                  echo \"executor $(grep '^SigIgn:' /proc/$executor/status)\"\n";
+    repo.workflow("signals", &format!("steps:\n  - name: show\n    run: |\n      {script}"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let plain = knotless_run(&[]);
+    // As under `nohup` or `trap ''`: an ignored signal stays ignored across `exec`, so the
+    // runner, its executor and the executor's reaper all start with HUP, INT and QUIT ignored.
+    let mut command = std::process::Command::new("sh");
+    command.args(["-c", "trap '' HUP INT QUIT; exec \"$@\"", "sh"]).arg(plain.get_program());
+    command.args(crate::shell_args(&repo, work.path()));
+    command.envs(plain.get_envs().filter_map(|(name, value)| Some((name, value?))));
+    let run = ran(command);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    let executor = run
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("signals/show | executor SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("the executor's ignored signals\n{}", run.both()));
+    assert_eq!(executor & 0b111, 0b111, "the executor did not start with HUP, INT and QUIT ignored\n{}", run.both());
+    assert!(run.stdout.contains("signals/show | SigIgn:\t0000000000000000"), "{}", run.both());
+    assert!(run.stdout.contains("signals/show | SigBlk:\t0000000000000000"), "{}", run.both());
+}
