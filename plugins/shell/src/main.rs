@@ -20,7 +20,7 @@ fn main() -> anyhow::Result<ExitCode> {
         .init();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     // The protocol's loop runs as a task: a wake-up of `block_on`'s own future costs a write
-    // to the runtime's eventfd and one more `epoll_wait`, twice a step.
+    // to the runtime's eventfd and one more `epoll_wait`, once a step.
     runtime.block_on(async { tokio::spawn(knotless_protocol::sdk::serve(ShellExecutor::default())).await })??;
     Ok(ExitCode::SUCCESS)
 }

@@ -325,7 +325,7 @@ impl Supervisor {
         let started = self.shell.start(Shell {
             workdir,
             script,
-            env: env.into_iter(),
+            env: &env,
             stdout: stdout.as_raw_fd(),
             stderr: stderr.as_raw_fd(),
         });
@@ -415,10 +415,10 @@ impl Supervisor {
 /// A step's shell to start: `/bin/sh -ec SCRIPT` in `workdir`, with exactly `env`, the
 /// reaper's stdin (`/dev/null`) and the step's two pipes on fds 1 and 2, in a process group
 /// of its own.
-struct Shell<'a, E> {
+struct Shell<'a> {
     workdir: &'a [u8],
     script: &'a [u8],
-    env: E,
+    env: &'a std::collections::BTreeMap<&'a [u8], &'a [u8]>,
     stdout: RawFd,
     stderr: RawFd,
 }
@@ -453,15 +453,13 @@ impl Launcher {
     }
 
     /// Starts the shell; its pid, or why it could not be started.
-    fn start<'a>(&mut self, shell: Shell<'a, impl Iterator<Item = (&'a [u8], &'a [u8])>>) -> std::io::Result<Pid> {
+    fn start(&mut self, shell: Shell<'_>) -> std::io::Result<Pid> {
         let text =
             |bytes: &[u8]| std::ffi::CString::new(bytes).map_err(|_| std::io::Error::other("a field holds a NUL byte"));
         let workdir = text(shell.workdir)?;
         let args = [text(b"/bin/sh")?, text(b"-ec")?, text(shell.script)?];
-        let mut env = Vec::new();
-        for (name, value) in shell.env {
-            env.push(text(&[name, b"=", value].concat())?);
-        }
+        let env = shell.env.iter().map(|(name, value)| text(&[name, &b"="[..], value].concat()));
+        let env = env.collect::<std::io::Result<Vec<_>>>()?;
         let argv: Vec<*const libc::c_char> =
             args.iter().map(|arg| arg.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
         let envp: Vec<*const libc::c_char> =
