@@ -51,13 +51,17 @@ pub async fn run(
         Some(workdir) => session.folder("work").join(workdir),
         None => session.folder("work"),
     };
-    if !workdir.is_dir() {
-        return Err(ExecutorError::configuration(format!(
-            "cannot run step {step_name} in session {}: no folder {}",
-            session.id,
-            workdir.display()
-        )));
-    }
+    // Whether the folder is there is asked only when the step could not start in it: a
+    // system call less on every step's way.
+    let no_folder = || {
+        (!workdir.is_dir()).then(|| {
+            ExecutorError::configuration(format!(
+                "cannot run step {step_name} in session {}: no folder {}",
+                session.id,
+                workdir.display()
+            ))
+        })
+    };
     let deadline = tokio::time::Instant::from_std(context.deadline(params.timeout_ms));
     let spec = StepSpec { script: &params.script, env: step_env(&params, &session, &config), workdir: &workdir };
     let started = Instant::now();
@@ -105,7 +109,7 @@ pub async fn run(
         Ending::Failed(error) => {
             drain(&mut pipes, &context, &session.id, params.step).await;
             session.keep_idle(reaper);
-            return Err(cannot_start(&error));
+            return Err(no_folder().unwrap_or_else(|| cannot_start(&error)));
         }
         Ending::Lost => {
             // Once the reaper is collected, its orphans are this process's children.
@@ -218,11 +222,17 @@ enum Settled {
 /// Reads the step's last output until both pipes close and the reaper says it is idle, or
 /// [`SETTLE`] passes; then closes the pipes.
 async fn settle(reaper: &mut Reaper, pipes: &mut Pipes, context: &Context, session: &str, step: u32) -> Settled {
-    let settle = tokio::time::sleep(SETTLE);
+    let until = tokio::time::Instant::now() + SETTLE;
+    let settle = tokio::time::sleep_until(until);
     tokio::pin!(settle);
     let mut idle = false;
-    while pipes.is_open() || !idle {
+    // The pipes and the reaper come first, and the timer is polled only when neither has
+    // anything: a step whose end is all there already (the usual case) never registers it
+    // with the runtime, which costs a wake-up of the runtime's own. The clock, read on every
+    // turn, ends the wait even when a leftover process floods the pipes.
+    while (pipes.is_open() || !idle) && tokio::time::Instant::now() < until {
         tokio::select! {
+            biased;
             chunk = pipes.read(), if pipes.is_open() => {
                 if let Some((stream, bytes)) = chunk {
                     context.output(session, step, stream, &bytes).await;

@@ -177,7 +177,7 @@ enum Command {
 impl Supervisor {
     fn start(control: UnixStream) -> std::io::Result<Supervisor> {
         nix::sys::prctl::set_child_subreaper(true)?;
-        // SIGCHLD is read from a signalfd; a step's shell gets an empty mask back from std.
+        // SIGCHLD is read from a signalfd; the launcher gives a step's shell an empty mask.
         let mut mask = SigSet::empty();
         mask.add(Signal::SIGCHLD);
         mask.thread_block()?;
@@ -211,7 +211,9 @@ impl Supervisor {
                 (ready(&fds[0]), ready(&fds[1]))
             };
             if signalled {
-                while let Ok(Some(_)) = self.signals.read_signal() {}
+                // SIGCHLD does not queue: one read empties the signalfd, one that comes later
+                // makes `poll` return again, and `reap` collects every child that ended.
+                let _ = self.signals.read_signal();
             }
             if commanded {
                 self.receive()?;
@@ -660,13 +662,13 @@ impl StepSpec<'_> {
     }
 }
 
-/// One of a step's output pipes: this side's end, non-blocking, and the step's, blocking as a
-/// program expects its stdout to be. Made non-blocking at once, the read end needs none of the
-/// checks `Receiver::from_owned_fd` makes of a descriptor of unknown origin.
-fn step_pipe() -> std::io::Result<(Receiver, OwnedFd)> {
-    let (ours, theirs) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
-    nix::fcntl::fcntl(&theirs, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))?;
-    Ok((Receiver::from_owned_fd_unchecked(ours)?, theirs))
+/// This side's end of one of a step's output pipes, once the step has the other: made
+/// non-blocking and registered with the runtime only after the reaper was sent the step, so
+/// that the reaper starts it sooner. Made here, it needs none of the checks
+/// `Receiver::from_owned_fd` makes of a descriptor of unknown origin.
+fn step_pipe_reader(ours: OwnedFd) -> std::io::Result<Receiver> {
+    nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+    Receiver::from_owned_fd_unchecked(ours)
 }
 
 impl Reaper {
@@ -716,8 +718,10 @@ impl Reaper {
         let encoded = spec.encode().ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, "its script, folder or a variable holds a NUL byte")
         })?;
-        let (stdout, stdout_end) = step_pipe()?;
-        let (stderr, stderr_end) = step_pipe()?;
+        // Both ends blocking, as a program expects its stdout to be; this side's end is made
+        // non-blocking once the reaper has the step.
+        let (stdout, stdout_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (stderr, stderr_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let mut message = format!("run {}\n", encoded.len()).into_bytes();
         message.extend_from_slice(&encoded);
         let pipes = [stdout_end.as_raw_fd(), stderr_end.as_raw_fd()];
@@ -742,8 +746,9 @@ impl Reaper {
         };
         // This end's copies of the write ends go: the step's end closes its output.
         drop((stdout_end, stderr_end));
+        let pipes = (step_pipe_reader(stdout)?, step_pipe_reader(stderr)?);
         self.writer.write_all(&message[sent..]).await?;
-        Ok((stdout, stderr))
+        Ok(pipes)
     }
 
     /// The reaper's pid.

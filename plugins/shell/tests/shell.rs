@@ -89,6 +89,24 @@ async fn a_step_streams_its_output_and_gives_its_exit_code() {
 }
 
 #[tokio::test]
+async fn a_step_in_a_missing_folder_or_a_file_is_refused_and_the_session_runs_on() {
+    let harness = initialized().await;
+    harness.start("s").await;
+    std::fs::write(harness.session_dir("s").join("work/file"), "").expect("a file");
+    for (step, workdir) in [(0, "missing"), (1, "file")] {
+        let params = json!({"session": "s", "step": step, "name": "in", "script": "touch ran", "env": {},
+            "secrets": {}, "workdir": workdir, "timeout_ms": 10_000});
+        let refused = harness.request("command", params).await.expect_err("refused");
+        assert_eq!(refused.0, code::CONFIGURATION as i64, "{workdir}: {refused:?}");
+        let wanted = format!("no folder {}", harness.session_dir("s").join("work").join(workdir).display());
+        assert!(refused.1.contains(&wanted), "{workdir}: {refused:?}");
+    }
+    let ran = harness.command("s", 2, "pwd", json!({}), 10_000).await.expect("command");
+    assert_eq!(ran["exit_code"], 0);
+    assert_eq!(harness.output("s", 2, "stdout"), format!("{}\n", harness.session_dir("s").join("work").display()));
+}
+
+#[tokio::test]
 async fn a_timed_out_step_and_its_background_processes_are_killed() {
     let harness = initialized().await;
     harness.start("s").await;
@@ -154,6 +172,25 @@ async fn what_a_plain_step_leaves_running_lives_on_until_stop() {
     assert!(!harness.session_dir("s").exists());
     let again = harness.command("s", 2, "true", json!({}), 1000).await.expect_err("stopped");
     assert_eq!(again.0, code::UNKNOWN_SESSION as i64);
+}
+
+#[tokio::test]
+async fn a_step_ends_with_its_shell_though_what_it_left_floods_its_output() {
+    let harness = initialized().await;
+    harness.start("s").await;
+    // `yes` writes as fast as the executor reads, so its pipe rarely stands empty; its output
+    // after the step's end is nobody's, and a write to the closed pipe ends it.
+    let script = "yes flood & echo $! > bg.pid";
+    let result = tokio::time::timeout(Duration::from_secs(30), harness.command("s", 0, script, json!({}), 60_000))
+        .await
+        .expect("the step ended")
+        .expect("command");
+    assert_eq!(result["exit_code"], 0);
+    assert!(result["duration_ms"].as_u64().expect("duration") < 5_000, "{result}");
+    assert!(harness.output("s", 0, "stdout").starts_with("flood\nflood\n"));
+    let background = read_pid(&harness.session_dir("s").join("work/bg.pid")).await;
+    harness.request("stop", json!({"session": "s", "timeout_ms": 10_000})).await.expect("stop");
+    assert!(!alive(background), "nothing of the session outlives stop");
 }
 
 #[tokio::test]

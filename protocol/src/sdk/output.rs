@@ -20,8 +20,10 @@ impl<O: AsyncRead + Unpin, E: AsyncRead + Unpin> OutputPipes<O, E> {
         OutputPipes {
             stdout,
             stderr,
-            stdout_buffer: vec![0; MAX_OUTPUT_CHUNK],
-            stderr_buffer: vec![0; MAX_OUTPUT_CHUNK],
+            // Reserved, not filled: reads go into the spare capacity (no 128 KiB of zeroes a
+            // step).
+            stdout_buffer: Vec::with_capacity(MAX_OUTPUT_CHUNK),
+            stderr_buffer: Vec::with_capacity(MAX_OUTPUT_CHUNK),
         }
     }
 
@@ -65,10 +67,12 @@ impl<O: AsyncRead + Unpin, E: AsyncRead + Unpin> OutputPipes<O, E> {
     }
 }
 
-/// Reads from a pipe that may be closed already (then it never resolves); `None` at its end.
-async fn read_from<R: AsyncRead + Unpin>(pipe: &mut Option<R>, buffer: &mut [u8]) -> Option<usize> {
+/// Reads from a pipe that may be closed already (then it never resolves) into `buffer`'s
+/// capacity, which it replaces; `None` at its end.
+async fn read_from<R: AsyncRead + Unpin>(pipe: &mut Option<R>, buffer: &mut Vec<u8>) -> Option<usize> {
+    buffer.clear();
     match pipe {
-        Some(pipe) => match pipe.read(buffer).await {
+        Some(pipe) => match pipe.read_buf(buffer).await {
             Ok(count) if count > 0 => Some(count),
             _ => None,
         },
@@ -96,5 +100,21 @@ mod tests {
         drop(err_writer);
         assert_eq!(pipes.read().await, None);
         assert!(!pipes.is_open());
+    }
+
+    #[tokio::test]
+    async fn a_chunk_is_at_most_the_bound_and_all_bytes_come_in_order() {
+        let sent: Vec<u8> = (0..3 * MAX_OUTPUT_CHUNK + 17).map(|index| (index % 251) as u8).collect();
+        let (mut writer, reader) = tokio::io::duplex(4 * MAX_OUTPUT_CHUNK);
+        writer.write_all(&sent).await.expect("write");
+        drop(writer);
+        let mut pipes = OutputPipes::new(Some(reader), None::<tokio::io::DuplexStream>);
+        let mut received = Vec::new();
+        while let Some((stream, chunk)) = pipes.read().await {
+            assert_eq!(stream, Stream::Stdout);
+            assert!(!chunk.is_empty() && chunk.len() <= MAX_OUTPUT_CHUNK, "{}", chunk.len());
+            received.extend_from_slice(&chunk);
+        }
+        assert_eq!(received, sent);
     }
 }

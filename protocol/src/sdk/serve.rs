@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jsonrpsee::core::server::{ConnectionId, Extensions, MethodCallback, Methods, RpcModule};
-use jsonrpsee::types::{ErrorCode, ErrorObjectOwned, Params};
+use jsonrpsee::types::{ErrorCode, ErrorObjectOwned, Id, Params};
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -79,7 +79,7 @@ where
                 continue;
             }
         };
-        let message: serde_json::Value = match serde_json::from_slice(&frame) {
+        let message: Incoming<'_> = match serde_json::from_slice(&frame) {
             Ok(message) => message,
             Err(error) => {
                 let text = format!("not JSON ({error}): {}", framing::first_bytes(&frame));
@@ -87,16 +87,16 @@ where
                 continue;
             }
         };
-        let Some(method) = message.get("method").and_then(|method| method.as_str()).map(str::to_string) else {
-            let id = message.get("id").cloned().unwrap_or(serde_json::Value::Null);
+        let Some(method) = message.method.as_ref().and_then(|method| method.as_str()).map(str::to_string) else {
+            let id = message.id.unwrap_or(serde_json::Value::Null);
             let _ =
                 frames.send(error_response(id, ErrorCode::InvalidRequest.code(), "a message without a method")).await;
             continue;
         };
-        let Some(id) = message.get("id").cloned() else {
+        let Some(id) = message.id.clone() else {
             if method == method::CANCEL
                 && let Some(params) =
-                    message.get("params").and_then(|params| serde_json::from_value::<CancelParams>(params.clone()).ok())
+                    message.params.and_then(|params| serde_json::from_str::<CancelParams>(params.get()).ok())
             {
                 state.cancel(&params.id);
             }
@@ -111,13 +111,21 @@ where
             drop(state);
             return finish(tasks, frames, writer).await;
         }
+        let (request_id, params) = match message.checked() {
+            Ok(checked) => checked,
+            Err(why) => {
+                let text = format!("invalid request: {why}");
+                let _ = frames.send(error_response(id, ErrorCode::InvalidRequest.code(), &text)).await;
+                continue;
+            }
+        };
         let token = CancellationToken::new();
         state.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).insert(id_key(&id), token.clone());
         let module = module.clone();
         let state = state.clone();
         let frames = frames.clone();
         tasks.spawn(async move {
-            let response = dispatch(&module, &state, &frame, &id, &method, token).await;
+            let response = dispatch(&module, &state, request_id, params, &method, token).await;
             state.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).remove(&id_key(&id));
             let _ = frames.send(response).await;
         });
@@ -179,28 +187,59 @@ fn error_response(id: serde_json::Value, code: i32, message: &str) -> Vec<u8> {
     framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}))
 }
 
+/// A message from the runner, read once: what routes it, and its parameters as written, for
+/// the method to parse.
+#[derive(serde::Deserialize)]
+struct Incoming<'a> {
+    #[serde(default)]
+    jsonrpc: Option<serde_json::Value>,
+    #[serde(default)]
+    method: Option<serde_json::Value>,
+    /// Absent (a notification) is not `null` (a request with a null id).
+    #[serde(default, deserialize_with = "present")]
+    id: Option<serde_json::Value>,
+    #[serde(borrow, default)]
+    params: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Some value, whatever it is, when the field is there (`null` too).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde::Deserialize::deserialize(deserializer).map(Some)
+}
+
+impl Incoming<'_> {
+    /// The request's id and parameters as jsonrpsee takes them, or why it is no JSON-RPC 2.0
+    /// request.
+    fn checked(&self) -> Result<(Id<'static>, Params<'static>), String> {
+        if self.jsonrpc.as_ref().and_then(|version| version.as_str()) != Some("2.0") {
+            return Err("\"jsonrpc\" is not \"2.0\"".to_string());
+        }
+        let id = match &self.id {
+            Some(serde_json::Value::Null) => Id::Null,
+            Some(serde_json::Value::String(id)) => Id::Str(id.clone().into()),
+            Some(serde_json::Value::Number(id)) if id.is_u64() => Id::Number(id.as_u64().unwrap_or_default()),
+            _ => return Err("its id is neither a string, a whole number nor null".to_string()),
+        };
+        Ok((id, Params::new(self.params.map(|params| params.get())).into_owned()))
+    }
+}
+
 /// Runs one request through the module, with this request's context in its extensions.
 async fn dispatch<E: Executor>(
     module: &Methods,
     state: &State<E>,
-    frame: &[u8],
-    id: &serde_json::Value,
+    id: Id<'static>,
+    params: Params<'static>,
     method: &str,
     token: CancellationToken,
 ) -> Vec<u8> {
-    let request: jsonrpsee::types::Request<'_> = match serde_json::from_slice(frame) {
-        Ok(request) => request,
-        Err(error) => {
-            return error_response(id.clone(), ErrorCode::InvalidRequest.code(), &format!("invalid request: {error}"));
-        }
-    };
     let Some(MethodCallback::Async(callback)) = module.method(method) else {
-        return error_response(id.clone(), ErrorCode::MethodNotFound.code(), &format!("unknown method {method}"));
+        let id = serde_json::to_value(&id).unwrap_or(serde_json::Value::Null);
+        return error_response(id, ErrorCode::MethodNotFound.code(), &format!("unknown method {method}"));
     };
     let mut extensions = Extensions::new();
     extensions.insert(Context { cancel: token, notifier: state.notifier.clone(), received: Instant::now() });
-    let params = Params::new(request.params.as_ref().map(|raw| raw.get())).into_owned();
-    let response = callback(request.id.into_owned(), params, ConnectionId(0), usize::MAX, extensions).await;
+    let response = callback(id, params, ConnectionId(0), usize::MAX, extensions).await;
     let mut line = response.into_json().get().as_bytes().to_vec();
     line.push(b'\n');
     line
@@ -367,4 +406,90 @@ fn transfer_result(
         ));
     }
     result.map(|()| TransferResult { bytes: counter.bytes() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::code;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    /// An executor that is never initialized: every method but `initialize` is refused
+    /// before it is reached.
+    struct Never;
+
+    impl Executor for Never {
+        fn info(&self) -> ExecutorInfo {
+            ExecutorInfo { name: "never".into(), version: "0".into() }
+        }
+        async fn initialize(&self, _: &InitializeParams) -> Result<Capabilities, ExecutorError> {
+            Err(ExecutorError::configuration("not here"))
+        }
+        async fn start(&self, _: StartParams, _: Context) -> Result<StartResult, ExecutorError> {
+            unreachable!("never initialized")
+        }
+        async fn command(&self, _: CommandParams, _: Context) -> Result<CommandResult, ExecutorError> {
+            unreachable!("never initialized")
+        }
+        async fn stop(&self, _: StopParams, _: Context) -> Result<StopResult, ExecutorError> {
+            unreachable!("never initialized")
+        }
+        async fn cleanup(&self, _: CleanupParams, _: Context) -> Result<CleanupResult, ExecutorError> {
+            unreachable!("never initialized")
+        }
+        async fn upload(&self, _: &TransferParams, _: UploadStream, _: Context) -> Result<(), ExecutorError> {
+            unreachable!("never initialized")
+        }
+        async fn download(&self, _: &TransferParams, _: DownloadStream, _: Context) -> Result<(), ExecutorError> {
+            unreachable!("never initialized")
+        }
+    }
+
+    #[tokio::test]
+    async fn each_message_is_routed_by_its_id_method_and_version_as_json_rpc_says() {
+        let (mut runner, input) = tokio::io::duplex(1 << 16);
+        let (output, answers) = tokio::io::duplex(1 << 16);
+        let served = tokio::spawn(serve_io(Never, input, output));
+        let mut answers = BufReader::new(answers).lines();
+        let mut exchange = async |line: &str| {
+            runner.write_all(format!("{line}\n").as_bytes()).await.expect("write");
+            let answer = answers.next_line().await.expect("read").expect("an answer");
+            serde_json::from_str::<serde_json::Value>(&answer).expect("JSON")
+        };
+        let answered = |answer: &serde_json::Value, id: serde_json::Value, code: i32| {
+            assert_eq!(answer["id"], id, "{answer}");
+            assert_eq!(answer["error"]["code"], code, "{answer}");
+        };
+        // A null id is a request's, answered; here refused before `initialize`.
+        let answer = exchange(r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#).await;
+        answered(&answer, serde_json::Value::Null, code::NOT_INITIALIZED);
+        let answer = exchange(r#"{"jsonrpc":"1.0","id":1,"method":"ping","params":{}}"#).await;
+        answered(&answer, 1.into(), ErrorCode::InvalidRequest.code());
+        let answer = exchange(r#"{"id":2,"method":"ping"}"#).await;
+        answered(&answer, 2.into(), ErrorCode::InvalidRequest.code());
+        let answer = exchange(r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#).await;
+        answered(&answer, serde_json::json!({"a": 1}), ErrorCode::InvalidRequest.code());
+        let answer = exchange(r#"{"jsonrpc":"2.0","id":-3,"method":"ping"}"#).await;
+        answered(&answer, (-3).into(), ErrorCode::InvalidRequest.code());
+        let answer = exchange(r#"{"jsonrpc":"2.0","id":4,"method":7}"#).await;
+        answered(&answer, 4.into(), ErrorCode::InvalidRequest.code());
+        assert_eq!(answer["error"]["message"], "a message without a method");
+        let answer = exchange("hello from a careless print").await;
+        answered(&answer, serde_json::Value::Null, ErrorCode::ParseError.code());
+        // Notifications get no answer, a cancel of nothing included: the next answer is the
+        // next request's.
+        let answer = exchange(concat!(
+            r#"{"jsonrpc":"2.0","method":"ping"}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","method":"cancel","params":{"id":9}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":"five","method":"nope","params":[1]}"#
+        ))
+        .await;
+        answered(&answer, "five".into(), ErrorCode::MethodNotFound.code());
+        let answer = exchange(r#"{"jsonrpc":"2.0","id":6,"method":"initialize","params":{"protocol_versions":[1],"runner":{"name":"r","version":"0","id":"r"},"config":{}}}"#).await;
+        answered(&answer, 6.into(), code::CONFIGURATION);
+        drop(runner);
+        served.await.expect("joined").expect("served to the end of its input");
+    }
 }

@@ -76,7 +76,13 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Some(Command::Run(args)) => run::main(args).await,
+            // As a task on a worker, not `block_on`'s own future: each answer of the executor
+            // then wakes the run on the thread that read it, not across threads, once a step.
+            Some(Command::Run(args)) => match tokio::spawn(run::main(args)).await {
+                Ok(result) => result,
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(error) => Err(anyhow::anyhow!("the run was stopped: {error}")),
+            },
             Some(Command::Plugin(command)) => plugin::main(command).await,
             Some(Command::Checks(args)) => checks::checks(args).await,
             Some(Command::Logs(args)) => logs::main(args).await,

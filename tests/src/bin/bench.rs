@@ -683,37 +683,52 @@ impl Sink<'_> {
     }
 }
 
-/// Runs `command` to its end with its stdout going to `sink`, sampling its peak resident
-/// memory (`VmHWM`, which only grows) every 10 ms.
+/// Runs `command` to its end with its stdout going to `sink`, timed to its exit, while a
+/// thread samples its peak resident memory (`VmHWM`, which only grows) every 10 ms.
 fn measure(mut command: std::process::Command, sink: Sink<'_>) -> anyhow::Result<Measured> {
+    use nix::sys::wait::{Id, WaitPidFlag, waitid};
+    use std::sync::atomic::{AtomicBool, Ordering};
     let started = Instant::now();
     let mut child = command.stdin(Stdio::null()).stdout(sink.stdio()?).stderr(Stdio::null()).spawn()?;
     let drain = child
         .stdout
         .take()
         .map(|mut stdout| std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()).unwrap_or(0)));
-    let status = format!("/proc/{}/status", child.id());
-    let mut peak_kib = 0u64;
-    let code = loop {
-        if let Ok(text) = std::fs::read_to_string(&status) {
-            let hwm = text
-                .lines()
-                .find_map(|line| line.strip_prefix("VmHWM:"))
-                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-            peak_kib = peak_kib.max(hwm.unwrap_or(0));
-        }
-        if let Some(status) = child.try_wait()? {
-            break status.code();
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let exited = std::sync::Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let status = format!("/proc/{}/status", child.id());
+        let exited = exited.clone();
+        std::thread::spawn(move || {
+            let mut peak_kib = 0u64;
+            while !exited.load(Ordering::Acquire) {
+                if let Ok(text) = std::fs::read_to_string(&status) {
+                    let hwm = text
+                        .lines()
+                        .find_map(|line| line.strip_prefix("VmHWM:"))
+                        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+                    peak_kib = peak_kib.max(hwm.unwrap_or(0));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak_kib
+        })
     };
+    // Waited for without being collected: its pid, which the sampler reads, stays its own
+    // until the sampler has stopped.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+    let waited = waitid(Id::Pid(pid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT);
     if let Some(drain) = drain {
         let _ = drain.join();
     }
+    let elapsed = started.elapsed();
+    exited.store(true, Ordering::Release);
+    let peak_kib = sampler.join().map_err(|_| anyhow::anyhow!("the memory sampler panicked"))?;
+    let code = child.wait()?.code();
+    waited?;
     if code != Some(0) {
         bail!("{command:?} exited with {code:?}");
     }
-    Ok(Measured { elapsed: started.elapsed(), peak_mib: peak_kib as f64 / 1024.0 })
+    Ok(Measured { elapsed, peak_mib: peak_kib as f64 / 1024.0 })
 }
 
 /// `knotless-run run` on `repo`'s workflow `workflow` with the executor `executor`

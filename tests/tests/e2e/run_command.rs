@@ -171,10 +171,11 @@ fn what_a_killed_run_left_is_swept_by_the_next_run_and_never_a_live_runs() {
     assert!(!beside.stderr.contains("swept"), "{}", beside.both());
     assert_eq!(walk(work.path()).len(), 1, "the live run's session is still there");
     // The runner and its executor killed outright: the session folder stays behind.
-    let executor = std::fs::read_to_string(format!("/proc/{}/task/{}/children", live.id(), live.id()))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|pid| pid.parse::<i32>().ok())
+    // The children of each of its threads: the executor is started by whichever runs the run.
+    let executor = std::fs::read_dir(format!("/proc/{}/task", live.id()))
+        .expect("the runner's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("children")).ok())
+        .flat_map(|children| children.split_whitespace().filter_map(|pid| pid.parse::<i32>().ok()).collect::<Vec<_>>())
         .collect::<Vec<_>>();
     assert!(!executor.is_empty(), "the runner has no executor child");
     for pid in executor.iter().copied().chain([live.id() as i32]) {
