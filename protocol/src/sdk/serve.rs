@@ -79,11 +79,24 @@ where
                 continue;
             }
         };
+        // Only an object is a message: serde would read `Incoming` from an array (a batch) too.
+        let object = frame.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
         let message: Incoming<'_> = match serde_json::from_slice(&frame) {
-            Ok(message) => message,
-            Err(error) => {
-                let text = format!("not JSON ({error}): {}", framing::first_bytes(&frame));
-                let _ = frames.send(error_response(serde_json::Value::Null, ErrorCode::ParseError.code(), &text)).await;
+            Ok(message) if object => message,
+            parsed => {
+                let response = match serde_json::from_slice::<serde::de::IgnoredAny>(&frame) {
+                    Err(error) => {
+                        let text = format!("not JSON ({error}): {}", framing::first_bytes(&frame));
+                        error_response(serde_json::Value::Null, ErrorCode::ParseError.code(), &text)
+                    }
+                    // JSON, but no object, or one `Incoming` does not take (a field given twice).
+                    Ok(_) => {
+                        let why = parsed.err().map(|error| format!(" ({error})")).unwrap_or_default();
+                        let text = format!("a message without a method{why}");
+                        error_response(serde_json::Value::Null, ErrorCode::InvalidRequest.code(), &text)
+                    }
+                };
+                let _ = frames.send(response).await;
                 continue;
             }
         };
@@ -476,6 +489,15 @@ mod tests {
         assert_eq!(answer["error"]["message"], "a message without a method");
         let answer = exchange("hello from a careless print").await;
         answered(&answer, serde_json::Value::Null, ErrorCode::ParseError.code());
+        // JSON that is no object is no message: a batch, even one whose items would fill the
+        // fields in order, a number.
+        for line in [r#"[{"jsonrpc":"2.0","id":7,"method":"ping"}]"#, r#"["2.0","ping",8]"#, "9"] {
+            let answer = exchange(line).await;
+            answered(&answer, serde_json::Value::Null, ErrorCode::InvalidRequest.code());
+            assert!(
+                answer["error"]["message"].as_str().is_some_and(|text| text.starts_with("a message without a method"))
+            );
+        }
         // Notifications get no answer, a cancel of nothing included: the next answer is the
         // next request's.
         let answer = exchange(concat!(
