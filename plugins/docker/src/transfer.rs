@@ -79,7 +79,8 @@ async fn unpack_sealed(
     let Some(stdin) = child.stdin.take() else {
         return Err(ExecutorError::infrastructure("docker exec has no stdin"));
     };
-    let (fed, output) = tokio::join!(remote::feed_vetted_sealed(data, stdin, path, &seal), child.wait_with_output());
+    let (fed, output) =
+        tokio::join!(remote::feed_vetted_sealed_pipe(data, stdin, path, &seal), child.wait_with_output());
     let output = output
         .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for the upload into {path}: {error}")))?;
     // A refused entry is the answer, whatever the cut stream made tar say.
@@ -116,7 +117,7 @@ async fn copy_in(
         return Err(ExecutorError::infrastructure("docker cp has no stdin"));
     };
     // Entries are vetted on their way: docker cp would unpack device nodes and `..` as given.
-    let (fed, output) = tokio::join!(remote::feed_vetted(data, stdin, path), child.wait_with_output());
+    let (fed, output) = tokio::join!(remote::feed_vetted_pipe(data, stdin, path), child.wait_with_output());
     let output = output
         .map_err(|error| ExecutorError::infrastructure(format!("cannot wait for docker cp into {path}: {error}")))?;
     fed?;

@@ -7,8 +7,8 @@
 //! a double fork) becomes its child instead of init's: while a step runs, its processes are
 //! exactly the reaper's descendants. It runs one step at a time, `/bin/sh -ec SCRIPT` with the
 //! step's environment (its variables and secrets, which never reach an argv), its stdout and
-//! stderr (the step's pipes, which the reaper closes once the shell has them), its working
-//! folder and stdin from `/dev/null`. Between steps it has no descendant, and a session keeps
+//! stderr (the step's pipes, which the reaper closes once the shell's process has them), its
+//! working folder and stdin from `/dev/null`. Between steps it has no descendant, and a session keeps
 //! it for its next step (forking one costs more than the step's own shell); a step that
 //! leaves processes running keeps its reaper to itself, and one given secrets ends it. It
 //! keeps only `/dev/null` on its three standard descriptors, its socket and its signalfd, and
@@ -42,6 +42,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -55,9 +56,8 @@ use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, s
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Interest, ReadBuf};
 use tokio::net::unix::pipe::Receiver;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::processes::{self, AFTER_KILL, GRACE, Killed, Process};
 
@@ -324,15 +324,7 @@ impl Supervisor {
             // As in an environment built by `std::process::Command`: the last value of a name wins.
             env.insert(name, value);
         }
-        let started = self.shell.start(Shell {
-            workdir,
-            script,
-            env: &env,
-            stdout: stdout.as_raw_fd(),
-            stderr: stderr.as_raw_fd(),
-        });
-        // The pipes are the shell's alone once it runs.
-        drop((stdout, stderr));
+        let started = self.shell.start(Shell { workdir, script, env: &env, stdout, stderr });
         match started {
             Ok(shell) => {
                 self.step = Some(Step { shell, shell_done: false });
@@ -421,8 +413,8 @@ struct Shell<'a> {
     workdir: &'a [u8],
     script: &'a [u8],
     env: &'a std::collections::BTreeMap<&'a [u8], &'a [u8]>,
-    stdout: RawFd,
-    stderr: RawFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
 }
 
 /// Starts a step's shell as `posix_spawn` would (a child sharing the reaper's memory, which
@@ -470,27 +462,57 @@ impl Launcher {
             workdir: workdir.as_ptr(),
             argv: argv.as_ptr(),
             envp: envp.as_ptr(),
-            stdout: shell.stdout,
-            stderr: shell.stderr,
+            stdout: shell.stdout.as_raw_fd(),
+            stderr: shell.stderr.as_raw_fd(),
             error: 0,
         };
         // The stack grows down from its 16-byte aligned top.
         let top = self.stack.as_mut_ptr_range().end as usize & !15;
+        // Zeroed by the kernel, and the futex woken, when the child calls `execve` or exits
+        // (`CLONE_CHILD_CLEARTID`: the child's memory is released then).
+        let running = AtomicI32::new(-1);
         // SAFETY: the child shares this memory and runs `launch_child` alone on its own stack
-        // while this thread waits (CLONE_VFORK) until it has called `execve` or `_exit`: it
-        // reads `launch`, its strings and arrays, which all outlive the call, and writes only
-        // `launch.error`. It allocates nothing and takes no lock; no signal handler of this
-        // process can run in it (this process installs none).
+        // while this thread waits below until it has called `execve` or `_exit`: it reads
+        // `launch`, its strings and arrays, which all outlive the wait, and writes only
+        // `launch.error` (and its `errno`, this thread's, which this thread reads nowhere
+        // before the wait ends). It allocates nothing and takes no lock; no signal handler
+        // of this process can run in it (this process installs none).
         let pid = unsafe {
             libc::clone(
                 launch_child,
                 top as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                libc::CLONE_VM | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
                 std::ptr::from_mut(&mut launch).cast(),
+                std::ptr::null_mut::<libc::pid_t>(),
+                std::ptr::null_mut::<libc::c_void>(),
+                running.as_ptr(),
             )
         };
+        // The pipes are the child's alone from here (it has its own copy of the descriptor
+        // table): closing this copy now rather than once the child has exec'd means the
+        // step's end closes them with the shell's own exit, and never a wake-up of the
+        // executor by the reaper for each of them (the reaper, woken by the `execve`, often
+        // waits for a CPU until the shell has ended).
+        drop((shell.stdout, shell.stderr));
         if pid < 0 {
             return Err(std::io::Error::last_os_error());
+        }
+        loop {
+            let now = running.load(Ordering::Acquire);
+            if now == 0 {
+                break;
+            }
+            // SAFETY: waits on the word above while it still holds `now`; a shared futex,
+            // as the kernel wakes one with `CLONE_CHILD_CLEARTID`.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    running.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    now,
+                    std::ptr::null::<libc::timespec>(),
+                )
+            };
         }
         let pid = Pid::from_raw(pid);
         match launch.error {
@@ -625,8 +647,8 @@ pub struct Reaper {
     /// A pidfd, readable once the reaper has exited; `None` on a kernel without them.
     exited: Option<AsyncFd<OwnedFd>>,
     collected: bool,
-    lines: tokio::io::Lines<BufReader<OwnedReadHalf>>,
-    writer: OwnedWriteHalf,
+    lines: tokio::io::Lines<BufReader<Control>>,
+    control: Control,
     stuck: Vec<i32>,
     ended: bool,
     gone: bool,
@@ -678,7 +700,7 @@ impl Reaper {
         // it must be collected.
         let (ours, theirs) = UnixStream::pair()?;
         ours.set_nonblocking(true)?;
-        let (reader, writer) = tokio::net::UnixStream::from_std(ours)?.into_split();
+        let control = Control::new(ours)?;
         let forked = {
             // Registered before any stray sweep can see it as a child.
             let mut reapers = reapers();
@@ -705,8 +727,8 @@ impl Reaper {
             pid,
             exited,
             collected: false,
-            lines: BufReader::new(reader).lines(),
-            writer,
+            lines: BufReader::new(control.clone()).lines(),
+            control,
             stuck: Vec::new(),
             ended: false,
             gone: false,
@@ -727,27 +749,11 @@ impl Reaper {
         let pipes = [stdout_end.as_raw_fd(), stderr_end.as_raw_fd()];
         // One message carries the pipes with the step (one wake-up of the reaper); what of it
         // the socket did not take is written below.
-        let socket = self.writer.as_ref();
-        let sent = loop {
-            socket.writable().await?;
-            let sent = socket.try_io(tokio::io::Interest::WRITABLE, || {
-                Ok(sendmsg::<()>(
-                    socket.as_raw_fd(),
-                    &[IoSlice::new(&message)],
-                    &[ControlMessage::ScmRights(&pipes)],
-                    MsgFlags::MSG_NOSIGNAL,
-                    None,
-                )?)
-            });
-            match sent {
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
-                sent => break sent?,
-            }
-        };
+        let sent = self.control.send(&message, &pipes).await?;
         // This end's copies of the write ends go: the step's end closes its output.
         drop((stdout_end, stderr_end));
         let pipes = (step_pipe_reader(stdout)?, step_pipe_reader(stderr)?);
-        self.writer.write_all(&message[sent..]).await?;
+        self.control.write_all(&message[sent..]).await?;
         Ok(pipes)
     }
 
@@ -815,7 +821,7 @@ impl Reaper {
     /// Asks the reaper to kill every process of the step and waits for its answer; `None`
     /// when it does not answer: it is lost.
     async fn kill(&mut self, grace: Duration) -> Option<(Vec<i32>, Vec<i32>)> {
-        if self.ended || self.writer.write_all(format!("kill {}\n", grace.as_millis()).as_bytes()).await.is_err() {
+        if self.ended || self.control.write_all(format!("kill {}\n", grace.as_millis()).as_bytes()).await.is_err() {
             return None;
         }
         let answer = async {
@@ -834,7 +840,7 @@ impl Reaper {
     /// was lost instead, or did not answer within [`GRACE`], [`AFTER_KILL`] and a second
     /// (then it is killed).
     pub async fn finish(mut self) -> bool {
-        let asked = !self.ended && self.writer.write_all(b"end\n").await.is_ok();
+        let asked = !self.ended && self.control.write_all(b"end\n").await.is_ok();
         let gone = match asked || self.gone {
             true => {
                 let gone = async {
@@ -904,6 +910,81 @@ impl Drop for Reaper {
         };
         if std::thread::Builder::new().name("reaper-wait".into()).spawn(collect).is_err() {
             tracing::warn!(pid = pid.as_raw(), "cannot start a thread to collect a step reaper");
+        }
+    }
+}
+
+/// The executor's end of a reaper's socket, registered with the runtime for reading alone:
+/// a Unix socket registered for writing too (as tokio's `UnixStream` is) wakes its side each
+/// time the other reads from it (each read frees room), so the reaper's reading of each step
+/// would wake the executor for nothing. A write waits for room only when the socket is full.
+#[derive(Clone)]
+struct Control(std::sync::Arc<AsyncFd<UnixStream>>);
+
+impl Control {
+    fn new(socket: UnixStream) -> std::io::Result<Control> {
+        Ok(Control(std::sync::Arc::new(registered(socket, Interest::READABLE)?)))
+    }
+
+    /// Sends what of `bytes` the socket takes at once (at least one byte), with `fds`
+    /// (`SCM_RIGHTS`) when there are any.
+    async fn send(&self, bytes: &[u8], fds: &[RawFd]) -> std::io::Result<usize> {
+        let rights = [ControlMessage::ScmRights(fds)];
+        let control = if fds.is_empty() { &[][..] } else { &rights[..] };
+        loop {
+            let socket = self.0.get_ref().as_raw_fd();
+            match sendmsg::<()>(socket, &[IoSlice::new(bytes)], control, MsgFlags::MSG_NOSIGNAL, None) {
+                Ok(sent) => return Ok(sent),
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => self.room().await?,
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+
+    async fn write_all(&self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            match self.send(bytes, &[]).await? {
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                sent => bytes = &bytes[sent..],
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the socket has room, through a copy of it registered for writing alone
+    /// while it waits (epoll reports a copy registered where there is room already).
+    async fn room(&self) -> std::io::Result<()> {
+        let copy = registered(self.0.get_ref().try_clone()?, Interest::WRITABLE)?;
+        copy.writable().await?.retain_ready();
+        Ok(())
+    }
+}
+
+/// `socket` registered with the runtime for `interest` alone.
+fn registered(socket: UnixStream, interest: Interest) -> std::io::Result<AsyncFd<UnixStream>> {
+    // SAFETY: the `UnixStream` owns its descriptor, which stays open and the same for as
+    // long as the `AsyncFd` holds it.
+    unsafe { AsyncFd::register_with_interest(socket, interest) }.map_err(|error| error.into_parts().1)
+}
+
+impl AsyncRead for Control {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        loop {
+            let mut ready = std::task::ready!(self.0.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match ready.try_io(|socket| std::io::Read::read(&mut socket.get_ref(), unfilled)) {
+                Ok(Ok(read)) => {
+                    buf.advance(read);
+                    return std::task::Poll::Ready(Ok(()));
+                }
+                Ok(Err(error)) => return std::task::Poll::Ready(Err(error)),
+                Err(_would_block) => {}
+            }
         }
     }
 }

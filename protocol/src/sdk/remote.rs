@@ -152,7 +152,7 @@ pub async fn feed_vetted<W>(data: crate::sdk::UploadStream, stdin: W, path: &str
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    feed(data, stdin, path, None).await
+    feed(data, Closing::Async(tokio_util::io::SyncIoBridge::new(stdin)), path, None).await
 }
 
 /// Feeds an upload as [`feed_vetted`] does, ending it with the empty file `seal` once the whole
@@ -166,12 +166,81 @@ pub async fn feed_vetted_sealed<W>(
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    feed(data, stdin, path, Some(seal.to_string())).await
+    feed(data, Closing::Async(tokio_util::io::SyncIoBridge::new(stdin)), path, Some(seal.to_string())).await
+}
+
+/// [`feed_vetted`] into the stdin of a local process (`docker cp -`, `docker exec -i`), written
+/// as a plain blocking pipe of [`PIPE_SIZE`] from the copying thread, without a round through
+/// the runtime each time the pipe fills.
+pub async fn feed_vetted_pipe(
+    data: crate::sdk::UploadStream,
+    stdin: tokio::process::ChildStdin,
+    path: &str,
+) -> Result<(), ExecutorError> {
+    feed(data, Closing::<tokio::process::ChildStdin>::Pipe(blocking_pipe(stdin, path)?), path, None).await
+}
+
+/// [`feed_vetted_sealed`] into the stdin of a local process, as [`feed_vetted_pipe`] writes.
+pub async fn feed_vetted_sealed_pipe(
+    data: crate::sdk::UploadStream,
+    stdin: tokio::process::ChildStdin,
+    path: &str,
+    seal: &str,
+) -> Result<(), ExecutorError> {
+    feed(data, Closing::<tokio::process::ChildStdin>::Pipe(blocking_pipe(stdin, path)?), path, Some(seal.to_string()))
+        .await
+}
+
+/// The size a local process's stdin pipe is widened to for an upload (from Linux's 64 KiB),
+/// so that the copy and the process wake each other less often.
+pub const PIPE_SIZE: usize = 1 << 20;
+
+/// A child's stdin as a blocking pipe (as tokio hands it back) of [`PIPE_SIZE`], or as wide
+/// as the system allows.
+fn blocking_pipe(stdin: tokio::process::ChildStdin, path: &str) -> Result<std::fs::File, ExecutorError> {
+    let fd = stdin
+        .into_owned_fd()
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot feed the upload into {path}: {error}")))?;
+    // Past `/proc/sys/fs/pipe-max-size` for an unprivileged user it stays as it was.
+    let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE as nix::libc::c_int));
+    Ok(std::fs::File::from(fd))
+}
+
+/// Where [`feed`] writes, and how it is closed once the copy ends.
+enum Closing<W: AsyncWrite + Unpin> {
+    /// An asynchronous stream, written from the copying thread through the runtime; shut down.
+    Async(tokio_util::io::SyncIoBridge<W>),
+    /// A blocking pipe; closed.
+    Pipe(std::fs::File),
+}
+
+impl<W: AsyncWrite + Unpin> std::io::Write for Closing<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Closing::Async(bridge) => bridge.write(bytes),
+            Closing::Pipe(pipe) => pipe.write(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Closing::Async(bridge) => bridge.flush(),
+            Closing::Pipe(pipe) => pipe.flush(),
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> Closing<W> {
+    fn close(self) {
+        if let Closing::Async(mut bridge) = self {
+            let _ = bridge.shutdown();
+        }
+    }
 }
 
 async fn feed<W>(
     data: crate::sdk::UploadStream,
-    stdin: W,
+    mut output: Closing<W>,
     path: &str,
     seal: Option<String>,
 ) -> Result<(), ExecutorError>
@@ -183,12 +252,11 @@ where
     use tokio_util::io::SyncIoBridge;
     let fed = tokio::task::spawn_blocking(move || {
         let mut input = std::io::BufReader::with_capacity(256 * 1024, SyncIoBridge::new(data));
-        let mut output = SyncIoBridge::new(stdin);
         let copied = match &seal {
             Some(seal) => crate::tarball::copy_vetted_sealed(&mut input, &mut output, seal),
             None => crate::tarball::copy_vetted(&mut input, &mut output),
         };
-        let _ = output.shutdown();
+        output.close();
         copied
     })
     .await;
@@ -659,5 +727,91 @@ mod tests {
             }
         }
         found
+    }
+
+    /// An upload of `archive` as the executor reads it from the side channel.
+    async fn upload_of(archive: Vec<u8>, dir: &std::path::Path) -> crate::sdk::UploadStream {
+        use tokio::io::AsyncWriteExt;
+        let listener = crate::channel::ChannelListener::bind(&dir.join("side")).expect("bind");
+        let path = listener.path().to_string_lossy().into_owned();
+        let (ours, theirs) = tokio::join!(crate::channel::connect(&path), listener.accept());
+        let mut theirs = theirs.expect("accept");
+        tokio::spawn(async move {
+            let _ = theirs.write_all(&archive).await;
+        });
+        crate::sdk::UploadStream::new(ours.expect("connect"), u64::MAX).0
+    }
+
+    #[tokio::test]
+    async fn an_upload_fed_through_a_childs_pipe_arrives_whole_and_sealed_or_fails_without_waiting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tree = dir.path().join("tree");
+        fs::create_dir(&tree).expect("mkdir");
+        // 8 MiB, more than the widened pipe holds, in files of 1 MiB.
+        for index in 0..8u8 {
+            fs::write(tree.join(format!("file-{index}")), vec![index; 1 << 20]).expect("write");
+        }
+        let archive = crate::tarball::pack_dir(&tree, Vec::new()).expect("pack");
+        let spawn = |script: &str| {
+            tokio::process::Command::new("sh")
+                .args(["-c", script])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("sh")
+        };
+
+        // Whole: every entry, then the seal, then the end of the stream.
+        let copy = dir.path().join("copy.tar");
+        let mut child = spawn(&format!("cat > '{}'", copy.display()));
+        let stdin = child.stdin.take().expect("stdin");
+        let upload = upload_of(archive.clone(), dir.path()).await;
+        feed_vetted_sealed_pipe(upload, stdin, "/dest", ".seal-1").await.expect("fed");
+        assert!(child.wait().await.expect("cat").success());
+        let copied = fs::read(&copy).expect("copy");
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(copied.as_slice()).entries().expect("entries") {
+            let mut entry = entry.expect("entry");
+            let name = entry.path().expect("path").to_string_lossy().into_owned();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut bytes).expect("read");
+            if let Some(index) = name.strip_prefix("file-") {
+                let index: u8 = index.parse().expect("index");
+                assert!(bytes.len() == 1 << 20 && bytes.iter().all(|&byte| byte == index), "{name}");
+            }
+            names.push(name);
+        }
+        assert_eq!(names.iter().filter(|name| name.starts_with("file-")).count(), 8, "{names:?}");
+        assert_eq!(names.last().map(String::as_str), Some(".seal-1"), "{names:?}");
+
+        // A reader that stops early: the feed fails (the pipe broke), and returns.
+        let mut child = spawn("head -c 1000 > /dev/null");
+        let stdin = child.stdin.take().expect("stdin");
+        let upload = upload_of(archive.clone(), dir.path()).await;
+        let fed = tokio::time::timeout(Duration::from_secs(20), feed_vetted_sealed_pipe(upload, stdin, "/dest", ".s"))
+            .await
+            .expect("the feed returns");
+        let error = fed.expect_err("a broken pipe");
+        assert!(error.message.contains("/dest"), "{error:?}");
+        assert!(child.wait().await.expect("head").success());
+
+        // A refused entry: nothing after it, and no seal.
+        let mut evil = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_size(0);
+        evil.append_link(&mut header, "out", "../../etc").expect("link");
+        let mut header = tar::Header::new_gnu();
+        header.set_size(4);
+        evil.append_data(&mut header, "after", &b"data"[..]).expect("data");
+        let evil = evil.into_inner().expect("tar");
+        let copy = dir.path().join("refused.tar");
+        let mut child = spawn(&format!("cat > '{}'", copy.display()));
+        let stdin = child.stdin.take().expect("stdin");
+        let upload = upload_of(evil, dir.path()).await;
+        let error = feed_vetted_sealed_pipe(upload, stdin, "/dest", ".seal-2").await.expect_err("refused");
+        assert_eq!(error.kind, crate::error::ErrorKind::TooLarge, "{error:?}");
+        assert!(child.wait().await.expect("cat").success());
+        let copied = fs::read(&copy).expect("copy");
+        assert!(!copied.windows(7).any(|window| window == b".seal-2" || window == b"after\0\0"), "{copied:?}");
     }
 }
