@@ -10,7 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{AttachParams, DeleteParams, ListParams, PropagationPolicy};
+use kube::api::{AttachParams, DeleteParams, ListParams, PropagationPolicy, WatchEvent, WatchParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
@@ -156,14 +156,29 @@ async fn ttl_deadline_and_background_delete() {
     let server = Server::start(&[]).await;
     let jobs: Api<Job> = Api::namespaced(server.client.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(server.client.clone(), "default");
-    // Completes, then the TTL controller deletes it with its pod.
-    server.create_job("default", job("quick", "exit 0", json!({"ttlSecondsAfterFinished": 1}))).await;
-    let done = eventually(30, "complete", || async {
-        let job = jobs.get_opt("quick").await.unwrap()?;
-        let status = job.status.clone()?;
-        status.conditions.as_ref()?.iter().any(|c| c.type_ == "Complete" && c.status == "True").then_some(job)
+    // Completes, then the TTL controller deletes it with its pod. The finish time has whole
+    // seconds, so the deletion may follow the completion by well under a second (as upstream):
+    // the completed Job is taken from a watch, which delivers it even when it is already gone.
+    let created = server.create_job("default", job("quick", "exit 0", json!({"ttlSecondsAfterFinished": 1}))).await;
+    let version = created.metadata.resource_version.unwrap();
+    let params = WatchParams::default().fields("metadata.name=quick").timeout(30);
+    let mut events = jobs.watch(&params, &version).await.unwrap().boxed();
+    let complete = |job: &Job| {
+        let conditions = job.status.as_ref().and_then(|status| status.conditions.as_ref());
+        conditions.is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Complete" && c.status == "True"))
+    };
+    let done = tokio::time::timeout(Duration::from_secs(35), async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            if let WatchEvent::Modified(job) = event
+                && complete(&job)
+            {
+                return job;
+            }
+        }
+        panic!("the watch ended before the Job completed");
     })
-    .await;
+    .await
+    .expect("timed out waiting for complete");
     let status = done.status.unwrap();
     assert_eq!(status.succeeded, Some(1));
     assert!(status.completion_time.is_some() && status.start_time.is_some());
