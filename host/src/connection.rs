@@ -143,6 +143,9 @@ type Sessions = Arc<Mutex<HashMap<String, mpsc::Sender<SessionEvent>>>>;
 /// its log is written slows down instead of filling the runner's memory; nothing is dropped.
 pub const SESSION_EVENTS: usize = 256;
 
+/// How many bytes of frames the reader reads between two yields to the runtime.
+const YIELD_EVERY: usize = 256 * 1024;
+
 /// A live connection. Cheap to share; every method takes `&self`.
 pub struct Connection {
     writer: tokio::sync::Mutex<Box<dyn AsyncWrite + Send + Unpin>>,
@@ -191,6 +194,7 @@ impl Connection {
 
     async fn read_loop<R: AsyncRead + Unpin>(&self, input: R, unrouted: mpsc::UnboundedSender<LogParams>) -> Closed {
         let mut frames = FramedRead::new(input, framing::codec());
+        let mut since_yield = 0usize;
         loop {
             let frame = tokio::select! {
                 frame = frames.next() => frame,
@@ -201,6 +205,14 @@ impl Connection {
                 Some(Ok(frame)) => frame,
                 Some(Err(error)) => return Closed::ReadFailed(error.to_string()),
             };
+            // A long stream of frames (step output) yields to the runtime every 256 KiB: the
+            // run that takes the output then goes on on the runtime's other worker while this
+            // one reads; without it, both would take turns on one worker.
+            since_yield += frame.len();
+            if since_yield >= YIELD_EVERY {
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
             match self.handle_frame(&frame, &unrouted) {
                 Err(detail) => return Closed::Garbage(detail),
                 // Back-pressure: the next frame is read only once the run took this one.

@@ -410,13 +410,12 @@ type Ran = (RunReport, Option<PathBuf>, StepTail);
 /// whose need did not pass, or does not run here, is skipped with the reason. The results are
 /// in the order of `selected`.
 async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, jobs: usize) -> Vec<Ran> {
-    use futures::StreamExt as _;
     let names: Vec<(String, Option<String>)> =
         selected.iter().map(|workflow| (workflow.name.clone(), workflow.base.clone())).collect();
     let mut results: Vec<Option<Ran>> = (0..selected.len()).map(|_| None).collect();
     let mut ended: BTreeMap<String, RunStatus> = BTreeMap::new();
     let mut waiting: Vec<(usize, crate::workflow::Workflow)> = selected.into_iter().enumerate().collect();
-    let mut running = futures::stream::FuturesUnordered::new();
+    let mut running: Vec<Running<'_>> = Vec::new();
     // How many combinations of each matrix run, by file stem.
     let mut active: BTreeMap<String, usize> = BTreeMap::new();
     loop {
@@ -439,12 +438,12 @@ async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, 
                     if let Some(base) = &workflow.base {
                         *active.entry(base.clone()).or_default() += 1;
                     }
-                    running.push(async move { (at, context.run(workflow).await) });
+                    running.push(Box::pin(async move { (at, context.run(workflow).await) }));
                 }
                 Readiness::Ready => index += 1,
             }
         }
-        let next = running.next().await;
+        let next = first_ended(&mut running).await;
         if let Some((at, _)) = &next
             && let Some(base) = &names[*at].1
             && let Some(count) = active.get_mut(base)
@@ -462,6 +461,31 @@ async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, 
         }
     }
     results.into_iter().flatten().collect()
+}
+
+/// A workflow running in a run, which gives its index in the run and what it gave.
+type Running<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Option<Ran>)> + Send + 'a>>;
+
+/// What the first of `running` to end gave, taken out of it; `None` when nothing runs.
+///
+/// Every running workflow is polled on each wake-up (there are at most `--jobs`), rather than
+/// through `FuturesUnordered`, which wakes its own task again whenever it has polled all it
+/// holds: on the multi-threaded runtime, that woke the other worker at every step.
+async fn first_ended(running: &mut Vec<Running<'_>>) -> Option<(usize, Option<Ran>)> {
+    if running.is_empty() {
+        return None;
+    }
+    let ended = std::future::poll_fn(|cx| {
+        for (index, workflow) in running.iter_mut().enumerate() {
+            if let std::task::Poll::Ready(ended) = workflow.as_mut().poll(cx) {
+                return std::task::Poll::Ready((index, ended));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+    drop(running.swap_remove(ended.0));
+    Some(ended.1)
 }
 
 /// Whether `workflow` is a combination of a matrix that already runs its `max-parallel`.
