@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use base64::Engine as _;
 use futures::StreamExt;
 use knotless_protocol::framing;
 use knotless_protocol::messages::{LogLevel, LogParams, Stream, method};
@@ -318,8 +317,8 @@ impl Connection {
     /// session runs.
     fn route_output(&self, output: OutputRef<'_>, frame: &[u8]) -> Result<Delivery, String> {
         let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(output.data.as_bytes())
+        let bytes = base64_simd::STANDARD
+            .decode_to_vec(output.data.as_bytes())
             .map_err(|error| not_a_message(&format!("output that is not base64 ({error})")))?;
         let running = lock(&self.running).get(output.session.as_ref()).copied();
         match running {
@@ -452,6 +451,49 @@ pub fn decode<R: DeserializeOwned>(method: &str, result: &RawValue) -> Result<R,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_data_edge_cases_are_decoded_as_the_standard_engine_decodes_them() {
+        use base64::Engine as _;
+        let standard = base64::engine::general_purpose::STANDARD;
+        for text in [
+            "", "QQ==", "QR==", "QUI=", "QUJ=", "QUJD", "QQ", "QQ=", "Q===", "QQ===", "=QUJD", "QUJD=", "QUJD====",
+            "QQ==QQ==", "QUJD\n", " QUJD", "QU JD", "QUJD-_", "QUJD-_8=", "+/8=", "QUJD!", "QUJDRA", "QUJDRA=",
+            "QUJDRA==",
+        ] {
+            assert_eq!(
+                base64_simd::STANDARD.decode_to_vec(text.as_bytes()).ok(),
+                standard.decode(text.as_bytes()).ok(),
+                "{text:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Step output is decoded with a SIMD decoder: it takes exactly what the `base64`
+        /// crate's standard engine takes (padded, canonical), and gives the same bytes.
+        #[test]
+        fn output_data_is_decoded_as_the_standard_engine_decodes_it(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+            noise in "[A-Za-z0-9+/=\\-_ \n.]{0,24}",
+            at in 0usize..300,
+        ) {
+            use base64::Engine as _;
+            let standard = base64::engine::general_purpose::STANDARD;
+            let encoded = standard.encode(&bytes);
+            proptest::prop_assert_eq!(base64_simd::STANDARD.decode_to_vec(encoded.as_bytes()).ok(), Some(bytes));
+            // The same with noise put in, or in place of the end: both refuse it, or both give
+            // the same bytes.
+            let cut = at.min(encoded.len());
+            for mangled in [format!("{}{noise}{}", &encoded[..cut], &encoded[cut..]), format!("{}{noise}", &encoded[..cut])] {
+                proptest::prop_assert_eq!(
+                    base64_simd::STANDARD.decode_to_vec(mangled.as_bytes()).ok(),
+                    standard.decode(mangled.as_bytes()).ok(),
+                    "{:?}", mangled
+                );
+            }
+        }
+    }
 
     #[test]
     fn an_output_notification_is_parsed_in_place_and_anything_more_is_not_one() {
