@@ -9,6 +9,7 @@ pub mod channel;
 pub mod error;
 pub mod framing;
 pub mod messages;
+pub mod owner;
 pub mod schema;
 pub mod sdk;
 pub mod tarball;
