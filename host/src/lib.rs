@@ -15,12 +15,13 @@ pub mod printable;
 mod process;
 mod session;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use knotless_protocol::messages::*;
+use knotless_protocol::owner::{Liveness, liveness, owners_dir};
 use knotless_protocol::{ErrorKind, ExecutorError, FailureClass, SUPPORTED_VERSIONS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -50,6 +51,10 @@ pub struct HostConfig {
     /// How long an executor gets past a deadline before `cancel`, after `cancel` before
     /// SIGTERM, and after SIGTERM before SIGKILL.
     pub grace: Duration,
+    /// Whether each session gets an executor process of its own (see [`ExecutorHost`]), so that
+    /// an executor that hangs, crashes or breaks the protocol ends only the run it served.
+    /// Otherwise one process serves every session, as `plugin check` judges an executor.
+    pub process_per_session: bool,
 }
 
 impl HostConfig {
@@ -63,6 +68,7 @@ impl HostConfig {
             offer_versions: SUPPORTED_VERSIONS.to_vec(),
             handshake_timeout: Duration::from_secs(30),
             grace: Duration::from_secs(10),
+            process_per_session: false,
         }
     }
 }
@@ -106,20 +112,36 @@ impl HostError {
 
 /// One executor process and its connection.
 pub(crate) struct Live {
+    /// A number of its own within the host, to tell which sessions it served.
+    number: u64,
     connection: Arc<Connection>,
     process: ExecutorProcess,
     info: std::sync::OnceLock<InitializeResult>,
 }
 
+/// How many executor processes that served a session and ended it cleanly wait for the next
+/// one; more are shut down.
+const IDLE_PROCESSES: usize = 4;
+
 /// The host of one executor. Share it with `Arc`.
+///
+/// With [`HostConfig::process_per_session`], every session has an executor process to itself
+/// while it lives: a process that served a session which ended cleanly (its `stop` answered)
+/// waits for the next one (up to [`IDLE_PROCESSES`] wait); one that died, hung or broke the
+/// protocol is stopped, and ends only its session. Requests outside a session (`cleanup`,
+/// `ping`) go to a waiting process. Otherwise one process serves everything, and its death
+/// loses every session.
 pub struct ExecutorHost {
     config: HostConfig,
-    current: tokio::sync::Mutex<Option<Arc<Live>>>,
+    /// The one process, or (one process a session) the processes no session holds.
+    current: tokio::sync::Mutex<Vec<Arc<Live>>>,
     needs_cleanup: AtomicBool,
     /// Whether a dead executor is replaced by a fresh one at the next request (it is, but
     /// while `plugin check` judges the one it started).
     replaces_dead: AtomicBool,
-    in_flight: Mutex<HashSet<String>>,
+    /// The sessions started and not yet stopped, with the process serving each.
+    in_flight: Mutex<BTreeMap<String, u64>>,
+    processes: AtomicU64,
     channels: tempfile::TempDir,
     transfers: AtomicU64,
     unrouted: mpsc::UnboundedSender<LogParams>,
@@ -133,6 +155,12 @@ impl ExecutorHost {
             .prefix(&format!("{CHANNELS_PREFIX}{}-", std::process::id()))
             .tempdir()
             .map_err(|error| HostError::Fault(format!("cannot create a folder for side channels: {error}")))?;
+        // Its owner, so that a later sweep knows when this process is gone, whatever pid the
+        // system gives another process by then.
+        let owner = knotless_protocol::owner::this_process()
+            .map_err(|error| HostError::Fault(format!("cannot take a lock in {}: {error}", owners_dir().display())))?;
+        std::fs::write(channels.path().join(CHANNELS_OWNER), owner.token())
+            .map_err(|error| HostError::Fault(format!("cannot write in {}: {error}", channels.path().display())))?;
         let (unrouted, mut logs) = mpsc::unbounded_channel::<LogParams>();
         let name = config.process.name.clone();
         tokio::spawn(async move {
@@ -146,10 +174,11 @@ impl ExecutorHost {
         });
         let host = Arc::new(ExecutorHost {
             config,
-            current: tokio::sync::Mutex::new(None),
+            current: tokio::sync::Mutex::new(Vec::new()),
             needs_cleanup: AtomicBool::new(false),
             replaces_dead: AtomicBool::new(true),
-            in_flight: Mutex::new(HashSet::new()),
+            in_flight: Mutex::new(BTreeMap::new()),
+            processes: AtomicU64::new(0),
             channels,
             transfers: AtomicU64::new(0),
             unrouted,
@@ -158,9 +187,10 @@ impl ExecutorHost {
         Ok(host)
     }
 
-    /// The process id of the executor running now, if one runs.
+    /// The process id of the executor running now (one that serves no session, with a
+    /// process a session), if one runs.
     pub async fn pid(&self) -> Option<u32> {
-        self.current.lock().await.as_ref().and_then(|live| live.process.pid())
+        self.current.lock().await.first().and_then(|live| live.process.pid())
     }
 
     /// The executor's name, as the runner calls it.
@@ -177,7 +207,7 @@ impl ExecutorHost {
     /// protocol, or was stopped as hung): the cause in a few words, and the whole of it with its
     /// exit status and stderr tail.
     pub async fn gone(&self) -> Option<(String, String)> {
-        let live = self.current.lock().await.clone()?;
+        let live = self.current.lock().await.first().cloned()?;
         let cause = live.connection.cause()?;
         let status = match live.process.wait_exit(Duration::from_secs(1)).await {
             Some(status) => Some(status),
@@ -200,43 +230,112 @@ impl ExecutorHost {
         self.replaces_dead.store(replaces, Ordering::SeqCst);
     }
 
-    /// The live executor, starting a fresh one (and sweeping what a dead one left) if needed.
+    /// The live executor (with a process a session, one no session holds), starting a fresh
+    /// one (and sweeping what a dead one left) if needed.
     pub(crate) async fn live(&self) -> Result<Arc<Live>, HostError> {
+        self.find_live(false).await
+    }
+
+    /// A process for a new session: with a process a session, one no session holds, taken from
+    /// those waiting, or a fresh one; otherwise the one process.
+    async fn take_for_session(&self) -> Result<Arc<Live>, HostError> {
+        self.find_live(self.config.process_per_session).await
+    }
+
+    async fn find_live(&self, take: bool) -> Result<Arc<Live>, HostError> {
         let mut current = self.current.lock().await;
-        if let Some(live) = current.as_ref() {
-            if !live.connection.is_closed() {
-                return Ok(live.clone());
+        let mut dead = Vec::new();
+        current.retain(|live| {
+            let open = !live.connection.is_closed();
+            if !open {
+                dead.push(live.clone());
             }
-            if !self.replaces_dead.load(Ordering::SeqCst) {
-                let cause = live.connection.cause().map(|cause| cause.to_string()).unwrap_or_default();
-                return Err(HostError::Fault(format!("executor {} is gone: it {cause}", self.name())));
-            }
-            let live = live.clone();
-            *current = None;
-            let status = live.process.terminate(self.config.grace).await;
-            tracing::warn!(
-                executor = %self.name(),
-                "executor {} {} ({}); {}",
-                self.name(),
-                live.connection.cause().map(|cause| cause.to_string()).unwrap_or_default(),
-                describe_status(status),
-                live.process.tail().render()
-            );
-            self.lose_sessions();
+            open
+        });
+        let waiting = match current.is_empty() {
+            true => None,
+            false if take => Some(current.remove(0)),
+            false => Some(current[0].clone()),
+        };
+        if waiting.is_none()
+            && let Some(live) = dead.first()
+            && !self.replaces_dead.load(Ordering::SeqCst)
+        {
+            let cause = live.connection.cause().map(|cause| cause.to_string()).unwrap_or_default();
+            current.push(live.clone());
+            return Err(HostError::Fault(format!("executor {} is gone: it {cause}", self.name())));
         }
-        let live = self.spawn().await?;
+        // A process for a session is spawned without holding the others up: it is its alone.
+        let mut current = (!take).then_some(current);
+        for live in dead {
+            self.bury(&live).await;
+        }
+        let live = match waiting {
+            Some(live) => live,
+            None => {
+                let live = self.spawn().await?;
+                if let Some(current) = current.as_mut() {
+                    current.push(live.clone());
+                }
+                live
+            }
+        };
         if self.needs_cleanup.swap(false, Ordering::SeqCst) {
             self.sweep_after_crash(&live).await;
         }
-        *current = Some(live.clone());
         Ok(live)
+    }
+
+    /// Stops a process whose connection ended, logs why, and loses its sessions.
+    async fn bury(&self, live: &Arc<Live>) {
+        let status = live.process.terminate(self.config.grace).await;
+        tracing::warn!(
+            executor = %self.name(),
+            "executor {} {} ({}); {}",
+            self.name(),
+            live.connection.cause().map(|cause| cause.to_string()).unwrap_or_default(),
+            describe_status(status),
+            live.process.tail().render()
+        );
+        self.lose_sessions(live);
+    }
+
+    /// Gives back the process of a session that ended: with a process a session, it waits for
+    /// the next session when it is well and fewer than [`IDLE_PROCESSES`] wait; otherwise it
+    /// is shut down.
+    pub(crate) async fn give_back(&self, live: Arc<Live>) {
+        if !self.config.process_per_session {
+            return;
+        }
+        let mut current = self.current.lock().await;
+        if !live.connection.is_closed() && current.len() < IDLE_PROCESSES {
+            current.push(live);
+            return;
+        }
+        drop(current);
+        self.shut_down(live).await;
+    }
+
+    /// Asks a process to shut down and stops it. Returns whether it exited by itself.
+    pub(crate) async fn shut_down(&self, live: Arc<Live>) -> bool {
+        let never = CancellationToken::new();
+        if !live.connection.is_closed() {
+            let _ = self.call_on::<rpc::Shutdown>(&live, &Empty {}, Duration::from_secs(60), &never).await;
+        }
+        live.connection.close(Closed::ByRunner("shut down".into()));
+        if live.process.wait_exit(self.config.grace).await.is_none() {
+            live.process.terminate(self.config.grace).await;
+            return false;
+        }
+        true
     }
 
     async fn spawn(&self) -> Result<Arc<Live>, HostError> {
         let (process, stdin, stdout) =
             ExecutorProcess::spawn(&self.config.process).map_err(|error| HostError::Fault(format!("{error:#}")))?;
         let connection = Connection::new(stdout, stdin, self.unrouted.clone());
-        let live = Arc::new(Live { connection, process, info: std::sync::OnceLock::new() });
+        let number = self.processes.fetch_add(1, Ordering::SeqCst);
+        let live = Arc::new(Live { number, connection, process, info: std::sync::OnceLock::new() });
         let params = InitializeParams {
             protocol_versions: self.config.offer_versions.clone(),
             runner: self.config.runner.clone(),
@@ -300,9 +399,9 @@ impl ExecutorHost {
         }
     }
 
-    fn lose_sessions(&self) {
-        // Every session lives on one executor process; when it dies they are all lost.
-        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).clear();
+    /// The sessions `live` served are lost with it; the next process sweeps what they left.
+    fn lose_sessions(&self, live: &Live) {
+        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).retain(|_, number| *number != live.number);
         self.needs_cleanup.store(true, Ordering::SeqCst);
     }
 
@@ -383,7 +482,7 @@ impl ExecutorHost {
 
     fn mark_dead(&self, live: &Arc<Live>) {
         live.connection.close(Closed::ByRunner("the executor was stopped".into()));
-        self.lose_sessions();
+        self.lose_sessions(live);
     }
 
     /// Sends a request of method `M` to the live executor.
@@ -399,11 +498,11 @@ impl ExecutorHost {
 
     /// Creates a session.
     pub async fn open(self: &Arc<Self>, params: StartParams, cancel: &CancellationToken) -> Result<Session, HostError> {
-        let live = self.live().await?;
+        let live = self.take_for_session().await?;
         let events = live.connection.subscribe(&params.session);
         let timeout = Duration::from_millis(params.timeout_ms);
         let session_id = params.session.clone();
-        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).insert(session_id.clone());
+        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).insert(session_id.clone(), live.number);
         match self.call_on::<rpc::Start>(&live, &params, timeout, cancel).await {
             Ok(result) => Ok(Session::new(self.clone(), live, session_id, result, events)),
             Err(error) => {
@@ -416,6 +515,7 @@ impl ExecutorHost {
                     let _ = self.call_on::<rpc::Stop>(&live, &stop, Duration::from_secs(60), &never).await;
                 }
                 self.session_ended(&session_id);
+                self.give_back(live).await;
                 Err(error)
             }
         }
@@ -427,10 +527,7 @@ impl ExecutorHost {
 
     /// The sessions started and not yet stopped.
     pub fn sessions_in_flight(&self) -> Vec<String> {
-        let mut sessions: Vec<_> =
-            self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).iter().cloned().collect();
-        sessions.sort();
-        sessions
+        self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).keys().cloned().collect()
     }
 
     /// Sweeps everything this runner left, but the sessions in flight, and logs it.
@@ -441,8 +538,9 @@ impl ExecutorHost {
         Ok(result)
     }
 
-    /// Ends the executor: sweeps after a crash if one is pending, asks it to shut down, and
-    /// stops its process. Returns whether it exited by itself after answering.
+    /// Ends the executor: sweeps after a crash if one is pending, asks each process no session
+    /// holds to shut down, and stops it. Returns whether they all exited by themselves after
+    /// answering (false when none ran).
     pub async fn shutdown(&self) -> bool {
         if self.needs_cleanup.load(Ordering::SeqCst) {
             // `live` starts a fresh executor that sweeps what the dead one left.
@@ -450,18 +548,12 @@ impl ExecutorHost {
                 tracing::error!(executor = %self.name(), "cannot start executor {} to sweep after a crash: {error}", self.name());
             }
         }
-        let live = self.current.lock().await.take();
-        if let Some(live) = live {
-            let never = CancellationToken::new();
-            let _ = self.call_on::<rpc::Shutdown>(&live, &Empty {}, Duration::from_secs(60), &never).await;
-            live.connection.close(Closed::ByRunner("shut down".into()));
-            if live.process.wait_exit(self.config.grace).await.is_none() {
-                live.process.terminate(self.config.grace).await;
-                return false;
-            }
-            return true;
+        let waiting = std::mem::take(&mut *self.current.lock().await);
+        let mut all_exited = !waiting.is_empty();
+        for live in waiting {
+            all_exited &= self.shut_down(live).await;
         }
-        false
+        all_exited
     }
 
     fn next_channel(&self) -> std::path::PathBuf {
@@ -473,9 +565,14 @@ impl ExecutorHost {
 /// The side-channel folders' prefix in the temporary folder: `knotless-run-<pid>-<random>`.
 const CHANNELS_PREFIX: &str = "knotless-run-";
 
+/// The file in a side-channel folder that names its runner process's owner token.
+const CHANNELS_OWNER: &str = "owner";
+
 /// Removes the side-channel folders that runners which died without cleaning up (`kill -9`)
-/// left in `tmp`: those whose process is gone. Only folders of exactly that shape, owned by
-/// this user and not links, are touched; a folder of a live runner stays.
+/// left in `tmp`: those whose owner ([`knotless_protocol::owner`]) is gone, or, for a folder
+/// without an owner file (made by an older runner), whose process is gone. Only folders of
+/// exactly that shape, owned by this user and not links, are touched; a folder of a live
+/// runner stays.
 pub fn sweep_channel_folders(tmp: &std::path::Path) -> usize {
     use std::os::unix::fs::MetadataExt as _;
     // `/proc/self` belongs to this process's user.
@@ -491,7 +588,15 @@ pub fn sweep_channel_folders(tmp: &std::path::Path) -> usize {
             continue;
         }
         let Ok(metadata) = std::fs::symlink_metadata(entry.path()) else { continue };
-        if !metadata.is_dir() || metadata.uid() != uid || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if !metadata.is_dir() || metadata.uid() != uid {
+            continue;
+        }
+        let gone = match std::fs::read_to_string(entry.path().join(CHANNELS_OWNER)) {
+            Ok(token) => liveness(&token) == Liveness::Dead,
+            // A folder being made has no owner file for a moment: its process lives.
+            Err(_) => !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        };
+        if !gone {
             continue;
         }
         if std::fs::remove_dir_all(entry.path()).is_ok() {

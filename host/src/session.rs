@@ -10,7 +10,7 @@ use std::time::Duration;
 use knotless_protocol::channel::ChannelListener;
 use knotless_protocol::messages::*;
 use knotless_protocol::tarball::{self, Unpacked};
-use knotless_protocol::{ExecutorError, FailureClass};
+use knotless_protocol::{ErrorKind, ExecutorError, FailureClass};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +29,8 @@ pub struct Session {
     events: tokio::sync::Mutex<mpsc::Receiver<SessionEvent>>,
     /// The bytes of tar stream the latest transfer has moved so far.
     moved: Arc<AtomicU64>,
+    /// Set once `stop` was sent: a session dropped before has its process shut down.
+    stopped: bool,
 }
 
 impl Session {
@@ -39,7 +41,15 @@ impl Session {
         start: StartResult,
         events: mpsc::Receiver<SessionEvent>,
     ) -> Session {
-        Session { host, live, id, start, events: tokio::sync::Mutex::new(events), moved: Arc::default() }
+        Session {
+            host,
+            live,
+            id,
+            start,
+            events: tokio::sync::Mutex::new(events),
+            moved: Arc::default(),
+            stopped: false,
+        }
     }
 
     /// The session id.
@@ -227,14 +237,42 @@ impl Session {
         HostError::Fault(format!("executor {} lost a tar stream: {detail}", self.host.name()))
     }
 
-    /// Ends the session; its resources are deleted unless `keep`.
-    pub async fn stop(self, keep: bool, timeout: Duration) -> Result<StopResult, HostError> {
+    /// Ends the session; its resources are deleted unless `keep`. With a process a session,
+    /// the process then waits for the next session, or, when the stop failed, is shut down.
+    pub async fn stop(mut self, keep: bool, timeout: Duration) -> Result<StopResult, HostError> {
+        self.stopped = true;
         let params = StopParams { session: self.id.clone(), keep, timeout_ms: timeout.as_millis() as u64 };
         let never = CancellationToken::new();
         let result = self.host.call_on::<rpc::Stop>(&self.live, &params, timeout, &never).await;
         self.live.connection.unsubscribe(&self.id);
         self.host.session_ended(&self.id);
+        if self.host.config.process_per_session {
+            match &result {
+                Ok(_) => self.host.give_back(self.live.clone()).await,
+                Err(_) => {
+                    self.host.shut_down(self.live.clone()).await;
+                }
+            }
+        }
         result
+    }
+}
+
+impl Drop for Session {
+    /// A session dropped before its `stop` (its run's task ended early) has its own process
+    /// shut down, which stops the session; with one process for all, it stays until `cleanup`.
+    fn drop(&mut self) {
+        if self.stopped || !self.host.config.process_per_session {
+            return;
+        }
+        self.live.connection.unsubscribe(&self.id);
+        self.host.session_ended(&self.id);
+        let (host, live) = (self.host.clone(), self.live.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                host.shut_down(live).await;
+            });
+        }
     }
 }
 
@@ -300,10 +338,36 @@ pub fn judge(
     } else {
         return result;
     };
-    if said == Some(error.kind) {
+    // The executor's own word that the step failed for a reason of its own (it exhausted its
+    // environment's pids, the kernel killed it for memory) is a failure too, and says more.
+    if said == Some(error.kind) || (error.kind == ErrorKind::Timeout && said == Some(ErrorKind::StepFailed)) {
         return result;
     }
     tracing::warn!(executor = %executor, step, answered = %answered, verdict = ?error.kind,
         "the executor answered after the step was cancelled or passed its deadline: the runner's verdict stands");
     Err(HostError::Answered { executor: executor.to_string(), method: method::COMMAND.to_string(), error })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(error: ExecutorError) -> Result<CommandResult, HostError> {
+        Err(HostError::Answered { executor: "x".into(), method: "command".into(), error })
+    }
+
+    #[test]
+    fn an_answer_past_the_deadline_is_a_timeout_unless_it_names_the_steps_own_failure() {
+        let (late, timeout) = (Duration::from_secs(9), Duration::from_secs(8));
+        let passed = Ok(CommandResult { exit_code: 0, duration_ms: 9000, killed_processes: 0 });
+        let verdict = judge("x", 0, passed, late, timeout, false).expect_err("a timeout");
+        assert_eq!(verdict.kind(), Some(ErrorKind::Timeout));
+        let own = ExecutorError::new(ErrorKind::StepFailed, "step s exhausted its pids limit of 1024");
+        let verdict = judge("x", 0, answered(own), late, timeout, false).expect_err("a failure");
+        assert_eq!(verdict.kind(), Some(ErrorKind::StepFailed));
+        assert!(verdict.to_string().contains("exhausted its pids limit"), "{verdict}");
+        let own = ExecutorError::new(ErrorKind::StepFailed, "step s ran out of memory");
+        let verdict = judge("x", 0, answered(own), late, timeout, true).expect_err("cancelled");
+        assert_eq!(verdict.kind(), Some(ErrorKind::Cancelled), "a cancel stays the user's");
+    }
 }

@@ -99,6 +99,22 @@ impl Drop for Owner {
     }
 }
 
+/// This process's owner, taken in [`owners_dir`] at the first call and held until the process
+/// ends (its lock file is then removed by the next sweep or [`Owner::acquire`] that finds it).
+pub fn this_process() -> std::io::Result<&'static Owner> {
+    static OWNER: std::sync::OnceLock<Owner> = std::sync::OnceLock::new();
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    if let Some(owner) = OWNER.get() {
+        return Ok(owner);
+    }
+    let _making = MAKING.lock().unwrap_or_else(|poison| poison.into_inner());
+    if let Some(owner) = OWNER.get() {
+        return Ok(owner);
+    }
+    let owner = Owner::acquire()?;
+    Ok(OWNER.get_or_init(|| owner))
+}
+
 /// The folder of the lock files: `$XDG_RUNTIME_DIR/knotless-owners` when that variable names
 /// an absolute folder, else `knotless-owners-<uid>` in the temporary folder.
 pub fn owners_dir() -> PathBuf {

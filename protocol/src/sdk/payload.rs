@@ -83,6 +83,21 @@ for knotless_d in /proc/[0-9]*; do
 done
 "#;
 
+/// Reads the environment's count of processes the kernel killed for memory (the `oom_kill`
+/// line of the cgroup's `memory.events`, v2, or `memory.oom_control`, v1) into `$knotless_n`,
+/// `-` when neither can be read; with shell builtins only.
+pub const OOM_KILLS: &str = r#"knotless_oom() {
+  knotless_n=-
+  for knotless_f in /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control; do
+    [ -r "$knotless_f" ] || continue
+    while read -r knotless_k knotless_v; do
+      [ "$knotless_k" = oom_kill ] && knotless_n=$knotless_v
+    done <"$knotless_f"
+    [ "$knotless_n" = - ] || break
+  done
+}
+"#;
+
 /// Kills every process of the environment that is new since a snapshot: `$1` is the
 /// payload's shell (killed but not counted); the snapshot (`<pid>:<start> ...`) is the line
 /// on its stdin (it may be longer than an argument may be).
@@ -172,6 +187,9 @@ pub fn build(step: &Step<'_>) -> Result<String, ExecutorError> {
     let mut payload = String::from("{\n");
     payload.push_str(SNAPSHOT);
     payload.push_str(&format!("printf '\\n%s:procs:%s%s\\n' {} \"$$\" \"$knotless_procs\" >&2\n", quote(step.nonce)));
+    payload.push_str(OOM_KILLS);
+    let oom = format!("knotless_oom; printf '\\n%s:oom:%s\\n' {} \"$knotless_n\" >&2\n", quote(step.nonce));
+    payload.push_str(&oom);
     for (name, value) in step.env.iter().chain(step.secrets.iter()) {
         if value.contains('\0') {
             return Err(ExecutorError::configuration(format!("variable {name} holds a NUL byte, which sh cannot")));
@@ -179,7 +197,7 @@ pub fn build(step: &Step<'_>) -> Result<String, ExecutorError> {
         payload.push_str(&format!("export {name}={}\n", quote(value)));
     }
     payload.push_str(&format!(
-        "cd -- {} && sh -ec {} </dev/null\nprintf '\\n%s:%d\\n' {} \"$?\" >&2\n}}\n",
+        "cd -- {} && sh -ec {} </dev/null\nknotless_rc=$?\n{oom}printf '\\n%s:%d\\n' {} \"$knotless_rc\" >&2\n}}\n",
         quote(step.workdir),
         quote(step.script),
         quote(step.nonce)
@@ -215,6 +233,9 @@ pub struct SentinelFilter {
     code: Option<i32>,
     snapshot: Option<Snapshot>,
     snapshot_seen: bool,
+    /// The environment's count of OOM kills before the step and after it, as the payload read
+    /// them (`None` where it could not).
+    oom: (Option<Option<u64>>, Option<Option<u64>>),
 }
 
 impl SentinelFilter {
@@ -227,6 +248,16 @@ impl SentinelFilter {
             code: None,
             snapshot: None,
             snapshot_seen: false,
+            oom: (None, None),
+        }
+    }
+
+    /// How many processes the kernel killed for memory in the environment while the step ran,
+    /// when the payload could read the count before and after it.
+    pub fn oom_kills(&self) -> Option<u64> {
+        match self.oom {
+            (Some(Some(before)), Some(Some(after))) => Some(after.saturating_sub(before)),
+            _ => None,
         }
     }
 
@@ -276,14 +307,20 @@ impl SentinelFilter {
             let message: Vec<u8> = self.held.drain(..=end).collect();
             let message = &message[..end];
             self.in_message = false;
-            match message.strip_prefix(b"procs:") {
-                Some(snapshot) => {
-                    if !self.snapshot_seen {
-                        self.snapshot_seen = true;
-                        self.snapshot = Snapshot::parse(snapshot);
-                    }
+            if let Some(snapshot) = message.strip_prefix(b"procs:") {
+                if !self.snapshot_seen {
+                    self.snapshot_seen = true;
+                    self.snapshot = Snapshot::parse(snapshot);
                 }
-                None => self.code = Some(String::from_utf8_lossy(message).trim().parse().unwrap_or(-1)),
+            } else if let Some(count) = message.strip_prefix(b"oom:") {
+                let count = std::str::from_utf8(count).ok().and_then(|count| count.trim().parse::<u64>().ok());
+                match self.oom {
+                    (None, _) => self.oom.0 = Some(count),
+                    (Some(_), None) => self.oom.1 = Some(count),
+                    _ => {}
+                }
+            } else {
+                self.code = Some(String::from_utf8_lossy(message).trim().parse().unwrap_or(-1));
             }
         }
     }
@@ -380,14 +417,19 @@ mod tests {
         let env = BTreeMap::from([("V".to_string(), "it's".to_string())]);
         let secrets = BTreeMap::from([("S".to_string(), "s3cr3t".to_string())]);
         let payload = build(&step(&env, &secrets)).expect("payload");
-        let tail = r#"printf '\n%s:procs:%s%s\n' 'n0' "$$" "$knotless_procs" >&2
-export V='it'\''s'
+        let procs = r#"printf '\n%s:procs:%s%s\n' 'n0' "$$" "$knotless_procs" >&2
+"#;
+        let oom = r#"knotless_oom; printf '\n%s:oom:%s\n' 'n0' "$knotless_n" >&2
+"#;
+        let tail = r#"export V='it'\''s'
 export S='s3cr3t'
 cd -- '/work' && sh -ec 'echo '\''hi'\''' </dev/null
-printf '\n%s:%d\n' 'n0' "$?" >&2
+knotless_rc=$?
+"#;
+        let end = r#"printf '\n%s:%d\n' 'n0' "$knotless_rc" >&2
 }
 "#;
-        assert_eq!(payload, format!("{{\n{SNAPSHOT}{tail}"));
+        assert_eq!(payload, format!("{{\n{SNAPSHOT}{procs}{OOM_KILLS}{oom}{tail}{oom}{end}"));
         let bad = BTreeMap::from([("A-B".to_string(), String::new())]);
         assert!(build(&step(&bad, &secrets)).is_err());
         let nul = BTreeMap::from([("A".to_string(), "a\0b".to_string())]);
@@ -435,6 +477,24 @@ printf '\n%s:%d\n' 'n0' "$?" >&2
         let listed = format!(" {} ", snapshot.processes);
         assert!(listed.contains(&format!(" {}:", std::process::id())), "this test is in {snapshot:?}");
         assert!(!listed.contains(&format!(" {}:", snapshot.shell)), "the payload's shell is not: {snapshot:?}");
+        let readable = ["/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]
+            .iter()
+            .any(|file| std::fs::read_to_string(file).is_ok_and(|text| text.contains("oom_kill ")));
+        assert_eq!(filter.oom_kills().is_some(), readable, "the count of OOM kills is read where it can be");
+    }
+
+    #[test]
+    fn the_oom_kills_are_the_count_after_the_step_less_the_count_before() {
+        let mut filter = SentinelFilter::new("n0");
+        let passed = filter.push(b"a\nn0:oom:3\nb\nn0:oom:5\n\nn0:oom:9\nc\nn0:0\n");
+        assert_eq!(passed, b"abc", "a third count is taken out too, and ignored");
+        assert_eq!((filter.code(), filter.oom_kills()), (Some(0), Some(2)));
+        let mut unreadable = SentinelFilter::new("n0");
+        unreadable.push(b"\nn0:oom:-\n\nn0:oom:-\n\nn0:137\n");
+        assert_eq!((unreadable.code(), unreadable.oom_kills()), (Some(137), None));
+        let mut cut = SentinelFilter::new("n0");
+        cut.push(b"\nn0:oom:1\n\nn0:137\n");
+        assert_eq!((cut.code(), cut.oom_kills()), (Some(137), None), "no count after the step: none");
     }
 
     /// A script, run in a pid namespace of its own as a container is, that leaves processes

@@ -20,7 +20,15 @@
 //!    ([`Shell::end_environment`]): no process of the step outlives it unknown;
 //! 4. ends the step at once, as an infrastructure error, when the executor learns the
 //!    environment is lost while the step runs ([`Shell::failed`]: a pod deleted or its node
-//!    gone), however its stream behaves (it may hang), and ends the environment.
+//!    gone), however its stream behaves (it may hang), and ends the environment;
+//! 5. names the step's own faults as the step's, never the environment's: a step whose
+//!    processes exhausted a limit of the environment (its pids: a fork bomb) has the
+//!    environment ended at once, without a sweep that could not run there
+//!    ([`Shell::exhausted`]), and one the kernel killed for memory is "out of memory
+//!    (OOMKilled)" (the payload reads the environment's count of OOM kills before and after).
+//!
+//! Every sweep is bounded ([`SWEEP_WITHIN`]), and so is the end of an environment, so that a
+//! step's answer comes within a runner's grace after its deadline, whatever the step did.
 //!
 //! Killing the local end of an exec kills nothing in the environment: only the sweep does.
 
@@ -30,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::error::ExecutorError;
+use crate::error::{ErrorKind, ExecutorError};
 use crate::messages::{CommandParams, CommandResult, LogLevel, Stream};
 use crate::sdk::Context;
 use crate::sdk::output::OutputPipes;
@@ -40,8 +48,10 @@ use crate::sdk::payload::{self, SentinelFilter, Snapshot};
 /// step left running holds it).
 pub const SETTLE: Duration = Duration::from_millis(200);
 
-/// How long the sweep of a step's processes may take.
-pub const SWEEP_WITHIN: Duration = Duration::from_secs(30);
+/// How long the sweep of a step's processes may take: past it, the environment is ended. Well
+/// within the runner's default grace (10 s), so that with the end of the environment a step's
+/// answer still comes in time.
+pub const SWEEP_WITHIN: Duration = Duration::from_secs(5);
 
 /// How much of a step's last stderr is kept for the error of a lost stream.
 const TAIL: usize = 4096;
@@ -359,8 +369,17 @@ pub trait Shell: Send + Sync {
     /// the last of what came on the exec's stderr.
     fn lost(&self, step: &str, exited: Option<i32>, said: &[u8]) -> impl Future<Output = ExecutorError> + Send;
 
-    /// Ends the whole environment: a step's processes could not be killed one by one.
+    /// Ends the whole environment: a step's processes could not be killed one by one. Bounded:
+    /// it returns within a few seconds, ended or not.
     fn end_environment(&self, why: &str) -> impl Future<Output = ()> + Send;
+
+    /// Which limit of the environment its processes have exhausted, when they have (its pids,
+    /// as a fork bomb leaves it: no process can be started there, a sweep included), as the
+    /// end of a sentence: `exhausted its pids limit of 1024`. Asked before a sweep after a
+    /// timeout, a cancellation or a lost stream. `None` by default.
+    fn exhausted(&self) -> impl Future<Output = Option<String>> + Send {
+        std::future::ready(None)
+    }
 
     /// Ends, with the error, when the environment is known to be lost while a step runs
     /// (a pod deleted, its node lost): the step ends at once, whatever its stream does (it
@@ -436,11 +455,20 @@ pub async fn run_step<S: Shell>(
     };
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
 
+    let describe = shell.describe();
     match ending {
         Ending::Reported(exit_code) => {
             let mut killed_processes = 0;
             if !params.secrets.is_empty() {
-                killed_processes = sweep_or_end(shell, step.filter.snapshot(), &name).await?;
+                killed_processes = match sweep_or_end(shell, step.filter.snapshot(), &name, false).await {
+                    Ok(killed) => killed,
+                    Err(Unswept::Exhausted(limit)) => {
+                        let message = format!("step {name} {limit}: {describe} was killed");
+                        context.log(&params.session, LogLevel::Error, message.clone()).await;
+                        return Err(ExecutorError::new(ErrorKind::StepFailed, message));
+                    }
+                    Err(Unswept::Failed(error)) => return Err(error),
+                };
                 if killed_processes > 0 {
                     let message = format!(
                         "step {name} was given secrets and left {killed_processes} processes running: killed them"
@@ -451,6 +479,17 @@ pub async fn run_step<S: Shell>(
             }
             step.settle(SETTLE, context, &params.session, params.step).await;
             tracing::info!(session = %params.session, step = params.step, exit_code, duration_ms, killed_processes, "step ended");
+            if let Some(kills) = step.filter.oom_kills().filter(|kills| *kills > 0) {
+                let message =
+                    format!("step {name} ran out of memory (OOMKilled): the kernel killed {kills} of its processes");
+                context.log(&params.session, LogLevel::Error, message.clone()).await;
+                if exit_code != 0 {
+                    return Err(ExecutorError::new(
+                        ErrorKind::StepFailed,
+                        format!("step {name} ran out of memory (OOMKilled), exit code {exit_code}"),
+                    ));
+                }
+            }
             Ok(CommandResult { exit_code, duration_ms, killed_processes })
         }
         Ending::TimedOut | Ending::Cancelled => {
@@ -458,12 +497,25 @@ pub async fn run_step<S: Shell>(
             if step.filter.snapshot().is_none() {
                 step.settle(SETTLE, context, &params.session, params.step).await;
             }
-            let killed = sweep_or_end(shell, step.filter.snapshot(), &name).await;
+            let killed = sweep_or_end(shell, step.filter.snapshot(), &name, true).await;
             step.settle(SETTLE, context, &params.session, params.step).await;
-            tracing::info!(session = %params.session, step = params.step, killed = ?killed, "step killed");
-            killed?;
-            Err(match ending {
-                Ending::TimedOut => {
+            tracing::info!(session = %params.session, step = params.step, killed = ?killed.as_ref().ok(), "step killed");
+            let exhausted = match killed {
+                Ok(_) => None,
+                Err(Unswept::Exhausted(limit)) => Some(limit),
+                Err(Unswept::Failed(error)) => return Err(error),
+            };
+            Err(match (ending, exhausted) {
+                // The step's own fault, which its timeout only revealed.
+                (Ending::TimedOut, Some(limit)) => {
+                    let message = format!(
+                        "step {name} {limit}: {describe} was killed at the step's timeout of {} ms",
+                        params.timeout_ms
+                    );
+                    context.log(&params.session, LogLevel::Error, message.clone()).await;
+                    ExecutorError::new(ErrorKind::StepFailed, message)
+                }
+                (Ending::TimedOut, None) => {
                     let message = format!("step {name} passed its timeout of {} ms", params.timeout_ms);
                     context.log(&params.session, LogLevel::Error, message.clone()).await;
                     ExecutorError::timeout(message)
@@ -479,11 +531,19 @@ pub async fn run_step<S: Shell>(
             Err(error)
         }
         Ending::Lost(code) => {
-            let error = shell.lost(&name, code, &step.tail).await;
             // The step may still run in the environment: end it.
-            if let Err(failure) = sweep_or_end(shell, step.filter.snapshot(), &name).await {
-                tracing::warn!(session = %params.session, step = params.step, "{}", failure.message);
-            }
+            let error = match sweep_or_end(shell, step.filter.snapshot(), &name, true).await {
+                Err(Unswept::Exhausted(limit)) => ExecutorError::new(
+                    ErrorKind::StepFailed,
+                    format!("the processes of step {name} {limit}: {describe} was killed"),
+                ),
+                other => {
+                    if let Err(Unswept::Failed(failure)) = other {
+                        tracing::warn!(session = %params.session, step = params.step, "{}", failure.message);
+                    }
+                    shell.lost(&name, code, &step.tail).await
+                }
+            };
             tracing::error!(session = %params.session, step = params.step, "{}", error.message);
             context.log(&params.session, LogLevel::Error, error.message.clone()).await;
             Err(error)
@@ -491,8 +551,32 @@ pub async fn run_step<S: Shell>(
     }
 }
 
-/// Kills the step's processes; when that cannot be done, ends the environment and says so.
-async fn sweep_or_end<S: Shell>(shell: &S, snapshot: Option<&Snapshot>, name: &str) -> Result<u32, ExecutorError> {
+/// Why a step's processes were not swept; the environment was ended either way.
+#[derive(Debug)]
+enum Unswept {
+    /// The environment's processes exhausted a limit of it (see [`Shell::exhausted`]).
+    Exhausted(String),
+    /// The sweep failed, or could not know what to sweep: an infrastructure error.
+    Failed(ExecutorError),
+}
+
+/// Kills the step's processes; when that cannot be done, ends the environment and says why.
+/// The environment is asked whether its processes exhausted a limit of it (see
+/// [`Shell::exhausted`]; a sweep could not run there) when the sweep fails, and with
+/// `check_first` before it too.
+async fn sweep_or_end<S: Shell>(
+    shell: &S,
+    snapshot: Option<&Snapshot>,
+    name: &str,
+    check_first: bool,
+) -> Result<u32, Unswept> {
+    let exhausted = |limit: String| async move {
+        shell.end_environment(&format!("the processes of step {name} {limit}")).await;
+        Unswept::Exhausted(limit)
+    };
+    if check_first && let Some(limit) = shell.exhausted().await {
+        return Err(exhausted(limit).await);
+    }
     let swept = match snapshot {
         Some(snapshot) => sweep(shell, snapshot).await,
         None => Err(ExecutorError::infrastructure(format!(
@@ -500,14 +584,16 @@ async fn sweep_or_end<S: Shell>(shell: &S, snapshot: Option<&Snapshot>, name: &s
             shell.describe()
         ))),
     };
-    match swept {
-        Ok(killed) => Ok(killed),
-        Err(error) => {
-            let why = format!("cannot kill the processes of step {name}: {}", error.message);
-            shell.end_environment(&why).await;
-            Err(ExecutorError::infrastructure(format!("{why}; ended {}", shell.describe())))
-        }
+    let error = match swept {
+        Ok(killed) => return Ok(killed),
+        Err(error) => error,
+    };
+    if let Some(limit) = shell.exhausted().await {
+        return Err(exhausted(limit).await);
     }
+    let why = format!("cannot kill the processes of step {name}: {}", error.message);
+    shell.end_environment(&why).await;
+    Err(Unswept::Failed(ExecutorError::infrastructure(format!("{why}; ended {}", shell.describe()))))
 }
 
 /// Runs [`payload::SWEEP`] in the environment; returns how many processes it killed.

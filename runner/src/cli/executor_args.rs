@@ -150,6 +150,8 @@ impl ExecutorArgs {
             .map(|(key, _)| (key.to_string(), crate::host::executor_option_flag(key)))
             .collect();
         config.grace = Duration::from_secs(self.executor_grace.max(1));
+        // A run's executor fault stays in that run.
+        config.process_per_session = true;
         Ok(config)
     }
 }
