@@ -1,6 +1,10 @@
-//! `cleanup`: the orphan sweep. Every session folder of this runner id that belongs to no
-//! session in `keep` is removed, with the processes its steps left running if this process
-//! started it; other runner ids are never touched. The processes of a session an earlier
+//! `cleanup`: the orphan sweep. A session folder of this runner id is removed when it belongs
+//! to no session in `keep` and its owner is provably gone: the process that made it
+//! (`<runner dir>/.owners/<session>` holds its [`knotless_protocol::owner`] token) no longer
+//! holds its lock, or it is this process (whose live sessions `keep` names); a folder from
+//! before owners were written has no owner file and is swept. A folder of another live process
+//! (another `knotless-run`, whatever its cache folder) or of an owner this process cannot
+//! check is left. Other runner ids are never touched. The processes of a session an earlier
 //! executor started need no sweep: their reaper killed them when that executor ended.
 
 use std::collections::BTreeSet;
@@ -10,7 +14,8 @@ use knotless_protocol::*;
 
 use crate::ShellExecutor;
 use crate::config::is_safe_component;
-use crate::session::{remove_folder, remove_session};
+use crate::session::{OWNERS, owner_file, read_owner, remove_folder, remove_session};
+use knotless_protocol::owner::{self, Liveness};
 
 /// `cleanup`.
 pub async fn cleanup(
@@ -31,6 +36,7 @@ pub async fn cleanup(
             for entry in entries {
                 match entry {
                     Ok(entry) => match entry.file_name().into_string() {
+                        Ok(name) if name == OWNERS => {}
                         Ok(name) if is_safe_component(&name) => {
                             sessions.insert(name);
                         }
@@ -56,13 +62,47 @@ pub async fn cleanup(
         let started = executor.sessions.lock().remove(&session);
         let removal = match started {
             Some(started) => remove_session(&started).await,
-            None => remove_folder(&session, &runner_dir.join(&session)).await,
+            None => {
+                if let Some(left) = still_owned(&runner_dir, &session) {
+                    tracing::info!(%session, "left the session folder: {left}");
+                    continue;
+                }
+                remove_folder(&session, &runner_dir.join(&session)).await
+            }
         };
         match removal {
             Ok(removed) => result.removed.extend(removed),
             Err(error) => result.failures.push(error.message),
         }
     }
+    sweep_owner_files(&runner_dir);
     tracing::info!(removed = result.removed.len(), failures = result.failures.len(), "orphan sweep done");
     Ok(result)
+}
+
+/// Why the folder of `session`, which this process did not start, is not to be swept: its owner
+/// lives, or cannot be checked from here. `None` when it is provably gone.
+fn still_owned(runner_dir: &std::path::Path, session: &str) -> Option<String> {
+    let token = read_owner(runner_dir, session)?;
+    match owner::liveness(&token) {
+        Liveness::Dead => None,
+        // This process's own: `keep` says which of its sessions live.
+        Liveness::Alive if owner::this_process().is_ok_and(|own| own.is(&token)) => None,
+        Liveness::Alive => Some("its owner, another process, is alive".to_string()),
+        Liveness::Unknown => Some(format!("its owner {token:?} cannot be checked from here")),
+    }
+}
+
+/// Removes the owner files whose session folder is gone (a start that died between the two)
+/// and whose owner is gone too.
+fn sweep_owner_files(runner_dir: &std::path::Path) {
+    for entry in std::fs::read_dir(runner_dir.join(OWNERS)).into_iter().flatten().flatten() {
+        let Ok(session) = entry.file_name().into_string() else { continue };
+        if !is_safe_component(&session) || runner_dir.join(&session).exists() {
+            continue;
+        }
+        if read_owner(runner_dir, &session).is_some_and(|token| owner::liveness(&token) == Liveness::Dead) {
+            let _ = std::fs::remove_file(owner_file(runner_dir, &session));
+        }
+    }
 }

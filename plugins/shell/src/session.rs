@@ -146,17 +146,27 @@ pub async fn start(
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
     let runner_dir = config.runner_dir();
-    create_private_dir_all(&runner_dir)
+    create_private_dir_all(&runner_dir.join(OWNERS))
         .map_err(|error| ExecutorError::infrastructure(format!("cannot create {}: {error}", runner_dir.display())))?;
     let root = runner_dir.join(&params.session);
+    // Its owner is written before the folder is made: no sweep ever finds the folder without it.
+    mark_owner(&runner_dir, &params.session)?;
     {
         use std::os::unix::fs::DirBuilderExt;
         // Not recursive: an existing folder is an error, atomically.
-        std::fs::DirBuilder::new().mode(0o700).create(&root).map_err(|error| match error.kind() {
-            std::io::ErrorKind::AlreadyExists => {
-                ExecutorError::configuration(format!("session {} already exists at {}", params.session, root.display()))
+        std::fs::DirBuilder::new().mode(0o700).create(&root).map_err(|error| {
+            let _ = std::fs::remove_file(owner_file(&runner_dir, &params.session));
+            match error.kind() {
+                std::io::ErrorKind::AlreadyExists => ExecutorError::configuration(format!(
+                    "session {} already exists at {}",
+                    params.session,
+                    root.display()
+                )),
+                _ => ExecutorError::infrastructure(format!(
+                    "cannot create the session folder {}: {error}",
+                    root.display()
+                )),
             }
-            _ => ExecutorError::infrastructure(format!("cannot create the session folder {}: {error}", root.display())),
         })?;
     }
     let session = Session {
@@ -171,6 +181,7 @@ pub async fn start(
         let folder = session.folder(name);
         if let Err(error) = create_private_dir_all(&folder) {
             let _ = std::fs::remove_dir_all(&session.root);
+            let _ = std::fs::remove_file(owner_file(&runner_dir, &session.id));
             return Err(ExecutorError::infrastructure(format!("cannot create {}: {error}", folder.display())));
         }
     }
@@ -235,6 +246,50 @@ pub async fn remove_session(session: &Session) -> Result<Vec<Resource>, Executor
     Ok(removed)
 }
 
+/// The folder beside the sessions that holds each one's owner: `<runner dir>/.owners/`.
+pub const OWNERS: &str = ".owners";
+
+/// The file naming the owner of session `session`.
+pub fn owner_file(runner_dir: &Path, session: &str) -> PathBuf {
+    runner_dir.join(OWNERS).join(session)
+}
+
+/// Writes this process's owner token as the owner of `session`, whole (a temporary file linked
+/// into place), unless the session has an owner already.
+fn mark_owner(runner_dir: &Path, session: &str) -> Result<(), ExecutorError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let owner = knotless_protocol::owner::this_process().map_err(|error| {
+        ExecutorError::infrastructure(format!(
+            "cannot take a lock in {} to mark the sessions of this process: {error}",
+            knotless_protocol::owner::owners_dir().display()
+        ))
+    })?;
+    let file = owner_file(runner_dir, session);
+    let making = runner_dir.join(OWNERS).join(format!(".{session}.{}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&making)
+        .and_then(|mut making| making.write_all(owner.token().as_bytes()))
+        .and_then(|()| std::fs::hard_link(&making, &file));
+    let _ = std::fs::remove_file(&making);
+    written.map_err(|error| match error.kind() {
+        std::io::ErrorKind::AlreadyExists => ExecutorError::configuration(format!(
+            "session {session} already exists: {} names its owner",
+            file.display()
+        )),
+        _ => ExecutorError::infrastructure(format!("cannot write {}: {error}", file.display())),
+    })
+}
+
+/// The owner token of `session`, if its file holds one.
+pub fn read_owner(runner_dir: &Path, session: &str) -> Option<String> {
+    std::fs::read_to_string(owner_file(runner_dir, session)).ok()
+}
+
 /// Removes a session's folder. Returns it, unless it was not there.
 pub async fn remove_folder(session: &str, root: &Path) -> Result<Vec<Resource>, ExecutorError> {
     let mut removed = Vec::new();
@@ -242,6 +297,11 @@ pub async fn remove_folder(session: &str, root: &Path) -> Result<Vec<Resource>, 
     let removal = tokio::task::spawn_blocking(move || remove_tree(&tree))
         .await
         .unwrap_or_else(|error| Err(std::io::Error::other(error.to_string())));
+    let gone =
+        matches!(&removal, Ok(())) || matches!(&removal, Err(error) if error.kind() == std::io::ErrorKind::NotFound);
+    if gone && let Some(runner_dir) = root.parent() {
+        let _ = std::fs::remove_file(owner_file(runner_dir, session));
+    }
     match removal {
         Ok(()) => removed.push(Resource {
             kind: "folder".to_string(),
