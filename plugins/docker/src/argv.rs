@@ -14,6 +14,9 @@ pub const RUN_LABEL: &str = "dev.knotless.run";
 pub const WORKFLOW_LABEL: &str = "dev.knotless.workflow";
 /// The label naming the repository.
 pub const REPOSITORY_LABEL: &str = "dev.knotless.repository";
+/// The label naming the process that made a container or network: its
+/// [`knotless_protocol::owner`] token, which `cleanup` checks before it removes anything.
+pub const OWNER_LABEL: &str = "dev.knotless.owner";
 
 /// The folders every session has, created by `start`.
 pub const SESSION_FOLDERS: [&str; 3] = ["/work", "/steps", "/outputs"];
@@ -42,7 +45,7 @@ pub struct ContainerSpec {
     pub pids_limit: u32,
     /// `--cpus`, as docker takes it (`0.5`).
     pub cpus: Option<String>,
-    /// `--memory`, in bytes.
+    /// `--memory` (and `--memory-swap`, the same: no swap past it), in bytes.
     pub memory: Option<u64>,
     /// Whether the container may use the network (else `--network none`, or only its
     /// services' network).
@@ -81,6 +84,8 @@ pub fn run_container(spec: &ContainerSpec) -> Vec<String> {
     }
     if let Some(memory) = spec.memory {
         argv.push("--memory".into());
+        argv.push(memory.to_string());
+        argv.push("--memory-swap".into());
         argv.push(memory.to_string());
     }
     match &spec.services_network {
@@ -127,10 +132,10 @@ pub fn remove_network(network: &str) -> Vec<String> {
     strings(&["network", "rm", network])
 }
 
-/// `docker network ls` of this runner's networks: name and session, tab-separated.
+/// `docker network ls` of this runner's networks: name, session and owner, tab-separated.
 pub fn list_networks(runner_id: &str) -> Vec<String> {
     let filter = format!("label={RUNNER_LABEL}={runner_id}");
-    let format = format!("{{{{.Name}}}}\t{{{{.Label \"{SESSION_LABEL}\"}}}}");
+    let format = format!("{{{{.Name}}}}\t{{{{.Label \"{SESSION_LABEL}\"}}}}\t{{{{.Label \"{OWNER_LABEL}\"}}}}");
     strings(&["network", "ls", "--filter", &filter, "--format", &format])
 }
 
@@ -215,6 +220,12 @@ pub fn kill(container: &str) -> Vec<String> {
     strings(&["kill", container])
 }
 
+/// `docker stats --no-stream` of a container's tasks (its cgroup's `pids.current`): read by the
+/// engine, so nothing starts in the container.
+pub fn tasks(container: &str) -> Vec<String> {
+    strings(&["stats", "--no-stream", "--format", "{{.PIDs}}", container])
+}
+
 /// `docker cp - <container>:<path>`: unpacks a tar stream from stdin into an existing folder.
 pub fn copy_in(container: &str, path: &str) -> Vec<String> {
     strings(&["cp", "-", &format!("{container}:{path}")])
@@ -232,10 +243,10 @@ pub fn remove(container: &str) -> Vec<String> {
     strings(&["rm", "--force", "--volumes", container])
 }
 
-/// `docker ps --all` of this runner's containers: one `name<TAB>session` line each.
+/// `docker ps --all` of this runner's containers: one `name<TAB>session<TAB>owner` line each.
 pub fn list(runner_id: &str) -> Vec<String> {
     let filter = format!("label={RUNNER_LABEL}={runner_id}");
-    let format = format!("{{{{.Names}}}}\t{{{{.Label \"{SESSION_LABEL}\"}}}}");
+    let format = format!("{{{{.Names}}}}\t{{{{.Label \"{SESSION_LABEL}\"}}}}\t{{{{.Label \"{OWNER_LABEL}\"}}}}");
     strings(&["ps", "--all", "--no-trunc", "--filter", &filter, "--format", &format])
 }
 
@@ -301,7 +312,8 @@ mod tests {
             run_container(&spec()).join(" "),
             "run --detach --pull never --name knotless-r1-s1 --label dev.knotless.runner=r1 \
              --label dev.knotless.session=s1 --init --cap-drop ALL --security-opt no-new-privileges \
-             --pids-limit 1024 --cpus 0.5 --memory 536870912 --network none --workdir /work --entrypoint sh \
+             --pids-limit 1024 --cpus 0.5 --memory 536870912 --memory-swap 536870912 --network none --workdir /work \
+             --entrypoint sh \
              knotless-test/busybox:1 -c while :; do sleep 86400; done"
         );
     }
@@ -347,7 +359,7 @@ mod tests {
                 "--filter",
                 "label=dev.knotless.runner=r1",
                 "--format",
-                "{{.Names}}\t{{.Label \"dev.knotless.session\"}}"
+                "{{.Names}}\t{{.Label \"dev.knotless.session\"}}\t{{.Label \"dev.knotless.owner\"}}"
             ]
         );
     }

@@ -1,11 +1,18 @@
-//! `cleanup`: the orphan sweep. Every container labelled with this runner's id whose session
-//! is not in `keep` is removed (a session's and its services'), then every such network;
-//! containers and networks of other runners are never touched.
+//! `cleanup`: the orphan sweep. A container labelled with this runner's id (a session's or its
+//! services') is removed when its session is not in `keep` and its owner is provably gone: the
+//! process named by its owner label ([`knotless_protocol::owner`]) no longer holds its lock,
+//! or it is this process (whose live sessions `keep` names); a container from before owners
+//! were labelled is swept too. Then every such network, by the same rule. What another live
+//! process owns (another `knotless-run`, whatever its cache folder), or an owner this process
+//! cannot check (another host's engine client), is left; containers and networks of other
+//! runners are never touched.
 
 use std::collections::BTreeSet;
 
 use knotless_protocol::sdk::Context;
 use knotless_protocol::*;
+
+use knotless_protocol::owner::{self, Liveness};
 
 use crate::DockerExecutor;
 use crate::argv;
@@ -13,27 +20,48 @@ use crate::docker::SHORT_CALL;
 use crate::services::remove_network;
 use crate::session::remove_container;
 
-/// One container of this runner, as `docker ps` lists it.
+/// One container or network of this runner, as `docker ps` or `docker network ls` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     pub name: String,
     pub session: Option<String>,
+    pub owner: Option<String>,
 }
 
-/// Reads `docker ps --format '{{.Names}}\t{{.Label "dev.knotless.session"}}'`.
+/// Reads `docker ps --format '{{.Names}}\t{{.Label "dev.knotless.session"}}\t{{.Label
+/// "dev.knotless.owner"}}'` (a missing label is an empty column).
 pub fn parse_list(stdout: &str) -> Vec<Listed> {
+    let column = |text: Option<&str>| text.map(str::trim).filter(|text| !text.is_empty()).map(str::to_string);
     stdout
         .lines()
         .filter(|line| !line.trim().is_empty())
         .map(|line| {
-            let (name, session) = line.split_once('\t').unwrap_or((line, ""));
-            let session = session.trim();
+            let mut columns = line.split('\t');
             Listed {
-                name: name.trim().to_string(),
-                session: if session.is_empty() { None } else { Some(session.to_string()) },
+                name: columns.next().unwrap_or_default().trim().to_string(),
+                session: column(columns.next()),
+                owner: column(columns.next()),
             }
         })
         .collect()
+}
+
+/// Why `listed` is not to be swept, or `None` when it is: its session is kept, or its owner is
+/// another process that lives or one that cannot be checked.
+fn left_because(listed: &Listed, keep: &BTreeSet<&str>) -> Option<String> {
+    if let Some(session) = listed.session.as_deref()
+        && keep.contains(session)
+    {
+        return Some(format!("session {session} is in flight"));
+    }
+    let owner = listed.owner.as_deref()?;
+    match owner::liveness(owner) {
+        Liveness::Dead => None,
+        // This process's own: `keep` says which of its sessions live.
+        Liveness::Alive if owner::this_process().is_ok_and(|own| own.is(owner)) => None,
+        Liveness::Alive => Some("its owner, another process, is alive".to_string()),
+        Liveness::Unknown => Some(format!("its owner {owner:?} cannot be checked from here")),
+    }
 }
 
 /// `cleanup`.
@@ -53,7 +81,8 @@ pub async fn cleanup(
     })?;
     let mut result = CleanupResult::default();
     for listed in parse_list(&String::from_utf8_lossy(&stdout)) {
-        if listed.session.as_deref().is_some_and(|session| keep.contains(session)) {
+        if let Some(why) = left_because(&listed, &keep) {
+            tracing::debug!(container = %listed.name, "left the container: {why}");
             continue;
         }
         if let Some(session) = &listed.session {
@@ -69,7 +98,8 @@ pub async fn cleanup(
     match config.docker.output(&argv::list_networks(&config.runner_id), SHORT_CALL).await {
         Ok(stdout) => {
             for listed in parse_list(&String::from_utf8_lossy(&stdout)) {
-                if listed.session.as_deref().is_some_and(|session| keep.contains(session)) {
+                if let Some(why) = left_because(&listed, &keep) {
+                    tracing::debug!(network = %listed.name, "left the network: {why}");
                     continue;
                 }
                 match remove_network(&config.docker, &listed.name, listed.session.as_deref()).await {
@@ -95,10 +125,17 @@ mod tests {
     #[test]
     fn the_list_is_read_line_by_line() {
         assert_eq!(
-            parse_list("knotless-r-a\ta\nknotless-r-b\t\n\n"),
+            parse_list(
+                "knotless-r-a\ta\tff:/run/user/0/knotless-owners/00.lock\nknotless-r-b\t\t\nknotless-r-c\tc\n\n"
+            ),
             [
-                Listed { name: "knotless-r-a".into(), session: Some("a".into()) },
-                Listed { name: "knotless-r-b".into(), session: None }
+                Listed {
+                    name: "knotless-r-a".into(),
+                    session: Some("a".into()),
+                    owner: Some("ff:/run/user/0/knotless-owners/00.lock".into())
+                },
+                Listed { name: "knotless-r-b".into(), session: None, owner: None },
+                Listed { name: "knotless-r-c".into(), session: Some("c".into()), owner: None }
             ]
         );
     }

@@ -20,8 +20,18 @@ use crate::config::Config;
 use crate::docker::tail;
 use crate::session::Session;
 
-/// How long `docker kill` of a container whose step cannot be swept may take.
-const KILL_WITHIN: Duration = Duration::from_secs(30);
+/// How long `docker kill` of a container whose step cannot be swept may take: with the sweep's
+/// bound, a step's answer still comes within the runner's grace after its deadline.
+const KILL_WITHIN: Duration = Duration::from_secs(4);
+
+/// How long `docker stats` of a container may take (it answers in about 1.5 s).
+const STATS_WITHIN: Duration = Duration::from_secs(3);
+
+/// Whether `tasks` of a container with pids `limit` is at its limit: a fork bomb keeps it
+/// within a task or two of it, as forks fail and processes end; within 2%, or 2 tasks.
+pub fn at_the_limit(tasks: u32, limit: u32) -> bool {
+    tasks.saturating_add((limit / 50).max(2)) >= limit
+}
 
 /// `command`.
 pub async fn run(
@@ -89,7 +99,26 @@ impl Shell for Container<'_> {
         }
     }
 
+    async fn exhausted(&self) -> Option<String> {
+        let container = &self.session.container;
+        let stats = self.config.docker.output(&argv::tasks(container), STATS_WITHIN).await.ok()?;
+        let tasks: u32 = String::from_utf8_lossy(&stats).trim().parse().ok()?;
+        let limit = self.config.pids_limit;
+        at_the_limit(tasks, limit)
+            .then(|| format!("exhausted its pids limit of {limit} ({tasks} tasks in the container)"))
+    }
+
     fn describe(&self) -> String {
         format!("container {}", self.session.container)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_container_within_two_percent_or_two_tasks_of_its_pids_limit_is_at_it() {
+        assert!(super::at_the_limit(1024, 1024) && super::at_the_limit(1004, 1024));
+        assert!(!super::at_the_limit(1003, 1024) && !super::at_the_limit(3, 1024));
+        assert!(super::at_the_limit(62, 64) && !super::at_the_limit(61, 64));
     }
 }

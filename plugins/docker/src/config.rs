@@ -9,10 +9,18 @@ use crate::argv;
 use crate::docker::{Docker, Failure};
 
 /// The options this executor takes, as the runner spells them.
-const OPTIONS: &[&str] = &["docker", "image", "host", "pids-limit", "lifetime-margin"];
+const OPTIONS: &[&str] = &["docker", "image", "host", "pids-limit", "memory-limit", "memory-max", "lifetime-margin"];
 
 /// `--pids-limit` of a container when the `pids-limit` option is not given.
 pub const DEFAULT_PIDS_LIMIT: u32 = 1024;
+
+/// A container's memory when its workflow asks for none and the `memory-limit` option is not
+/// given.
+pub const DEFAULT_MEMORY_LIMIT: &str = "8Gi";
+
+/// The most memory a workflow's `resources` may ask for when the `memory-max` option is not
+/// given.
+pub const DEFAULT_MEMORY_MAX: &str = "16Gi";
 
 /// Seconds a container outlives its run's timeout (for the outputs and the stop) when the
 /// `lifetime-margin` option is not given.
@@ -30,6 +38,10 @@ pub struct Config {
     pub image: Option<String>,
     /// Each container's `--pids-limit`.
     pub pids_limit: u32,
+    /// A container's memory, in bytes, when its workflow asks for none.
+    pub memory_limit: u64,
+    /// The most memory, in bytes, a workflow may ask for.
+    pub memory_max: u64,
     /// Seconds a container lives past its run's timeout before it stops itself.
     pub lifetime_margin: u64,
     /// The runner's id: every container carries it as a label.
@@ -75,6 +87,25 @@ impl Config {
                 ))
             })?,
         };
+        let memory = |option: &str, default: &str| -> Result<u64, ExecutorError> {
+            let text = non_empty(option)?.unwrap_or_else(|| default.to_string());
+            crate::resources::memory_bytes(&text).map_err(|error| {
+                ExecutorError::configuration(format!(
+                    "option {} of the docker executor: {}",
+                    flag(option),
+                    error.message
+                ))
+            })
+        };
+        let (memory_limit, memory_max) =
+            (memory("memory-limit", DEFAULT_MEMORY_LIMIT)?, memory("memory-max", DEFAULT_MEMORY_MAX)?);
+        if memory_limit > memory_max {
+            return Err(ExecutorError::configuration(format!(
+                "option {} of the docker executor is over {} ({memory_limit} > {memory_max} bytes)",
+                flag("memory-limit"),
+                flag("memory-max")
+            )));
+        }
         let lifetime_margin = match non_empty("lifetime-margin")? {
             None => DEFAULT_LIFETIME_MARGIN,
             Some(text) => text.trim().parse::<u64>().map_err(|_| {
@@ -88,6 +119,8 @@ impl Config {
             docker: Docker { program: PathBuf::from(program), host },
             image,
             pids_limit,
+            memory_limit,
+            memory_max,
             lifetime_margin,
             runner_id: params.runner.id.clone(),
         })
@@ -165,6 +198,7 @@ mod tests {
         let config = Config::from_params(&params(&[])).expect("accepted");
         assert_eq!(config.docker, Docker { program: "docker".into(), host: None });
         assert_eq!((config.image.as_deref(), config.pids_limit), (None, 1024));
+        assert_eq!((config.memory_limit, config.memory_max), (8 << 30, 16 << 30));
         assert_eq!(config.container_name("s1"), "knotless-r1-s1");
     }
 
@@ -175,8 +209,11 @@ mod tests {
             ("image", "busybox:1"),
             ("host", "tcp://h:2375"),
             ("pids-limit", "64"),
+            ("memory-limit", "512Mi"),
+            ("memory-max", "1G"),
         ]))
         .expect("accepted");
+        assert_eq!((config.memory_limit, config.memory_max), (512 << 20, 1_000_000_000));
         assert_eq!(config.docker, Docker { program: "/usr/bin/docker".into(), host: Some("tcp://h:2375".into()) });
         assert_eq!((config.image.as_deref(), config.pids_limit), (Some("busybox:1"), 64));
     }
@@ -191,6 +228,15 @@ mod tests {
         assert!(error.message.contains("--executor-option pids-limit="), "{}", error.message);
         let error = Config::from_params(&params(&[("image", " ")])).expect_err("refused");
         assert!(error.message.contains("--image"), "{}", error.message);
+        let error = Config::from_params(&params(&[("memory-limit", "lots")])).expect_err("refused");
+        assert!(
+            error.message.contains("--executor-option memory-limit=") && error.message.contains("\"lots\""),
+            "{}",
+            error.message
+        );
+        let error =
+            Config::from_params(&params(&[("memory-limit", "2Gi"), ("memory-max", "1Gi")])).expect_err("refused");
+        assert!(error.message.contains("memory-max"), "{}", error.message);
     }
 
     #[test]

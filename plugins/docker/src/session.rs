@@ -75,13 +75,29 @@ pub fn container_spec(config: &Config, params: &StartParams) -> Result<Container
         labels,
         pids_limit: config.pids_limit,
         cpus: params.resources.cpu.as_deref().map(resources::cpus).transpose()?,
-        memory: params.resources.memory.as_deref().map(resources::memory_bytes).transpose()?,
+        memory: Some(memory(config, params)?),
         network: params.network,
         lifetime_secs: match (params.keep, params.run_timeout_ms) {
             (false, Some(timeout_ms)) => Some(timeout_ms.div_ceil(1000) + config.lifetime_margin),
             _ => None,
         },
     })
+}
+
+/// The memory of a session's container: what its workflow's `resources` ask for, within the
+/// `memory-max` option, or the `memory-limit` option.
+fn memory(config: &Config, params: &StartParams) -> Result<u64, ExecutorError> {
+    let Some(asked) = params.resources.memory.as_deref() else { return Ok(config.memory_limit) };
+    let bytes = resources::memory_bytes(asked)?;
+    if bytes > config.memory_max {
+        return Err(ExecutorError::configuration(format!(
+            "the workflow's resources ask for memory {asked:?} ({bytes} bytes), over the docker executor's most, {} \
+             bytes: ask for less, or raise {}",
+            config.memory_max,
+            crate::config::flag("memory-max")
+        )));
+    }
+    Ok(bytes)
 }
 
 /// `start`: `docker run --detach` of the session's container, then its folders.
@@ -96,7 +112,14 @@ pub async fn start(
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
     Service::check_all(&params.services)?;
-    let spec = container_spec(&config, &params)?;
+    let mut spec = container_spec(&config, &params)?;
+    let owner = knotless_protocol::owner::this_process().map_err(|error| {
+        ExecutorError::infrastructure(format!(
+            "cannot take a lock in {} to label the containers of this process: {error}",
+            knotless_protocol::owner::owners_dir().display()
+        ))
+    })?;
+    spec.labels.push((argv::OWNER_LABEL.to_string(), owner.token().to_string()));
     let docker = &config.docker;
     let mut unwind = Unwind {
         docker: docker.clone(),
@@ -350,6 +373,8 @@ mod tests {
             docker: Docker { program: "docker".into(), host: None },
             image: image.map(str::to_string),
             pids_limit: 1024,
+            memory_limit: 1 << 30,
+            memory_max: 2 << 30,
             lifetime_margin: 300,
             runner_id: "r1".into(),
         }
@@ -384,6 +409,19 @@ mod tests {
         assert_eq!(spec.labels[0], ("dev.knotless.runner".to_string(), "r1".to_string()));
         assert_eq!(spec.labels[1], ("dev.knotless.session".to_string(), "s1".to_string()));
         assert_eq!((spec.cpus.as_deref(), spec.memory), (Some("0.5"), Some(536_870_912)));
+    }
+
+    #[test]
+    fn a_container_has_the_default_memory_unless_its_workflow_asks_within_the_most() {
+        let none = StartParams { resources: Resources::default(), ..params(Some("w:1")) };
+        assert_eq!(container_spec(&config(None), &none).expect("spec").memory, Some(1 << 30));
+        let most =
+            StartParams { resources: Resources { memory: Some("2Gi".into()), cpu: None }, ..params(Some("w:1")) };
+        assert_eq!(container_spec(&config(None), &most).expect("spec").memory, Some(2 << 30));
+        let over =
+            StartParams { resources: Resources { memory: Some("3Gi".into()), cpu: None }, ..params(Some("w:1")) };
+        let error = container_spec(&config(None), &over).expect_err("over the most");
+        assert!(error.message.contains("\"3Gi\"") && error.message.contains("memory-max"), "{}", error.message);
     }
 
     #[test]

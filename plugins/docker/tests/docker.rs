@@ -421,3 +421,58 @@ async fn the_end_of_stdin_ends_running_steps_and_removes_every_container_but_kep
     assert_eq!(left, [harness.container("kept")], "only the kept container stays");
     docker(&["rm", "--force", &harness.container("kept")]);
 }
+
+/// A step whose processes fork until the container's pids limit holds them: at its timeout the
+/// container is killed (no sweep could start there), the answer names the step's own fault and
+/// comes within the runner's grace, and the executor answers every other request meanwhile.
+#[tokio::test]
+async fn a_fork_bomb_is_ended_with_its_container_named_as_its_own_and_never_stalls_the_executor() {
+    let harness = initialized().await;
+    harness.start("bomb").await;
+    harness.start("innocent").await;
+    // Shells that fork until the limit holds them, each dying when a fork fails and another
+    // taking its place: the pids stay exhausted. The step's own shell waits without forking.
+    let script = "b() { while :; do b & done; }; b 2>/dev/null & exec sleep 600";
+    let params = json!({"session": "bomb", "step": 0, "name": "bomb", "script": script, "env": {}, "secrets": {},
+        "timeout_ms": 8_000});
+    let started = Instant::now();
+    let (_, bomb) = harness.send("command", params).await;
+    let bomb = tokio::spawn(knotless_testkit::answer(bomb));
+    // While the bomb forks and is ended, every ping is answered at once.
+    let mut slowest = Duration::ZERO;
+    let mut pings = 0;
+    while !bomb.is_finished() {
+        let asked = Instant::now();
+        harness.request("ping", json!({})).await.expect("ping");
+        slowest = slowest.max(asked.elapsed());
+        pings += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = started.elapsed();
+    let (code, message) = bomb.await.expect("the bomb's request").expect_err("the bomb fails");
+    assert_eq!(code, i64::from(code::STEP_FAILED), "{message}");
+    assert!(message.contains("exhausted its pids limit of 1024") && message.contains("was killed at"), "{message}");
+    assert!(took < Duration::from_secs(8 + 9), "the answer came {took:?} after the request, past the grace");
+    assert!(pings > 20, "{pings} pings");
+    assert!(slowest < Duration::from_millis(100), "a ping took {slowest:?} during the bomb");
+    // The other session runs on.
+    let after = harness.command("innocent", 0, "echo fine", json!({}), 30_000).await.expect("the innocent step");
+    assert_eq!(after["exit_code"], 0);
+    harness.finish().await;
+}
+
+/// A step that takes more memory than its container has is ended by the kernel, and named so.
+#[tokio::test]
+async fn a_step_over_its_memory_is_named_out_of_memory() {
+    let harness = initialized().await;
+    let params = json!({"session": "hungry", "timeout_ms": 60_000, "resources": {"memory": "32Mi"}});
+    harness.request("start", params).await.expect("start");
+    let script = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo never";
+    let (code, message) = harness.command("hungry", 0, script, json!({}), 60_000).await.expect_err("killed");
+    assert_eq!(code, i64::from(code::STEP_FAILED), "{message}");
+    assert!(message.contains("out of memory (OOMKilled)") && message.contains("exit code 137"), "{message}");
+    // A step within its memory is not.
+    let fine = harness.command("hungry", 1, "x=$(head -c 1000000 /dev/zero | tr '\\0' a); echo ok", json!({}), 60_000);
+    assert_eq!(fine.await.expect("within its memory")["exit_code"], 0);
+    harness.finish().await;
+}
