@@ -352,9 +352,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             super::daemon::isolation_name(isolation)
         );
     }
-    // Alone, this run sweeps what earlier runs left (a killed run's container or folder);
-    // beside a live run of the same user, it sweeps nothing, never that run's sessions.
-    let _live = lock_and_sweep(&runner_id, &host).await;
+    // Sweeps what earlier runs left (a killed run's container or folder): an executor takes
+    // only what a process that is gone owned, never a live run's session, whatever that run's
+    // cache folder.
+    sweep(&host).await;
+    let _live = lock_caches(&runner_id).await;
     let cancel = CancellationToken::new();
     let interrupt = cancel.clone();
     tokio::spawn(async move {
@@ -687,21 +689,20 @@ fn local_runner_id() -> String {
     format!("local-{}-{short}", nix::unistd::getuid())
 }
 
-/// Sweeps what earlier runs of `runner_id` left when no other is alive, and returns the lock
-/// this run then holds for its life.
+/// Removes the cache layers killed runs were bringing back when no other run of `runner_id`
+/// with this cache folder is alive, and returns the lock this run then holds for its life.
 ///
 /// Every live run holds `ID.lock` shared; a run that gets it exclusive is alone, sweeps, and
 /// then holds it shared too. `ID.gate` is held exclusive around that, so that no run starts
 /// (and no other sweeps) while one sweeps or changes its lock. The kernel drops both when a
 /// process ends, however it ends. When the locks cannot be made, nothing is swept.
-async fn lock_and_sweep(runner_id: &str, host: &ExecutorHost) -> Option<Flock<std::fs::File>> {
+async fn lock_caches(runner_id: &str) -> Option<Flock<std::fs::File>> {
     let dir = cache_home();
     let open = |name: String| std::fs::create_dir_all(&dir).and_then(|()| std::fs::File::create(dir.join(name))).ok();
     let (gate, live) = (open(format!("{runner_id}.gate"))?, open(format!("{runner_id}.lock"))?);
     let gate = tokio::task::spawn_blocking(move || Flock::lock(gate, FlockArg::LockExclusive)).await.ok()?.ok()?;
     let live = match Flock::lock(live, FlockArg::LockExclusiveNonblock) {
         Ok(alone) => {
-            sweep(host).await;
             // The cache layers a killed run was bringing back.
             let _ = std::fs::remove_dir_all(dir.join("caches").join(".upper"));
             alone.relock(FlockArg::LockSharedNonblock).ok()?;

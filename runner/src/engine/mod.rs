@@ -538,6 +538,11 @@ fn step_ended(
             let cause = match step_status {
                 StepStatus::TimedOut => format!("step {} was killed at its timeout of {:?}", step.name, timeout),
                 StepStatus::Cancelled => format!("cancelled during step {}", step.name),
+                // A step's own failure, in the executor's words (they name the step).
+                StepStatus::Failure => match &error {
+                    HostError::Answered { error, .. } => error.message.clone(),
+                    HostError::Fault(_) => format!("step {}: {error}", step.name),
+                },
                 _ => format!("step {}: {error}", step.name),
             };
             if step.continue_on_error && run_status == RunStatus::Failure {

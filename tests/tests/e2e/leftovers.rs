@@ -1,6 +1,6 @@
 //! Nothing a `kill -9`ed runner leaves outlives it for long: its executor sees stdin end and
 //! stops the sessions (their steps and folders), and the next start removes its side-channel
-//! folder from the temporary folder, keeping a live runner's.
+//! folder from the temporary folder once its owner is gone, keeping a live runner's.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -54,6 +54,7 @@ fn the_next_start_removes_the_side_channel_folder_of_a_killed_runner() {
             .flatten()
             .flatten()
             .flat_map(|runner| std::fs::read_dir(runner.path()).into_iter().flatten().flatten())
+            .filter(|entry| entry.file_name() != ".owners")
             .count()
     };
     assert!(
@@ -62,9 +63,18 @@ fn the_next_start_removes_the_side_channel_folder_of_a_killed_runner() {
     );
     let left = channel_folders(tmp.path());
     assert_eq!(left.len(), 1, "the killed runner left its channel folder: {left:?}");
-    // A folder of a live process stays: this test's own pid.
+    // A folder of a live process stays: this test's own pid, and no owner file (as an older
+    // runner made them).
     let live = tmp.path().join(format!("knotless-run-{}-live0", std::process::id()));
     std::fs::create_dir(&live).expect("mkdir");
+    // A folder whose owner is gone goes, though its pid now names a live process (this test's:
+    // the system gave the dead runner's pid to another).
+    let reused = tmp.path().join(format!("knotless-run-{}-reused0", std::process::id()));
+    std::fs::create_dir(&reused).expect("mkdir");
+    let owners = tempfile::tempdir().expect("tempdir");
+    let dead = knotless_protocol::owner::Owner::acquire_in(&owners.path().join("owners")).expect("owner");
+    std::fs::write(reused.join("owner"), dead.token()).expect("owner file");
+    drop(dead);
     repo.workflow("long", "steps:\n  - name: quick\n    run: 'true'\n");
     let next = knotless_run(&args).env("TMPDIR", tmp.path()).stdout(Stdio::null()).stderr(Stdio::null()).status();
     assert_eq!(next.expect("run").code(), Some(0));

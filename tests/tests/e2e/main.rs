@@ -23,6 +23,7 @@ mod queue_gates;
 mod restarts;
 mod run_command;
 mod secrets;
+mod side_by_side;
 mod status_page;
 mod workflow_features;
 
@@ -83,7 +84,10 @@ pub fn sessions_in(work: &Path) -> Vec<String> {
     let mut found = Vec::new();
     for runner in std::fs::read_dir(work).into_iter().flatten().flatten() {
         for session in std::fs::read_dir(runner.path()).into_iter().flatten().flatten() {
-            found.push(session.path().display().to_string());
+            // `.owners` names the owner of each session, not a session.
+            if session.file_name() != ".owners" {
+                found.push(session.path().display().to_string());
+            }
         }
     }
     found
