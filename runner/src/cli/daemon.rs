@@ -205,7 +205,8 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     if let Some(web) = web {
         crate::web::start(web, crate::web::View::new(&state, super::http_args::summary(&args, &host).await)).await?;
     }
-    let daemon = Daemon::new(daemon_config, forge, host, CacheStore::new(&state, args.cache_max))?;
+    let caches = CacheStore::open(&state, args.cache_max)?;
+    let daemon = Daemon::new(daemon_config, forge, host, caches)?;
     daemon.serve().await?;
     Ok(ExitCode::SUCCESS)
 }

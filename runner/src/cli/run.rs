@@ -355,6 +355,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Alone, this run sweeps what earlier runs left (a killed run's container or folder);
     // beside a live run of the same user, it sweeps nothing, never that run's sessions.
     let _live = lock_and_sweep(&runner_id, &host).await;
+    sweep_cache_leftovers();
     let cancel = CancellationToken::new();
     let interrupt = cancel.clone();
     tokio::spawn(async move {
@@ -380,7 +381,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         step_env,
         keep: executor.keep,
         outputs_root,
-        caches: (!args.no_cache).then(|| CacheStore::new(&cache_home(), CACHE_MAX)),
+        caches: if args.no_cache { None } else { open_cache_store() },
         repository_folder,
         paint,
         live_progress: jobs == 1 && std::io::stdout().is_terminal(),
@@ -612,7 +613,13 @@ impl Context {
         // reads the apart base and keeps nothing.
         let trusted = self.event == Event::Push;
         let leases = match &self.caches {
-            Some(store) => store.lease(&self.repository_folder, &name, &workflow.cache, trusted, &run_id),
+            Some(store) => match store.lease(&self.repository_folder, &name, &workflow.cache, trusted, &run_id) {
+                Ok(leases) => leases,
+                Err(error) => {
+                    note(&mut terminal, &format!("caches off for this run: {error:#}"));
+                    Vec::new()
+                }
+            },
             None => {
                 if !workflow.cache.is_empty() {
                     note(&mut terminal, "caches off (--no-cache): none restored, none kept");
@@ -702,8 +709,6 @@ async fn lock_and_sweep(runner_id: &str, host: &ExecutorHost) -> Option<Flock<st
     let live = match Flock::lock(live, FlockArg::LockExclusiveNonblock) {
         Ok(alone) => {
             sweep(host).await;
-            // The cache layers a killed run was bringing back.
-            let _ = std::fs::remove_dir_all(dir.join("caches").join(".upper"));
             alone.relock(FlockArg::LockSharedNonblock).ok()?;
             alone
         }
@@ -711,6 +716,30 @@ async fn lock_and_sweep(runner_id: &str, host: &ExecutorHost) -> Option<Flock<st
     };
     drop(gate);
     Some(live)
+}
+
+/// The cache store under `run`'s own folder, shared by every `run` with the same folder; `None`,
+/// with a warning, when it cannot be opened.
+fn open_cache_store() -> Option<CacheStore> {
+    match CacheStore::open(&cache_home(), CACHE_MAX) {
+        Ok(store) => Some(store),
+        Err(error) => {
+            crate::say_err!("knotless-run: warning: caches off: {}", printable::name(&format!("{error:#}")));
+            None
+        }
+    }
+}
+
+/// Removes what dead runs left in the cache store (their owner gone), whatever runs live beside
+/// this one, and says what.
+fn sweep_cache_leftovers() {
+    let swept = crate::cache::leftovers::sweep(&cache_home());
+    if let Some(summary) = swept.summary() {
+        crate::say_err!("knotless-run: removed what dead runs left in the cache store: {}", printable::name(&summary));
+    }
+    for failure in &swept.failures {
+        crate::say_err!("knotless-run: warning: {}", printable::name(failure));
+    }
 }
 
 /// Sends `cleanup` and says what it removed, if anything.
