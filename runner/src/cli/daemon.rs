@@ -150,6 +150,8 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     let state = &args.state.state;
     std::fs::create_dir_all(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;
     let state = std::fs::canonicalize(state).with_context(|| format!("--state {}", state.display()))?;
+    // Before anything in the folder is touched: one daemon a state folder.
+    let lock = crate::daemon::state::StateLock::take(&state)?;
     let name = args.executor.executor_name("kubernetes");
     if name == "shell" && !args.executor.executor_options.iter().any(|option| option.starts_with("work-dir=")) {
         args.executor.executor_options.push(format!("work-dir={}", state.join("work").display()));
@@ -206,7 +208,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         crate::web::start(web, crate::web::View::new(&state, super::http_args::summary(&args, &host).await)).await?;
     }
     let caches = CacheStore::open(&state, args.cache_max)?;
-    let daemon = Daemon::new(daemon_config, forge, host, caches)?;
+    let daemon = Daemon::new(daemon_config, forge, host, caches, lock)?;
     daemon.serve().await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -210,9 +210,9 @@ impl<F: Forge> Daemon<F> {
         self.state.update(|state| state.in_flight.remove(&check.run_id));
     }
 
+    /// Writes a check; one that cannot be written now (a full disk) is written again at each
+    /// look until it is.
     pub(super) fn put_check(&self, check: &crate::checks::CheckRecord) {
-        if let Err(error) = self.forge.put_check(check) {
-            tracing::error!("cannot write the check of {}: {error:#}", check.run_id);
-        }
+        self.unwritten.put(check, |check| self.forge.put_check(check));
     }
 }
