@@ -914,8 +914,10 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
 fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[StepTail]) {
     for ((report, _), tail) in reports.iter().zip(tails) {
         let Some(step) = &tail.step else { continue };
+        // The tail's step is named as its lines are labelled: escaped.
         let failed = report.steps.iter().any(|ran| {
-            &ran.name == step && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
+            printable::name(&ran.name) == step.as_str()
+                && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
         });
         if !failed {
             continue;
