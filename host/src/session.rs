@@ -146,16 +146,18 @@ impl Session {
         cancel: &CancellationToken,
     ) -> Result<u64, HostError> {
         let (listener, params) = self.transfer(path, max_bytes, timeout)?;
+        let abandon = CancellationToken::new();
         let call = self.host.call_on::<rpc::Upload>(&self.live, &params, timeout, cancel);
         let send = async {
-            let mut stream = listener.accept().await?;
+            let mut stream = unless_abandoned(&abandon, listener.accept()).await?;
             // Large reads and writes: tokio's `copy` moves 8 KiB at a time.
             let mut source = tokio::io::BufReader::with_capacity(UPLOAD_BUFFER, self.counted(&mut source));
-            let sent = tokio::io::copy_buf(&mut source, &mut stream).await?;
+            // Nothing here runs apart from this future: an abandoned copy is simply dropped.
+            let sent = unless_abandoned(&abandon, tokio::io::copy_buf(&mut source, &mut stream)).await?;
             drop(stream);
             io::Result::Ok(sent)
         };
-        let (answer, sent) = race(call, send).await;
+        let (answer, sent) = race(call, send, &abandon).await;
         let result = answer?;
         let sent = sent.map_err(|error| self.lost_stream(format!("the upload to {path} did not complete: {error}")))?;
         if sent != result.bytes {
@@ -168,6 +170,12 @@ impl Session {
     }
 
     /// Streams `path` in the session out as tar and unpacks it, vetted, into `dest`.
+    ///
+    /// The unpacking runs on a blocking thread; it has ended before this returns, whatever the
+    /// executor answered: an error answer (or a stream left unfinished) abandons the stream,
+    /// which fails the unpacking's next read, and the thread is awaited. So nothing of a failed
+    /// download is written into `dest` after this returns. When this future is dropped instead,
+    /// the stream is abandoned all the same and the thread ends at its next read.
     pub async fn download(
         &self,
         path: &str,
@@ -177,19 +185,22 @@ impl Session {
         cancel: &CancellationToken,
     ) -> Result<Unpacked, HostError> {
         let (listener, params) = self.transfer(path, max_bytes, timeout)?;
+        let abandon = CancellationToken::new();
+        let _abandoned_when_dropped = abandon.clone().drop_guard();
         let call = self.host.call_on::<rpc::Download>(&self.live, &params, timeout, cancel);
         let dest = dest.to_path_buf();
         let receive = async {
-            let stream = listener.accept().await?;
+            let stream = unless_abandoned(&abandon, listener.accept()).await?;
             // Bound what is read even if the executor ignores `max_bytes`.
-            let bounded = self.counted(stream.take(max_bytes + 1));
+            let bounded = self.counted(Abandonable::new(stream.take(max_bytes + 1), &abandon));
             let bridge = tokio_util::io::SyncIoBridge::new(bounded);
+            // Awaited to its end, never dropped: its reader fails once the stream is abandoned.
             tokio::task::spawn_blocking(move || tarball::unpack_vetted(bridge, &dest, max_bytes))
                 .await
                 .map_err(io::Error::other)?
                 .map_err(io::Error::other)
         };
-        let (answer, received) = race(call, receive).await;
+        let (answer, received) = race(call, receive, &abandon).await;
         // The runner's own reading of the stream names best what was wrong with it (the bound
         // and the entry that crossed it, a refused entry), whatever the executor answered.
         if let Some(refusal) = received.as_ref().err().and_then(|error| error.get_ref()).and_then(|error| {
@@ -276,11 +287,18 @@ impl Drop for Session {
     }
 }
 
-/// Waits for the answer to a transfer and for the runner's end of its stream. When the answer
-/// is an error, the stream is not waited for (the executor may never have connected).
+/// How long the runner's end of a stream may take to finish once the executor has answered.
+const STREAM_AFTER_ANSWER: Duration = Duration::from_secs(10);
+
+/// Waits for the answer to a transfer and for the runner's end of its stream, which has always
+/// ended when this returns. When the answer is an error, or the stream has not finished
+/// [`STREAM_AFTER_ANSWER`] after a good one, the stream is abandoned (the executor may never
+/// have connected, or may write on after its answer) and waited for to its end: `stream` must
+/// end soon once `abandon` is cancelled.
 async fn race<A, S>(
     call: impl std::future::Future<Output = Result<A, HostError>>,
     stream: impl std::future::Future<Output = io::Result<S>>,
+    abandon: &CancellationToken,
 ) -> (Result<A, HostError>, io::Result<S>) {
     tokio::pin!(call);
     tokio::pin!(stream);
@@ -291,17 +309,66 @@ async fn race<A, S>(
             done = &mut stream, if streamed.is_none() => streamed = Some(done),
         }
     };
-    if answer.is_err() {
-        return (answer, streamed.unwrap_or_else(|| Err(io::Error::other("not finished"))));
+    if let Some(done) = streamed {
+        return (answer, done);
     }
-    let streamed = match streamed {
-        Some(done) => done,
-        None => match tokio::time::timeout(Duration::from_secs(10), stream).await {
-            Ok(done) => done,
-            Err(_) => Err(io::Error::other("the executor answered but never finished the stream")),
-        },
+    if answer.is_err() {
+        abandon.cancel();
+        return (answer, stream.await);
+    }
+    let streamed = match tokio::time::timeout(STREAM_AFTER_ANSWER, &mut stream).await {
+        Ok(done) => done,
+        Err(_) => {
+            abandon.cancel();
+            let _ = stream.await;
+            Err(io::Error::other("the executor answered but never finished the stream"))
+        }
     };
     (answer, streamed)
+}
+
+/// The error of a stream the runner abandoned.
+fn abandoned() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "the runner abandoned the stream")
+}
+
+/// What `work` gives, or the abandoned error once `abandon` is cancelled (`work` is then
+/// dropped: it must start nothing that outlives it).
+async fn unless_abandoned<T>(
+    abandon: &CancellationToken,
+    work: impl std::future::Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    tokio::select! {
+        biased;
+        () = abandon.cancelled() => Err(abandoned()),
+        done = work => done,
+    }
+}
+
+/// A reader that fails with the abandoned error once its token is cancelled, even while it
+/// waits for bytes: a blocking thread reading through it ends at its next read.
+struct Abandonable<R> {
+    inner: R,
+    abandoned: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<R> Abandonable<R> {
+    fn new(inner: R, abandon: &CancellationToken) -> Abandonable<R> {
+        Abandonable { inner, abandoned: Box::pin(abandon.clone().cancelled_owned()) }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Abandonable<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+        buffer: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if std::future::Future::poll(self.abandoned.as_mut(), context).is_ready() {
+            return std::task::Poll::Ready(Err(abandoned()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(context, buffer)
+    }
 }
 
 /// The runner's verdict on a step's answer: the runner owns the step's deadline and its

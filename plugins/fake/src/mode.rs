@@ -58,6 +58,11 @@ pub enum Mode {
     LeaveProcessesAtCancel,
     /// At the end of stdin the fake exits without stopping its sessions.
     LeaveSessionsAtEof,
+    /// `download` writes half of its stream, answers an error, and writes the rest when the
+    /// session stops, waiting until the runner has closed its end.
+    BreakDownload,
+    /// `download` writes half of its stream, then nothing until the request is cancelled.
+    StallDownload,
 }
 
 /// Every mode with its name and a one-line description, in the order of the usage text.
@@ -87,6 +92,8 @@ pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::LeaveProcessesAtTimeout, "leave-processes-at-timeout", "at a step's timeout kill only its process group"),
     (Mode::LeaveProcessesAtCancel, "leave-processes-at-cancel", "at a cancel kill only the step's process group"),
     (Mode::LeaveSessionsAtEof, "leave-sessions-at-eof", "at the end of stdin exit without stopping the sessions"),
+    (Mode::BreakDownload, "break-download", "answer download with an error halfway, send the rest at stop"),
+    (Mode::StallDownload, "stall-download", "send half of a download, then nothing until cancelled"),
 ];
 
 impl Mode {

@@ -27,6 +27,8 @@ pub struct Setup {
     pub mode: Mode,
     /// The sessions.
     pub sessions: Sessions,
+    /// The rest of each session's broken download, sent at its stop (`break-download`).
+    pub held_downloads: transfer::HeldDownloads,
 }
 
 /// State shared by the loop and the request tasks.
@@ -222,7 +224,11 @@ async fn handle(
                 eprintln!("fake: stopping session {}, which was never started (simulated)", params.session);
                 return result(&StopResult::default());
             }
-            guarded(&token, params.timeout_ms, "stop", async { result(&sessions.stop(&params)?) }).await
+            guarded(&token, params.timeout_ms, "stop", async {
+                setup.held_downloads.send_rest(&params.session, Duration::from_millis(params.timeout_ms)).await;
+                result(&sessions.stop(&params)?)
+            })
+            .await
         }
         method::CLEANUP => {
             let params: CleanupParams = params(raw)?;
@@ -308,7 +314,7 @@ fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> R
         return Err(Fault::new(code::UNSUPPORTED_VERSION, message).with_data(data));
     };
     let sessions = Sessions::new(&work_dir(config), &params.runner.id, config.get("ledger").map(PathBuf::from))?;
-    if shared.setup.set(Setup { mode, sessions }).is_err() {
+    if shared.setup.set(Setup { mode, sessions, held_downloads: Default::default() }).is_err() {
         return Err(Fault::new(rpc::INVALID_REQUEST, "initialize was already answered"));
     }
     if mode != Mode::Ok {

@@ -1,7 +1,10 @@
 //! `upload` and `download`: tar streams on the runner's side channel, counted byte for byte,
-//! unpacked with the protocol crate's vetting and packed without following links.
+//! unpacked with the protocol crate's vetting and packed without following links; and the
+//! downloads broken or stalled halfway on purpose (`break-download`, `stall-download`).
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use knotless_protocol::channel;
@@ -9,7 +12,7 @@ use knotless_protocol::error::code;
 use knotless_protocol::messages::{TransferParams, TransferResult};
 use knotless_protocol::tarball::{self, UnpackError};
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::AsyncWrite;
 use tokio_util::io::SyncIoBridge;
 
 use crate::mode::Mode;
@@ -61,6 +64,9 @@ pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, F
         return Err(Fault::new(code::NOT_FOUND, format!("no folder {} in session {}", params.path, params.session)));
     }
     let stream = connect(params).await?;
+    if matches!(setup.mode, Mode::BreakDownload | Mode::StallDownload) {
+        return broken_download(setup, params, source, stream).await;
+    }
     let max_bytes = params.max_bytes;
     let handle = tokio::runtime::Handle::current();
     let special = setup.mode == Mode::ArchiveSpecialFiles;
@@ -73,6 +79,76 @@ pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, F
         bytes
     };
     result(&TransferResult { bytes })
+}
+
+/// The rest of each session's broken download, by session, with its stream (`break-download`).
+#[derive(Default)]
+pub struct HeldDownloads(std::sync::Mutex<HashMap<String, (UnixStream, Vec<u8>)>>);
+
+impl HeldDownloads {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, (UnixStream, Vec<u8>)>> {
+        self.0.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Sends the rest of `session`'s broken download, if any, ends the stream, then waits (at
+    /// most `timeout`) until the runner has closed its end: a runner still reading the stream
+    /// has unpacked what it was sent before the session's stop is answered.
+    pub async fn send_rest(&self, session: &str, timeout: std::time::Duration) {
+        let Some((mut stream, rest)) = self.held().remove(session) else { return };
+        eprintln!("fake: sending the rest of the broken download at the session's stop (simulated)");
+        let _ = tokio::task::spawn_blocking(move || -> io::Result<()> {
+            stream.write_all(&rest)?;
+            stream.shutdown(std::net::Shutdown::Write)?;
+            stream.set_read_timeout(Some(timeout.max(std::time::Duration::from_millis(1))))?;
+            let mut sink = [0u8; 512];
+            while stream.read(&mut sink)? > 0 {}
+            Ok(())
+        })
+        .await;
+    }
+}
+
+/// The side channel's stream as a blocking socket.
+fn blocking_socket(stream: interprocess::local_socket::tokio::Stream) -> io::Result<UnixStream> {
+    let interprocess::local_socket::tokio::Stream::UdSocket(socket) = stream;
+    let socket = UnixStream::from(std::os::fd::OwnedFd::try_from(socket)?);
+    socket.set_nonblocking(false)?;
+    Ok(socket)
+}
+
+/// Writes half of the tar stream of `source`, then: `break-download` keeps the rest for the
+/// session's stop and answers an error; `stall-download` writes nothing more until the request
+/// is cancelled or passes its deadline.
+async fn broken_download(
+    setup: &Setup,
+    params: &TransferParams,
+    source: PathBuf,
+    stream: interprocess::local_socket::tokio::Stream,
+) -> Result<Value, Fault> {
+    let max_bytes = params.max_bytes;
+    let stream_error = |error: io::Error| Fault::infrastructure(format!("tar stream: {error}"));
+    let mut stream = blocking_socket(stream).map_err(stream_error)?;
+    let (stream, rest) = blocking(move || {
+        let bounded = Bounded { inner: Counting { inner: Vec::new(), bytes: 0 }, max_bytes };
+        let packed = match tarball::pack_dir(&source, bounded) {
+            Ok(bounded) => bounded.inner.inner,
+            Err(error) if error.kind() == io::ErrorKind::FileTooLarge => return Err(too_large(max_bytes)),
+            Err(error) => return Err(Fault::infrastructure(format!("cannot pack {}: {error}", source.display()))),
+        };
+        let half = packed.len() / 2 / 512 * 512;
+        stream.write_all(&packed[..half]).map_err(stream_error)?;
+        Ok((stream, packed[half..].to_vec()))
+    })
+    .await?;
+    if setup.mode == Mode::StallDownload {
+        eprintln!("fake: stalling a download halfway (simulated)");
+        // The stream stays open until this future is dropped (cancelled, or past its deadline).
+        let _held_until_dropped = stream;
+        match std::future::pending::<std::convert::Infallible>().await {}
+    }
+    eprintln!("fake: breaking a download halfway (simulated)");
+    setup.held_downloads.held().insert(params.session.clone(), (stream, rest));
+    Err(Fault::infrastructure(format!("the download of {} broke halfway (simulated)", params.path)))
 }
 
 /// Packs `source`; with `special`, its FIFOs and links that leave it too, as a careless
@@ -100,7 +176,7 @@ fn pack<T: AsyncWrite + Unpin>(
     Ok(bytes)
 }
 
-async fn connect(params: &TransferParams) -> Result<impl AsyncRead + AsyncWrite + Unpin + Send + 'static, Fault> {
+async fn connect(params: &TransferParams) -> Result<interprocess::local_socket::tokio::Stream, Fault> {
     channel::connect(&params.channel).await.map_err(|error| {
         Fault::infrastructure(format!("cannot connect to the side channel {}: {error}", params.channel))
     })

@@ -7,6 +7,7 @@
 //! masked log when the run ends.
 
 mod log;
+pub mod recovery;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

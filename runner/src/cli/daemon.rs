@@ -150,6 +150,8 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     let state = &args.state.state;
     std::fs::create_dir_all(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;
     let state = std::fs::canonicalize(state).with_context(|| format!("--state {}", state.display()))?;
+    // Before anything in the folder is touched: one daemon a state folder.
+    let lock = crate::daemon::state::StateLock::take(&state)?;
     let name = args.executor.executor_name("kubernetes");
     if name == "shell" && !args.executor.executor_options.iter().any(|option| option.starts_with("work-dir=")) {
         args.executor.executor_options.push(format!("work-dir={}", state.join("work").display()));
@@ -205,7 +207,8 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     if let Some(web) = web {
         crate::web::start(web, crate::web::View::new(&state, super::http_args::summary(&args, &host).await)).await?;
     }
-    let daemon = Daemon::new(daemon_config, forge, host, CacheStore::new(&state, args.cache_max))?;
+    let caches = CacheStore::open(&state, args.cache_max)?;
+    let daemon = Daemon::new(daemon_config, forge, host, caches, lock)?;
     daemon.serve().await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -2,10 +2,12 @@
 //! text`, `WORKFLOW ==> note`), following it while the run goes.
 //!
 //! The stored log writes a step's line `[STEP] text` (`[STEP!] text` from stderr) and a note
-//! `==> text`, the step's name as its bytes: a name may hold `] ` or a newline. So the name is
-//! matched, not parsed: against the step of the latest `step NAME (I/N)` note, then the
-//! record's steps (known once the run ended), longest first. A line that matches none is shown
-//! as `WORKFLOW/? | line`: never as a line of a step it does not belong to.
+//! `==> text`, each one line: the step's name, and everything a note quotes, with every control
+//! character escaped (logs written before that hold a name as its bytes, a newline included). A
+//! name may hold `] `, so it is matched, not parsed: against the step of the latest
+//! `step NAME (I/N)` note (put back together across lines in an older log), then the record's
+//! steps (known once the run ended), longest first. A line that matches none is shown as
+//! `WORKFLOW/? | line`: never as a line of a step it does not belong to.
 
 use std::io::{Read as _, Seek as _, Write as _};
 use std::process::ExitCode;
@@ -105,10 +107,12 @@ impl Relabel {
         relabel
     }
 
-    /// Takes the record's step names, once the run ended.
+    /// Takes the record's step names, once the run ended: each as the log labels its lines
+    /// (escaped) and as logs written before names were escaped hold it (its bytes).
     pub fn know_steps(&mut self, steps: impl IntoIterator<Item = String>) {
-        self.steps = steps.into_iter().collect();
-        self.steps.sort_by_key(|name| std::cmp::Reverse(name.len()));
+        self.steps = steps.into_iter().flat_map(|name| [printable::name(&name).into_owned(), name]).collect();
+        self.steps.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        self.steps.dedup();
     }
 
     /// Takes the next `text` of the log and gives what can be shown of it: whole lines, and,
@@ -321,6 +325,16 @@ mod tests {
         // The workflow's name is escaped too.
         let mut relabel = Relabel::new("w\x1b", ["s\x1b".to_string()]);
         assert_eq!(relabel.push("[s\x1b] t\n==> n\x1b\n", true), "w\\x1b/s\\x1b | t\nw\\x1b ==> n\\x1b\n");
+    }
+
+    #[test]
+    fn a_log_with_escaped_names_reads_line_by_line() {
+        // As the engine writes it now: a name's control characters escaped in its note and its
+        // lines; the record keeps the name's bytes.
+        let stored = "==> step evil\\nfake ==> success (1/1)\n[evil\\nfake ==> success] out\n==> success\n";
+        let expected = "ci ==> step evil\\nfake ==> success (1/1)\nci/evil\\nfake ==> success | out\nci ==> success\n";
+        check(&[], stored, expected);
+        check(&["evil\nfake ==> success"], "[evil\\nfake ==> success!] err\n", "ci/evil\\nfake ==> success | err\n");
     }
 
     #[test]

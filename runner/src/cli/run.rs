@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use nix::fcntl::{Flock, FlockArg};
 use tokio_util::sync::CancellationToken;
 
 mod defaults;
@@ -352,11 +351,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             super::daemon::isolation_name(isolation)
         );
     }
-    // Sweeps what earlier runs left (a killed run's container or folder): an executor takes
-    // only what a process that is gone owned, never a live run's session, whatever that run's
-    // cache folder.
+    // Sweeps what earlier runs left (a killed run's container or folder, its cache layer): an
+    // executor and the cache store take only what a process that is gone owned, never a live
+    // run's, whatever that run's cache folder.
     sweep(&host).await;
-    let _live = lock_caches(&runner_id).await;
+    sweep_cache_leftovers();
     let cancel = CancellationToken::new();
     let interrupt = cancel.clone();
     tokio::spawn(async move {
@@ -382,7 +381,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         step_env,
         keep: executor.keep,
         outputs_root,
-        caches: (!args.no_cache).then(|| CacheStore::new(&cache_home(), CACHE_MAX)),
+        caches: if args.no_cache { None } else { open_cache_store() },
         repository_folder,
         paint,
         live_progress: jobs == 1 && std::io::stdout().is_terminal(),
@@ -614,7 +613,13 @@ impl Context {
         // reads the apart base and keeps nothing.
         let trusted = self.event == Event::Push;
         let leases = match &self.caches {
-            Some(store) => store.lease(&self.repository_folder, &name, &workflow.cache, trusted, &run_id),
+            Some(store) => match store.lease(&self.repository_folder, &name, &workflow.cache, trusted, &run_id) {
+                Ok(leases) => leases,
+                Err(error) => {
+                    note(&mut terminal, &format!("caches off for this run: {error:#}"));
+                    Vec::new()
+                }
+            },
             None => {
                 if !workflow.cache.is_empty() {
                     note(&mut terminal, "caches off (--no-cache): none restored, none kept");
@@ -689,29 +694,28 @@ fn local_runner_id() -> String {
     format!("local-{}-{short}", nix::unistd::getuid())
 }
 
-/// Removes the cache layers killed runs were bringing back when no other run of `runner_id`
-/// with this cache folder is alive, and returns the lock this run then holds for its life.
-///
-/// Every live run holds `ID.lock` shared; a run that gets it exclusive is alone, sweeps, and
-/// then holds it shared too. `ID.gate` is held exclusive around that, so that no run starts
-/// (and no other sweeps) while one sweeps or changes its lock. The kernel drops both when a
-/// process ends, however it ends. When the locks cannot be made, nothing is swept.
-async fn lock_caches(runner_id: &str) -> Option<Flock<std::fs::File>> {
-    let dir = cache_home();
-    let open = |name: String| std::fs::create_dir_all(&dir).and_then(|()| std::fs::File::create(dir.join(name))).ok();
-    let (gate, live) = (open(format!("{runner_id}.gate"))?, open(format!("{runner_id}.lock"))?);
-    let gate = tokio::task::spawn_blocking(move || Flock::lock(gate, FlockArg::LockExclusive)).await.ok()?.ok()?;
-    let live = match Flock::lock(live, FlockArg::LockExclusiveNonblock) {
-        Ok(alone) => {
-            // The cache layers a killed run was bringing back.
-            let _ = std::fs::remove_dir_all(dir.join("caches").join(".upper"));
-            alone.relock(FlockArg::LockSharedNonblock).ok()?;
-            alone
+/// The cache store under `run`'s own folder, shared by every `run` with the same folder; `None`,
+/// with a warning, when it cannot be opened.
+fn open_cache_store() -> Option<CacheStore> {
+    match CacheStore::open(&cache_home(), CACHE_MAX) {
+        Ok(store) => Some(store),
+        Err(error) => {
+            crate::say_err!("knotless-run: warning: caches off: {}", printable::name(&format!("{error:#}")));
+            None
         }
-        Err((live, _)) => Flock::lock(live, FlockArg::LockSharedNonblock).ok()?,
-    };
-    drop(gate);
-    Some(live)
+    }
+}
+
+/// Removes what dead runs left in the cache store (their owner gone), whatever runs live beside
+/// this one, and says what.
+fn sweep_cache_leftovers() {
+    let swept = crate::cache::leftovers::sweep(&cache_home());
+    if let Some(summary) = swept.summary() {
+        crate::say_err!("knotless-run: removed what dead runs left in the cache store: {}", printable::name(&summary));
+    }
+    for failure in &swept.failures {
+        crate::say_err!("knotless-run: warning: {}", printable::name(failure));
+    }
 }
 
 /// Sends `cleanup` and says what it removed, if anything.
@@ -886,8 +890,10 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
 fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[StepTail]) {
     for ((report, _), tail) in reports.iter().zip(tails) {
         let Some(step) = &tail.step else { continue };
+        // The tail's step is named as its lines are labelled: escaped.
         let failed = report.steps.iter().any(|ran| {
-            &ran.name == step && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
+            printable::name(&ran.name) == step.as_str()
+                && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
         });
         if !failed {
             continue;

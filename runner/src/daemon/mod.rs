@@ -4,6 +4,7 @@
 //! over without losing a check.
 
 mod lander;
+mod leftovers;
 pub mod notify;
 mod queue_runs;
 mod run;
@@ -20,9 +21,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use schedule::{new_run_id, selected};
-use state::{InFlight, RepositoryState, StateFile};
+use state::{InFlight, RepositoryState, StateFile, StateLock};
 
 use crate::cache::CacheStore;
+use crate::checks::recovery::{self, Unwritten};
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
 use crate::engine::RunStatus;
 use crate::forge::{Forge, Repository, Seen, events};
@@ -68,6 +70,11 @@ pub struct Daemon<F: Forge> {
     key: RunnerKey,
     caches: CacheStore,
     state: StateFile,
+    /// The state folder's lock, held for the daemon's life: what is in flight at a start was
+    /// left by a daemon that is gone.
+    _lock: StateLock,
+    /// The check records that could not be written (a full disk), written at each look.
+    unwritten: Unwritten,
     slots: Arc<Semaphore>,
     /// The slots of each matrix with a `max-parallel`, by repository, commit, event and
     /// workflow file, while one of its combinations waits or runs.
@@ -81,8 +88,15 @@ pub struct Daemon<F: Forge> {
 }
 
 impl<F: Forge> Daemon<F> {
-    /// A daemon over `forge` and `host`; reads `state.json` and the secrets key.
-    pub fn new(config: DaemonConfig, forge: F, host: Arc<ExecutorHost>, caches: CacheStore) -> anyhow::Result<Self> {
+    /// A daemon over `forge` and `host`, holding the state folder's `lock`; reads `state.json`
+    /// and the secrets key.
+    pub fn new(
+        config: DaemonConfig,
+        forge: F,
+        host: Arc<ExecutorHost>,
+        caches: CacheStore,
+        lock: StateLock,
+    ) -> anyhow::Result<Self> {
         let key = RunnerKey::load_or_create(&config.state)?;
         let state = StateFile::load(&config.state)?;
         let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
@@ -93,6 +107,8 @@ impl<F: Forge> Daemon<F> {
             key,
             caches,
             state,
+            _lock: lock,
+            unwritten: Unwritten::default(),
             slots,
             matrix_slots: std::sync::Mutex::default(),
             handover: CancellationToken::new(),
@@ -101,32 +117,40 @@ impl<F: Forge> Daemon<F> {
         })
     }
 
-    /// Finishes the checks a dead runner left in flight, then sweeps what its executor left.
+    /// Finishes the checks a dead runner left in flight, found from the records themselves
+    /// (whatever `state.json` says, or if it was moved away): under the state folder's lock
+    /// every check still `queued` or `running` at a start is a dead runner's. Then sweeps what
+    /// dead runs left in the cache store and what the executor left.
     async fn recover(&self) {
         let store = CheckStore::new(&self.config.state);
-        let left = self.state.snapshot().in_flight;
-        for (run_id, entry) in &left {
-            match store.get(&entry.repository_key, run_id) {
-                Ok(mut check) if !check.status.is_final() => {
-                    let (status, cause) = match check.status {
-                        RunStatus::Running => (RunStatus::Error, STOPPED_DURING),
-                        _ => (RunStatus::Cancelled, STOPPED_BEFORE),
-                    };
-                    check.end(status, cause);
-                    let log = store.log_path(&entry.repository_key, run_id);
-                    let mut text = std::fs::read_to_string(&log).unwrap_or_default();
-                    text.push_str(&format!("==> {}: {cause}\n", status.as_str()));
-                    if let Err(error) = store.put_log(&entry.repository_key, run_id, &text) {
-                        tracing::error!("cannot end the log of {run_id}: {error:#}");
-                    }
-                    self.put_check(&check);
-                    tracing::warn!(run_id = %run_id, "run {run_id} of {} ended {}: {cause}", check.workflow, status.as_str());
-                }
-                Ok(_) => {}
-                Err(error) => tracing::error!("cannot finish run {run_id}: {error:#}"),
+        for mut check in recovery::unfinished(&store) {
+            let (status, cause) = match check.status {
+                RunStatus::Running => (RunStatus::Error, STOPPED_DURING),
+                _ => (RunStatus::Cancelled, STOPPED_BEFORE),
+            };
+            check.end(status, cause);
+            let (key, run_id) = (&check.repository_key, &check.run_id);
+            let log = store.log_path(key, run_id);
+            let mut text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.push_str(&format!("==> {}: {cause}\n", status.as_str()));
+            if let Err(error) = store.put_log(key, run_id, &text) {
+                tracing::error!("cannot end the log of {run_id}: {error:#}");
             }
+            self.put_check(&check);
+            tracing::warn!(run_id = %run_id, "run {run_id} of {} ended {}: {cause}", check.workflow, status.as_str());
         }
         self.state.update(|state| state.in_flight.clear());
+        let swept = crate::cache::leftovers::sweep(&self.config.state);
+        if let Some(summary) = swept.summary() {
+            tracing::info!("removed what dead runs left in the cache store: {summary}");
+        }
+        let temporary = leftovers::sweep(&self.config.state);
+        if let Some(summary) = temporary.summary() {
+            tracing::info!("removed the temporary files a dead runner left in the state folder: {summary}");
+        }
+        for failure in swept.failures.iter().chain(&temporary.failures) {
+            tracing::warn!("{failure}");
+        }
         let swept = self.host.cleanup(Duration::from_secs(300)).await;
         match &swept {
             Ok(result) => tracing::info!(
@@ -159,6 +183,9 @@ impl<F: Forge> Daemon<F> {
         );
         let mut only: Option<String> = None;
         loop {
+            if !daemon.unwritten.is_empty() {
+                daemon.unwritten.retry(|check| daemon.forge.put_check(check));
+            }
             daemon.look(only.take().as_deref(), &mut tasks).await;
             while tasks.try_join_next().is_some() {}
             tokio::select! {
@@ -339,8 +366,18 @@ impl<F: Forge> Daemon<F> {
                     tracing::info!(repository = %repository.url, "{commit} landed on {branch} through the merge queue: no push run, its batch's checks are its checks");
                 }
             }
+            // A repository this state does not remember may still have checks (state.json was
+            // moved away): what they show ran is not run again.
+            let known = match &previous {
+                None => recovery::readable_records(&CheckStore::new(&self.config.state), &repository.key),
+                Some(_) => Vec::new(),
+            };
             for event in events(previous.as_ref(), &snapshot, self.config.pulls) {
-                let (jobs, ended) = schedule::plan(&*self.forge, repository, &event, &self.config.runner_id).await;
+                let (mut jobs, mut ended) =
+                    schedule::plan(&*self.forge, repository, &event, &self.config.runner_id).await;
+                let new = |check: &CheckRecord| !recovery::ran_before(&known, &check.workflow, &check.target);
+                jobs.retain(|job| new(&job.check));
+                ended.retain(|check| new(check));
                 for check in ended {
                     self.put_check(&check);
                 }

@@ -104,7 +104,14 @@ impl<F: Forge> Daemon<F> {
                 tee.note(&mut prelude, "an untrusted run: no secrets, an apart cache base, no cache kept");
                 BTreeMap::new()
             };
-            let leases = self.caches.lease(&repository.key, &workflow.name, &workflow.cache, trusted, &check.run_id);
+            let leases =
+                match self.caches.lease(&repository.key, &workflow.name, &workflow.cache, trusted, &check.run_id) {
+                    Ok(leases) => leases,
+                    Err(error) => {
+                        tee.note(&mut prelude, &format!("caches off for this run: {error:#}"));
+                        Vec::new()
+                    }
+                };
             let outputs_dir = self.config.state.join("outputs").join(&repository.key).join(&check.run_id);
             check.outputs_dir = Some(outputs_dir.clone());
             let event = check.target.event;
@@ -124,20 +131,21 @@ impl<F: Forge> Daemon<F> {
                 outputs_dir: Some(outputs_dir),
                 keep: self.config.keep,
                 limits: engine::Limits::default(),
-                caches: leases.clone(),
+                caches: leases,
             };
             let never = CancellationToken::new();
             let report = engine::execute(&self.host, &plan, &mut tee, &never).await;
             let mut promote = trusted && report.status == RunStatus::Success;
             let mut epilogue = String::new();
             if promote
-                && !leases.is_empty()
+                && !plan.caches.is_empty()
                 && let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor)
             {
                 tee.note(&mut epilogue, &format!("caches not kept: {cause}"));
                 promote = false;
             }
-            let notes = self.caches.settle(&repository.key, &workflow.name, &check.run_id, &leases, promote).await;
+            // The plan's leases: the engine recorded on them which layers came back whole.
+            let notes = self.caches.settle(&repository.key, &workflow.name, &check.run_id, &plan.caches, promote).await;
             for note in &notes {
                 let warm = if note.warm { "warm" } else { "cold" };
                 tee.note(&mut epilogue, &format!("cache {} (started {warm}): {}", note.path, note.outcome));
@@ -202,9 +210,9 @@ impl<F: Forge> Daemon<F> {
         self.state.update(|state| state.in_flight.remove(&check.run_id));
     }
 
+    /// Writes a check; one that cannot be written now (a full disk) is written again at each
+    /// look until it is.
     pub(super) fn put_check(&self, check: &crate::checks::CheckRecord) {
-        if let Err(error) = self.forge.put_check(check) {
-            tracing::error!("cannot write the check of {}: {error:#}", check.run_id);
-        }
+        self.unwritten.put(check, |check| self.forge.put_check(check));
     }
 }

@@ -91,6 +91,44 @@ impl Sweep {
     }
 }
 
+/// The lock file a daemon holds in its state folder for its whole life.
+pub const LOCK_FILE: &str = "daemon.lock";
+
+/// A daemon's hold on its state folder: an exclusive `flock` on `<state>/daemon.lock`, which
+/// the kernel releases when the daemon ends, however it ends. While one daemon holds it no
+/// other starts on the folder, so what a daemon finds in flight at its start (checks `queued`
+/// or `running`, cache layers, temporary files) was left by one that is gone.
+#[derive(Debug)]
+pub struct StateLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl StateLock {
+    /// Takes the lock of `dir`, or says which daemon holds it.
+    pub fn take(dir: &Path) -> anyhow::Result<StateLock> {
+        let path = dir.join(LOCK_FILE);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(StateLock { _lock: lock }),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => anyhow::bail!(
+                "another knotless-run daemon uses the state folder {} (it holds {}): stop it, or give this one \
+                 a --state of its own",
+                dir.display(),
+                path.display()
+            ),
+            Err((_, errno)) => {
+                Err(std::io::Error::from(errno)).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+    }
+}
+
 /// `state.json` and its in-memory copy.
 pub struct StateFile {
     path: PathBuf,
@@ -133,6 +171,16 @@ impl StateFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_one_daemon_holds_a_state_folder() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let held = StateLock::take(dir.path()).expect("the first daemon");
+        let refused = StateLock::take(dir.path()).expect_err("a second daemon").to_string();
+        assert!(refused.contains("another knotless-run daemon") && refused.contains("--state"), "{refused}");
+        drop(held);
+        StateLock::take(dir.path()).expect("once the first is gone");
+    }
 
     #[test]
     fn the_state_survives_a_reload() {

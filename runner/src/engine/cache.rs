@@ -1,6 +1,7 @@
 //! Caches in a run: each `cache:` path's base streamed in before the steps (after the
 //! checkout), and the path streamed back into the run's upper layer after passing steps,
-//! before the environment is stopped. What becomes of the layer is the caller's business.
+//! before the environment is stopped; a layer that came back whole is recorded on its lease.
+//! What becomes of the layer is the caller's business.
 
 use std::path::PathBuf;
 
@@ -24,6 +25,27 @@ pub struct CacheLease {
     pub upper: Option<PathBuf>,
     /// The most bytes brought back.
     pub max_bytes: u64,
+    /// Set once the layer came back whole; the cache store promotes nothing else.
+    pub saved: SavedLayer,
+}
+
+/// Whether a lease's layer came back whole: recorded by the engine only when the download
+/// completed and its stream was vetted to its end (or the steps left no such path: an empty
+/// layer), and read by the cache store, which promotes no other layer. Never inferred from a
+/// folder existing. A copy of a lease made before the save does not see the record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedLayer(std::sync::OnceLock<u64>);
+
+impl SavedLayer {
+    /// Records a layer that came back whole, with its bytes of tar stream.
+    pub fn record(&self, tar_bytes: u64) {
+        let _ = self.0.set(tar_bytes);
+    }
+
+    /// The bytes of tar stream of a layer that came back whole; `None` for any other.
+    pub fn bytes(&self) -> Option<u64> {
+        self.0.get().copied()
+    }
 }
 
 /// Where `path` is in the session: absolute as given, relative under the work folder.
@@ -67,8 +89,10 @@ pub(super) async fn restore(
     Ok(())
 }
 
-/// Brings each lease's path back into its upper folder. A path the steps did not leave is an
-/// empty layer; a failed transfer leaves no upper folder, so nothing is promoted.
+/// Brings each lease's path back into its upper folder, and records on the lease each layer
+/// that came back whole. A path the steps did not leave is an empty layer; a failed transfer
+/// is not recorded and its folder is removed (the download has ended whatever it wrote: no
+/// task of it writes on), so nothing of it is promoted.
 pub(super) async fn save(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) {
     let never = CancellationToken::new();
     for lease in &plan.caches {
@@ -87,8 +111,12 @@ pub(super) async fn save(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>
         let download = session.download(&source, upper, lease.max_bytes, plan.limits.transfer_timeout, &never);
         let result = super::watched(log, session, &format!("cache {}", lease.path), download).await;
         match result {
-            Ok(unpacked) => log.note(format!("cache {}: saved {} bytes of tar", lease.path, unpacked.bytes)),
+            Ok(unpacked) => {
+                lease.saved.record(unpacked.bytes);
+                log.note(format!("cache {}: saved {} bytes of tar", lease.path, unpacked.bytes));
+            }
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::NotFound => {
+                lease.saved.record(0);
                 log.note(format!("cache {}: the steps left no {source}; an empty layer", lease.path));
             }
             Err(error) => {

@@ -14,7 +14,7 @@ use knotless_protocol::FailureClass;
 use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
-pub use cache::{CacheLease, resolve as resolve_cache_path};
+pub use cache::{CacheLease, SavedLayer, resolve as resolve_cache_path};
 pub use report::{
     LOG_CAP, LogLine, LogSink, NoSink, OutputFile, Progress, RunReport, RunStatus, StepReport, StepStatus,
 };

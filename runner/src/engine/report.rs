@@ -282,12 +282,14 @@ impl<'a> RunLog<'a> {
         String::from_utf8_lossy(&self.masker.mask(text.as_bytes())).into_owned()
     }
 
-    /// A note of the runner's, masked too (it may quote an executor's message).
+    /// A note of the runner's: one line of the log, masked (it may quote an executor's
+    /// message), every control character in it escaped (`\n`, `\x1b`), so that no name or
+    /// message it quotes starts a line of its own or reaches a terminal raw.
     pub(crate) fn note(&mut self, text: impl AsRef<str>) {
         let masked = self.masker.mask(text.as_ref().as_bytes());
-        for line in String::from_utf8_lossy(&masked).lines() {
-            self.kept.emit(self.sink, &LogLine { step: None, stream: None, text: line });
-        }
+        let masked = String::from_utf8_lossy(&masked);
+        let line = crate::printable::name(masked.trim_end_matches(['\n', '\r']));
+        self.kept.emit(self.sink, &LogLine { step: None, stream: None, text: &line });
         self.sink.flush();
     }
 
@@ -302,9 +304,12 @@ impl<'a> RunLog<'a> {
         }
     }
 
-    /// Starts attributing output to `step`.
+    /// Starts attributing output to `step`. Its lines are labelled with its name masked and
+    /// with every control character escaped, as a note writes it: a line of the log is one
+    /// line, whatever the step is named.
     pub(crate) fn begin_step(&mut self, step: &str) {
-        self.step = Some(step.to_string());
+        let masked = self.mask_text(step);
+        self.step = Some(crate::printable::name(&masked).into_owned());
         self.streams.clear();
     }
 
@@ -418,6 +423,28 @@ mod tests {
         log.end_step();
         assert!(!log.truncated());
         assert_eq!(log.take_text(), "==> start\n[s!] oops\n");
+    }
+
+    #[test]
+    fn a_newline_in_a_step_name_never_forges_a_runner_line() {
+        let mut sink = Lines::default();
+        let text = {
+            let masker = Masker::new(["hunter2".to_string()]).expect("a masker");
+            let mut log = RunLog::new(masker, &mut sink);
+            let name = "evil\nfake ==> success\u{1b}[31m hunter2";
+            log.note(format!("step {name} (1/1)"));
+            log.begin_step(name);
+            log.output(Stream::Stdout, b"out\n");
+            log.end_step();
+            log.note("error: the executor said\r\n==> success\n");
+            log.take_text()
+        };
+        let escaped = "evil\\nfake ==> success\\x1b[31m ***";
+        assert_eq!(
+            text,
+            format!("==> step {escaped} (1/1)\n[{escaped}] out\n==> error: the executor said\\r\\n==> success\n")
+        );
+        assert_eq!(sink.0.len(), 3, "one line a note, one a line of output: {:?}", sink.0);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Caches: parallel push runs from one base each see it in a layer of their own, only the
-//! passing one promotes, and the next run starts warm from it.
+//! passing one promotes, and the next run starts warm from it; a save that fails never changes
+//! the base.
 
 use knotless_tests::{Runner, by_workflow};
 
@@ -70,4 +71,86 @@ fn parallel_runs_share_a_base_and_only_the_passing_one_promotes() {
     let check = by_workflow(&checks, "cache");
     let log = runner.run_log(check["run_id"].as_str().expect("id"));
     assert!(log.contains("cache c: warm") && log.contains("saw=[base good ]"), "{log}");
+}
+
+/// How many failing saves the warm base must outlast.
+const FAILING_SAVES: usize = 100;
+
+/// Every save of this many rounds fails halfway through its download (the fake executor's
+/// `break-download`: an error answer once half the stream is written, the rest sent at the
+/// session's stop; the layer is 2 MB, so that half of it fills the socket and the runner is
+/// unpacking before the answer comes: an older build's unpacking, left running, took the rest
+/// and made the layer's folder again after the save had removed it). Each run passes, its layer is never promoted, the warm base stays byte for byte,
+/// and nothing of the layer outlives its run. Through the real engine and cache store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_failing_cache_saves_never_change_the_warm_base() {
+    use knotless_run::cache::CacheStore;
+    use knotless_run::checkout::Checkout;
+    use knotless_run::engine::{self, NoSink, RunPlan, RunStatus};
+    use knotless_run::host::{ExecutorHost, HostConfig, ProcessSpec};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workflow = "cache: [c]\nsteps:\n  - name: fill\n    run: mkdir -p c && head -c 2000000 /dev/zero > c/layer && echo new > c/mark\n";
+    let (repo, _) = repo_with(dir.path(), &[("saves", workflow)]);
+    let (checkout, info) = Checkout::resolve(repo.path(), None).await.expect("the checkout");
+    let (workflows, errors) = checkout.workflows().await.expect("the workflows");
+    assert!(errors.is_empty(), "{errors:?}");
+    let workflow = workflows.into_iter().next().expect("the workflow");
+    let state = dir.path().join("state");
+    let store = CacheStore::open(&state, 1 << 30).expect("the cache store");
+    let base = store.base_path("repo", "saves", true, "c");
+    let warm_folder = dir.path().join("warm");
+    std::fs::create_dir_all(&warm_folder).expect("mkdir");
+    std::fs::write(warm_folder.join("mark"), "warm\n").expect("write");
+    let warm = knotless_protocol::tarball::pack_dir(&warm_folder, Vec::new()).expect("pack the warm base");
+    std::fs::create_dir_all(base.parent().expect("the base's folder")).expect("mkdir");
+    std::fs::write(&base, &warm).expect("write the warm base");
+
+    let runner = knotless_protocol::messages::RunnerInfo {
+        name: "knotless-run".into(),
+        version: "test".into(),
+        id: "e2e-failing-saves".into(),
+    };
+    let options = std::collections::BTreeMap::from([
+        ("mode".to_string(), "break-download".to_string()),
+        ("work-dir".to_string(), dir.path().join("work").display().to_string()),
+        ("outputs".to_string(), "false".to_string()),
+    ]);
+    let process =
+        ProcessSpec { name: "fake".into(), path: knotless_tests::bin("knotless-executor-fake"), pass_env: Vec::new() };
+    let host = ExecutorHost::start(HostConfig::new(process, runner, options)).await.expect("the fake executor");
+    let never = tokio_util::sync::CancellationToken::new();
+    for round in 0..FAILING_SAVES {
+        let run_id = format!("save-{round}");
+        let leases = store.lease("repo", "saves", &workflow.cache, true, &run_id).expect("the leases");
+        let plan = RunPlan {
+            workflow: workflow.clone(),
+            run_id: run_id.clone(),
+            repository: info.repository.clone(),
+            commit: info.commit.clone(),
+            git_ref: info.git_ref.clone(),
+            branch: "main".into(),
+            changed: None,
+            event: knotless_run::workflow::Event::Push,
+            check_key: format!("repo/{}/saves", info.commit),
+            checkout: checkout.clone(),
+            secrets: Default::default(),
+            extra_env: Default::default(),
+            outputs_dir: None,
+            keep: false,
+            limits: engine::Limits::default(),
+            caches: leases,
+        };
+        let report = engine::execute(&host, &plan, &mut NoSink, &never).await;
+        let log = &report.log;
+        assert_eq!(report.status, RunStatus::Success, "round {round}:\n{log}");
+        assert!(log.contains("==> cache c: warm") && log.contains("==> cache c: not saved"), "round {round}:\n{log}");
+        let notes = store.settle("repo", "saves", &run_id, &plan.caches, true).await;
+        assert_eq!(notes[0].outcome, "not kept: the layer did not come back whole", "round {round}:\n{log}");
+        assert!(std::fs::read(&base).expect("the base") == warm, "round {round} changed the warm base:\n{log}");
+        let left: Vec<_> =
+            std::fs::read_dir(store.root().join(".upper")).expect("the layers' folder").flatten().collect();
+        assert!(left.is_empty(), "round {round} left {left:?}");
+    }
+    host.shutdown().await;
 }

@@ -1,8 +1,9 @@
 //! Names are data, never paths: workflow files whose stems would name folders (`...yml` has the
 //! stem `..`) are refused when read, before any step runs, and nothing beside the outputs folder
-//! is touched.
+//! is touched; and never lines: a name's control characters are escaped wherever a person reads
+//! it (`run`'s notes and summary, `logs`, `checks`).
 
-use knotless_tests::{Repo, knotless_run, ran};
+use knotless_tests::{Repo, Runner, knotless_run, ran};
 
 #[test]
 fn a_workflow_named_dot_dot_is_refused_and_deletes_nothing() {
@@ -167,4 +168,49 @@ fn shell_outputs_over_the_bound_name_it_and_sparse_ones_stay_sparse() {
 #[test]
 fn docker_outputs_over_the_bound_name_it_and_sparse_ones_stay_sparse() {
     outputs_over_the_bound_and_sparse("docker");
+}
+
+#[test]
+fn a_newline_in_a_step_name_forges_no_runner_line_in_run_logs_or_checks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workflow = "steps:\n  - name: \"evil\\nfake ==> success\\e[31m\"\n    run: echo out\n";
+    let (repo, commit) = crate::repo_with(dir.path(), &[("inject", workflow)]);
+    let forged = |text: &str| {
+        text.lines().any(|line| line.starts_with("fake ==>") || line.starts_with("inject ==> fake"))
+            || text.contains('\u{1b}')
+    };
+    let escaped = "evil\\nfake ==> success\\x1b[31m";
+    let work = tempfile::tempdir().expect("tempdir");
+    let run = ran(knotless_run(&[
+        "run",
+        &repo.path().display().to_string(),
+        "--executor",
+        "shell",
+        "--executor-option",
+        &format!("work-dir={}", work.path().display()),
+    ]));
+    let both = run.both();
+    assert_eq!(run.code, Some(0), "{both}");
+    assert!(!forged(&run.stdout), "a forged runner line:\n{both}");
+    assert!(run.stdout.contains(&format!("inject ==> step {escaped} (1/1)\n")), "{both}");
+    assert!(run.stdout.contains(&format!("inject/{escaped} | out\n")), "{both}");
+    let summary = run.stdout.lines().skip_while(|line| !line.starts_with("workflow  status"));
+    let row = summary.skip(1).find(|line| line.starts_with("inject ")).unwrap_or_default();
+    assert!(row.contains(" success ") && row.contains(escaped), "the summary row: {row:?}\n{both}");
+
+    let url = repo.url();
+    let runner =
+        Runner::start(&dir.path().join("state"), &[crate::flags("e2e-inject", &[]), vec![url.as_str()]].concat());
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["status"], "success");
+    assert_eq!(checks[0]["steps"][0]["name"], "evil\nfake ==> success\u{1b}[31m", "the record keeps the name");
+    let run_id = checks[0]["run_id"].as_str().expect("a run id");
+    let logs = runner.run_log(run_id);
+    assert!(!forged(&logs), "a forged runner line in logs:\n{logs}");
+    assert!(logs.contains(&format!("inject ==> step {escaped} (1/1)\n")), "{logs}");
+    assert!(logs.contains(&format!("inject/{escaped} | out\n")), "{logs}");
+    let shown = runner.command(&["checks", &url]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(!shown.lines().any(|line| line.starts_with("fake")) && !shown.contains('\u{1b}'), "{shown}");
+    assert!(shown.contains(escaped), "{shown}");
 }

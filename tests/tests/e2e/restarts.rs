@@ -1,11 +1,12 @@
-//! Restarts: a runner killed mid-run is finished as `error` at its next start and its
-//! executor's leftovers are swept; SIGTERM finishes started runs, cancels waiting ones, and
-//! exits.
+//! Restarts: a runner killed mid-run is finished as `error` at its next start (from the check
+//! records, even with `state.json` moved away) and its executor's and cache store's leftovers
+//! are swept; a check that could not be written is written once it can be; SIGTERM finishes
+//! started runs, cancels waiting ones, and exits.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
-use knotless_tests::{Runner, bin, by_workflow, eventually};
+use knotless_tests::{Runner, bin, by_workflow, eventually, fake_executor};
 use nix::sys::signal::Signal;
 
 use crate::{flags, repo_with};
@@ -133,4 +134,100 @@ fn sigterm_finishes_the_started_run_cancels_the_waiting_one_and_exits() {
         "{statuses:?} {:?}",
         checks.iter().map(|c| c["cause"].clone()).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn a_check_left_running_is_finished_and_not_run_again_when_state_json_was_moved_away() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate-never-opened");
+    let (repo, commit) = repo_with(dir.path(), &[("long", &gated(&gate))]);
+    let url = repo.url();
+    let state = dir.path().join("state");
+    let args = [flags("e2e-moved-state", &[]), vec![url.as_str()]].concat();
+    let runner = Runner::start(&state, &args);
+    let run = wait_until_started(&runner, &url, &commit);
+    runner.signal(Signal::SIGKILL);
+    drop(runner);
+    // What an operator does when told the state file is broken: move it away.
+    std::fs::rename(state.join("state.json"), state.join("state.json.moved")).expect("move state.json away");
+    let runner = Runner::start(&state, &args);
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["run_id"], run.as_str());
+    assert_eq!(checks[0]["status"], "error");
+    assert_eq!(checks[0]["cause"], "the runner stopped during this run");
+    assert!(runner.run_log(&run).contains("==> error: the runner stopped during this run"));
+    // The state forgot the repository: once it has looked at it again, the head still has one run.
+    eventually("the repository to be remembered again", || {
+        let text = std::fs::read_to_string(state.join("state.json")).ok()?;
+        text.contains(&url).then_some(())
+    });
+    assert_eq!(runner.checks(&url, Some(&commit)).len(), 1, "the head ran again");
+}
+
+#[test]
+fn a_check_that_could_not_be_written_is_written_once_it_can_be() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let (repo, commit) = repo_with(dir.path(), &[("long", &gated(&gate))]);
+    let url = repo.url();
+    let state = dir.path().join("state");
+    let runner = Runner::start(&state, &[flags("e2e-unwritten", &[]), vec![url.as_str()]].concat());
+    let run = wait_until_started(&runner, &url, &commit);
+    // The record's place taken by a folder that is not empty: nothing can be renamed onto it, as
+    // nothing can be written on a full disk (root included, unlike a folder's permissions).
+    let checks = state.join("checks");
+    let record = std::fs::read_dir(&checks)
+        .expect("the checks")
+        .flatten()
+        .map(|repository| repository.path().join(format!("{run}.json")))
+        .find(|record| record.is_file())
+        .expect("the run's record");
+    std::fs::remove_file(&record).expect("remove the record");
+    std::fs::create_dir_all(record.join("blocked")).expect("block the record's place");
+    std::fs::write(&gate, "").expect("open the gate");
+    let refused = format!("cannot write the check of {run}");
+    eventually("the final record to fail", || runner.stderr().contains(&refused).then_some(()));
+    std::fs::remove_dir_all(&record).expect("free the record's place");
+    runner.notify(&url);
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["run_id"], run.as_str());
+    assert_eq!(checks[0]["status"], "success");
+}
+
+#[test]
+fn a_runner_killed_mid_save_leaves_no_cache_layer_after_its_next_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workflow = "cache: [c]\nsteps:\n  - name: fill\n    run: mkdir -p c && head -c 100000 /dev/zero > c/layer\n";
+    let (repo, commit) = repo_with(dir.path(), &[("save", workflow)]);
+    let stall = fake_executor(dir.path(), "stall-download");
+    let work_option = format!("work-dir={}", dir.path().join("fake-work").display());
+    let url = repo.url();
+    let args = [
+        vec!["--executor-plugin", stall.to_str().expect("a path"), "--executor-option", work_option.as_str()],
+        vec!["--runner-id", "e2e-mid-save", "--poll", "3600", "--disk-floor", "0", url.as_str()],
+    ]
+    .concat();
+    let state = dir.path().join("state");
+    let upper = state.join("caches").join(".upper");
+    let entries = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&upper)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let runner = Runner::start(&state, &args);
+    let layer = eventually("the save to start", || entries().into_iter().find(|name| !name.ends_with(".owner")));
+    runner.signal(Signal::SIGKILL);
+    drop(runner);
+    assert!(upper.join(&layer).is_dir(), "the killed run left its layer");
+    let runner = Runner::start(&state, &args);
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["status"], "error");
+    eventually("the sweep to log", || runner.stderr().contains("startup sweep").then_some(()));
+    assert!(entries().is_empty(), "left after the next start: {:?}", entries());
+    assert!(runner.stderr().contains("removed what dead runs left in the cache store"), "{}", runner.stderr());
 }
