@@ -62,6 +62,15 @@ const QUESTIONS: &[Question] = &[
         namespaced: true,
         want: true,
     },
+    // A run's policy is given its pod as owner, so the garbage collector deletes it after the pod.
+    Question {
+        verb: "patch",
+        resource: "networkpolicies",
+        subresource: "",
+        group: "networking.k8s.io",
+        namespaced: true,
+        want: true,
+    },
     Question { verb: "get", resource: "secrets", subresource: "", group: "", namespaced: true, want: false },
     Question { verb: "get", resource: "nodes", subresource: "", group: "", namespaced: false, want: false },
 ];

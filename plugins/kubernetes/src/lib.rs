@@ -12,9 +12,10 @@
 //! Invariants:
 //! - stdout is the protocol's: nothing in this crate prints.
 //! - no value reaches a URL, a manifest, a Secret object or a file.
-//! - `cleanup` and `shutdown` touch only objects labelled with this runner.
-//! - the runner's NetworkPolicy exists while this process has sessions: it is applied before
-//!   each Job, deleted when the last session stops, and by `cleanup` with an empty `keep`.
+//! - `cleanup` and `shutdown` touch only objects labelled with this runner, and `cleanup` only
+//!   those of a session not in flight whose owner process is provably gone ([`cleanup`]).
+//! - every run has a default-deny-ingress NetworkPolicy of its own, made before its Job and
+//!   owned by its pod, so it outlives the pod and the garbage collector deletes it ([`policy`]).
 
 pub mod api;
 mod cleanup;
@@ -25,11 +26,16 @@ mod exec;
 pub mod manifest;
 pub mod names;
 pub mod pod;
+mod policy;
+mod ready;
 mod services;
 mod session;
 mod transfer;
 mod watch;
 
+use std::collections::BTreeSet;
+
+use knotless_protocol::owner::Owner;
 use knotless_protocol::sdk::{Context, DownloadStream, Executor, Initialized, Sessions, UploadStream};
 use knotless_protocol::*;
 
@@ -44,17 +50,10 @@ pub struct KubernetesExecutor {
     config: Initialized<Config>,
     cluster: Initialized<Cluster>,
     sessions: Sessions<Session>,
-    /// Serializes the NetworkPolicy's create and delete with the sessions starting.
-    policy: tokio::sync::Mutex<Policy>,
-}
-
-/// The runner's NetworkPolicy, as this process knows it.
-#[derive(Debug, Default)]
-struct Policy {
-    /// How many sessions are starting.
-    starting: usize,
-    /// Whether this process made it (or found it) and has not deleted it since.
-    applied: bool,
+    /// The sessions whose start is in flight.
+    starting: std::sync::Mutex<BTreeSet<String>>,
+    /// This process's lock, whose token every object it makes carries.
+    owner: Initialized<Owner>,
 }
 
 impl Executor for KubernetesExecutor {
@@ -67,6 +66,19 @@ impl Executor for KubernetesExecutor {
         let cluster = Cluster::new(&config);
         // The kubeconfig and its context are read now: a bad one fails here, naming the flag.
         cluster.client().await?;
+        if self.owner.get().is_err() {
+            let folder = knotless_protocol::owner::owners_dir();
+            let owner = Owner::acquire_in(&folder).map_err(|error| {
+                ExecutorError::infrastructure(format!(
+                    "cannot take this process's owner lock in {}: {error} (the folder must be this user's, \
+                     mode 0700; it is $XDG_RUNTIME_DIR/knotless-owners, or knotless-owners-UID in the \
+                     temporary folder)",
+                    folder.display()
+                ))
+            })?;
+            tracing::info!(owner = %owner.token(), "owner lock taken");
+            self.owner.set(owner);
+        }
         tracing::info!(
             kubeconfig = %config.kubeconfig.display(),
             namespace = %config.namespace,

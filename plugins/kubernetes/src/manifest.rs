@@ -1,5 +1,6 @@
-//! The manifests, built from typed Kubernetes API structs: a session's Job and the runner's
-//! default-deny-ingress NetworkPolicy. Pure functions, snapshot-tested.
+//! The manifests, built from typed Kubernetes API structs: a session's Job, its
+//! default-deny-ingress NetworkPolicy, and the patch that gives the policy its pod as owner.
+//! Pure functions, snapshot-tested.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use knotless_protocol::Service;
 
 use crate::names::{service_container as service_container_name, *};
@@ -48,6 +49,8 @@ pub struct JobSpecInput {
     pub ttl_secs: Option<i32>,
     /// The run's services: a container each in the pod, reached by name through `hostAliases`.
     pub services: Vec<Service>,
+    /// The token of the executor process that makes the run's objects.
+    pub owner: String,
 }
 
 /// The labels of a session's Job and pod.
@@ -55,12 +58,14 @@ pub fn labels(runner_id: &str, session: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(RUNNER_LABEL.to_string(), label_value(runner_id)), (RUN_LABEL.to_string(), label_value(session))])
 }
 
-/// The annotations of a session's Job and pod: the raw ids and the check key.
+/// The annotations of a session's Job, pod and policy: the raw ids, the check key, and the
+/// token of the executor process that made them.
 pub fn annotations(input: &JobSpecInput) -> BTreeMap<String, String> {
     BTreeMap::from([
         (RUNNER_ANNOTATION.to_string(), input.runner_id.clone()),
         (SESSION_ANNOTATION.to_string(), input.session.clone()),
         (CHECK_KEY_ANNOTATION.to_string(), input.check_key.clone()),
+        (OWNER_ANNOTATION.to_string(), input.owner.clone()),
     ])
 }
 
@@ -191,25 +196,52 @@ fn service_container(service: &Service) -> Container {
     }
 }
 
-/// The runner's NetworkPolicy: every pod carrying the runner label denies all ingress.
-/// Egress is not restricted.
-pub fn network_policy(runner_id: &str, namespace: &str) -> NetworkPolicy {
-    let runner = BTreeMap::from([(RUNNER_LABEL.to_string(), label_value(runner_id))]);
+/// A run's NetworkPolicy: the run's pod (the runner's and the run's labels, which its
+/// template carries) denies all ingress. Egress is not restricted.
+pub fn network_policy(input: &JobSpecInput) -> NetworkPolicy {
+    let labels = labels(&input.runner_id, &input.session);
     NetworkPolicy {
         metadata: ObjectMeta {
-            name: Some(policy_name(runner_id)),
-            namespace: Some(namespace.to_string()),
-            labels: Some(runner.clone()),
-            annotations: Some(BTreeMap::from([(RUNNER_ANNOTATION.to_string(), runner_id.to_string())])),
+            name: Some(policy_name(&input.runner_id, &input.session)),
+            namespace: Some(input.namespace.clone()),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations(input)),
             ..ObjectMeta::default()
         },
         spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector { match_labels: Some(runner), ..LabelSelector::default() }),
+            pod_selector: Some(LabelSelector { match_labels: Some(labels), ..LabelSelector::default() }),
             policy_types: Some(vec!["Ingress".to_string()]),
             ingress: None,
             egress: None,
         }),
     }
+}
+
+/// A pod that owns a run's NetworkPolicy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodOwner {
+    /// The pod's name.
+    pub name: String,
+    /// Its uid.
+    pub uid: String,
+}
+
+/// The merge patch that makes `pods` the owners of a run's NetworkPolicy: plain owner
+/// references, neither controller nor blocking (a pod's deletion never waits for its policy,
+/// and setting `blockOwnerDeletion` would need the right to delete the pod's finalizers).
+pub fn owned_by(pods: &[PodOwner]) -> NetworkPolicy {
+    let references = pods
+        .iter()
+        .map(|pod| OwnerReference {
+            api_version: "v1".to_string(),
+            kind: "Pod".to_string(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            controller: None,
+            block_owner_deletion: None,
+        })
+        .collect();
+    NetworkPolicy { metadata: ObjectMeta { owner_references: Some(references), ..ObjectMeta::default() }, spec: None }
 }
 
 /// `activeDeadlineSeconds` from the run's timeout: rounded up, at least one second.
@@ -240,6 +272,7 @@ mod tests {
             deadline_secs: deadline_secs(Some(120_500)),
             ttl_secs: Some(600),
             services: Vec::new(),
+            owner: "0123456789abcdef:/run/user/1000/knotless-owners/fedcba9876543210.lock".into(),
         }
     }
 
@@ -278,8 +311,24 @@ mod tests {
     }
 
     #[test]
-    fn the_network_policy() {
-        insta::assert_json_snapshot!("network_policy", network_policy("did:plc:runner/alice", "knotless-runs"));
+    fn the_network_policy_selects_the_run_pod_alone() {
+        let policy = network_policy(&input());
+        insta::assert_json_snapshot!("network_policy", policy);
+        let job = job(&input());
+        let template = job.spec.and_then(|spec| spec.template.metadata).and_then(|meta| meta.labels);
+        let selector = policy.spec.and_then(|spec| spec.pod_selector).and_then(|selector| selector.match_labels);
+        assert_eq!(selector, template, "the policy selects the pod by the labels its template carries");
+        let other = network_policy(&JobSpecInput { session: "run-43".into(), ..input() });
+        assert_ne!(other.metadata.name, network_policy(&input()).metadata.name);
+    }
+
+    #[test]
+    fn the_patch_that_gives_the_policy_its_pod_as_owner() {
+        let pod = PodOwner {
+            name: "knotless-run-42-0a1b2c3d-x7k2p".into(),
+            uid: "6f1c2d3e-4a5b-4c6d-8e7f-0123456789ab".into(),
+        };
+        insta::assert_json_snapshot!("network_policy_owned_by", owned_by(&[pod]));
     }
 
     #[test]

@@ -11,6 +11,9 @@ pub const RUNNER_ANNOTATION: &str = "dev.knotless.runner-id";
 pub const SESSION_ANNOTATION: &str = "dev.knotless.session";
 /// Annotation: the check key of the run.
 pub const CHECK_KEY_ANNOTATION: &str = "dev.knotless.check-key";
+/// Annotation: the token of the executor process that made the object
+/// ([`knotless_protocol::owner`]), which the orphan sweep tests before it takes anything.
+pub const OWNER_ANNOTATION: &str = "dev.knotless.owner";
 
 /// FNV-1a, 64 bits: a stable short hash with no dependency.
 pub fn hash(text: &str) -> u64 {
@@ -56,9 +59,9 @@ pub fn job_name(runner_id: &str, session: &str) -> String {
     if cleaned.is_empty() { format!("knotless-{suffix}") } else { format!("knotless-{cleaned}-{suffix}") }
 }
 
-/// The runner's NetworkPolicy: one per runner and namespace.
-pub fn policy_name(runner_id: &str) -> String {
-    format!("knotless-deny-ingress-{:08x}", hash(runner_id) & 0xffff_ffff)
+/// A run's NetworkPolicy: the name of its Job (another kind of object, so no clash).
+pub fn policy_name(runner_id: &str, session: &str) -> String {
+    job_name(runner_id, session)
 }
 
 /// The prefix of a service's container in the run's pod.
@@ -106,7 +109,7 @@ mod tests {
             assert!(is_dns_label(&name) && name.len() <= 52, "{name}");
         }
         assert_ne!(job_name("a", "s"), job_name("b", "s"));
-        assert!(is_dns_label(&policy_name("r")));
+        assert!(is_dns_label(&policy_name("r", "s")));
     }
 
     #[test]

@@ -413,6 +413,27 @@ async fn a_runner_killed_mid_run_leaves_a_job_that_cleanup_removes() {
     cluster.wait_clean();
 }
 
+/// Two executor processes of one runner id, as two `knotless-run run`s of one user: the
+/// second's sweep at its start leaves the first's live run (its Job, pod and policy), which
+/// goes on, and the pod never runs unprotected.
+#[tokio::test]
+async fn a_sweep_by_another_process_of_the_runner_leaves_a_live_run() {
+    let cluster = Cluster::with(FAST);
+    let runner = Cluster::runner_id();
+    let first = cluster.host(&runner).await;
+    let session = first.open(start_params("first-live"), &CancellationToken::new()).await.expect("start");
+    let second = cluster.host(&runner).await;
+    let swept = second.cleanup(Duration::from_secs(60)).await.expect("cleanup");
+    assert!(swept.removed.is_empty() && swept.failures.is_empty(), "the second process swept the first's: {swept:?}");
+    let ran = step(&session, "echo still here", 30_000, &[]).await;
+    assert_eq!(ran.stdout, "still here\n", "the first run did not survive: {}", ran.stderr);
+    stop(session).await.expect("stop");
+    first.shutdown().await;
+    second.shutdown().await;
+    cluster.wait_clean();
+    assert_eq!(cluster.violations(), Vec::<String>::new(), "the pod ran unprotected");
+}
+
 #[tokio::test]
 async fn a_secret_reaches_only_its_step_and_leaves_no_copy() {
     let cluster = Cluster::with(FAST);

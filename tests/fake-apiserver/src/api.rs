@@ -375,6 +375,16 @@ fn dispatch(
             new["metadata"]["namespace"] = old["metadata"]["namespace"].clone();
             new["apiVersion"] = json!(resource.api_version());
             new["kind"] = json!(resource.kind);
+            // `ValidateObjectMetaUpdate`'s owner references, and a policy's spec
+            // (`ValidateNetworkPolicyUpdate`).
+            let mut errors = Vec::new();
+            crate::validation::owner_references(&new, &mut errors);
+            if resource.plural == "networkpolicies" && info.subresource.is_empty() {
+                crate::networkpolicy::validate_spec(&new, &mut errors);
+            }
+            if !errors.is_empty() {
+                return Err(ApiError::invalid(resource.kind, resource.group, &info.name, &errors));
+            }
             if info.subresource == "status" {
                 let status = new.get("status").cloned();
                 new = old.clone();

@@ -1,5 +1,6 @@
 //! The control endpoints under `/fake/` (no authentication, not counted): faults, tokens,
-//! a dump of every object, request accounting, and the nodes (lose and restore a node's kubelet).
+//! a dump of every object, request accounting, the nodes (lose and restore a node's kubelet),
+//! and the isolation checker's violations (`isolation.rs`).
 
 use std::time::{Duration, SystemTime};
 
@@ -70,6 +71,7 @@ pub async fn handle(State(app): State<Shared>, method: Method, Path(rest): Path<
             json_response(200, &json!({"revoked": removed}), &[])
         }
         ("GET", ["objects"]) => json_response(200, &json!(state.store.all()), &[]),
+        ("GET", ["violations"]) => json_response(200, &state.store.isolation.report(), &[]),
         ("GET", ["stats"]) => {
             json_response(200, &json!({"requests": state.rt.stats.requests, "by": state.rt.stats.by}), &[])
         }

@@ -1,10 +1,10 @@
 //! The fake API server as a test starts it: [`FakeCluster`] runs the built
 //! `knotless-fake-apiserver` (the real REST, watch and exec API; controllers, scheduler,
 //! autoscaler and kubelet modelled as upstream) on a free port with its kubeconfig, gives its
-//! control endpoints (faults, objects, request counts, nodes), and ends it with the sandbox of
-//! every container it ran. The Kubernetes executor's tests and the end-to-end tests use it; the server
-//! itself is the binary (`src/main.rs`), which a test builds first
-//! (`cargo build -p knotless-fake-apiserver`).
+//! control endpoints (faults, objects, request counts, nodes, the isolation checker's record),
+//! and ends it with the sandbox of every container it ran. The Kubernetes executor's tests and
+//! the end-to-end tests use it; the server itself is the binary (`src/main.rs`), which a test
+//! builds first (`cargo build -p knotless-fake-apiserver`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -131,6 +131,41 @@ impl FakeCluster {
             assert!(std::time::Instant::now() < until, "left behind: {left:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// What the isolation checker recorded: every episode of a running pod that no
+    /// default-deny ingress NetworkPolicy selected (`violations`), and how many were dropped.
+    pub fn isolation(&self) -> Value {
+        self.control("GET", "/fake/violations", None)
+    }
+
+    /// The violations the isolation checker recorded, each as one line (pod, what was
+    /// missing, during what), dropped ones counted.
+    pub fn violations(&self) -> Vec<String> {
+        let report = self.isolation();
+        let mut lines: Vec<String> = report["violations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| {
+                let lasted = match (v["at_ms"].as_u64(), v["ended_ms"].as_u64()) {
+                    (Some(at), Some(ended)) => format!("{} ms", ended.saturating_sub(at)),
+                    _ => "until now".to_string(),
+                };
+                format!(
+                    "pod {}/{} at {}: {} (seen at the {}; lasted {lasted})",
+                    v["namespace"].as_str().unwrap_or(""),
+                    v["pod"].as_str().unwrap_or(""),
+                    v["at"].as_str().unwrap_or(""),
+                    v["missing"].as_str().unwrap_or(""),
+                    v["during"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        if let Some(dropped) = report["dropped"].as_u64().filter(|dropped| *dropped > 0) {
+            lines.push(format!("and {dropped} more"));
+        }
+        lines
     }
 
     /// The API requests the fake counted.

@@ -14,6 +14,8 @@ mod controllers;
 mod events;
 mod exec;
 mod fake;
+mod isolation;
+mod networkpolicy;
 mod quantity;
 mod registry;
 mod resources;

@@ -326,6 +326,7 @@ pub fn create(
                     }
                     body["spec"]["policyTypes"] = json!(types);
                 }
+                crate::networkpolicy::validate_spec(&body, &mut errors);
             }
         }
         "roles" | "rolebindings" => {

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+use crate::isolation::Isolation;
 use crate::resources::Resource;
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
@@ -83,11 +84,20 @@ pub struct Store {
     history: VecDeque<Change>,
     watchers: Vec<Watcher>,
     changed: watch::Sender<u64>,
+    /// The isolation checker, run after every write of a pod or a NetworkPolicy.
+    pub isolation: Isolation,
 }
 
 impl Store {
     pub fn new(changed: watch::Sender<u64>) -> Self {
-        Self { objects: BTreeMap::new(), rv: 100, history: VecDeque::new(), watchers: Vec::new(), changed }
+        Self {
+            objects: BTreeMap::new(),
+            rv: 100,
+            history: VecDeque::new(),
+            watchers: Vec::new(),
+            changed,
+            isolation: Isolation::default(),
+        }
     }
 
     pub fn revision(&self) -> u64 {
@@ -123,11 +133,32 @@ impl Store {
             Some(event) => w.tx.try_send(event).is_ok(),
             None => !w.tx.is_closed(),
         });
+        if matches!(resource, "pods" | "networkpolicies") {
+            let verb = match (&change.old, &change.new) {
+                (None, _) => "create",
+                (_, None) => "delete",
+                _ => "update",
+            };
+            let (_, name) = util::ns_name(&change.object);
+            self.check_isolation(None, &format!("{verb} of {resource}/{name}"));
+        }
         self.history.push_back(change);
         while self.history.len() > HISTORY {
             self.history.pop_front();
         }
         self.changed.send_replace(self.rv);
+    }
+
+    /// Runs the isolation checker over the stored pods and policies, with the pod of uid
+    /// `starting` counted as running.
+    pub fn check_isolation(&mut self, starting: Option<&str>, during: &str) {
+        let of = |resource: &'static str| {
+            self.objects
+                .range((resource, String::new(), String::new())..)
+                .take_while(move |((r, ..), _)| *r == resource)
+        };
+        let policies: Vec<&Value> = of("networkpolicies").map(|(_, policy)| policy).collect();
+        self.isolation.check(of("pods").map(|(_, pod)| pod), &policies, starting, self.rv, during);
     }
 
     /// Stores a new object, filling the system fields.

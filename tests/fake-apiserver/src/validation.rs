@@ -124,7 +124,7 @@ pub fn label_value(s: &str) -> Option<String> {
 }
 
 /// `ValidateLabels` / `ValidateNodeSelector`: keys qualified names, values label values.
-fn labels(map: Option<&Value>, field: &str, errors: &mut Vec<FieldError>) {
+pub fn labels(map: Option<&Value>, field: &str, errors: &mut Vec<FieldError>) {
     for (key, value) in map.and_then(Value::as_object).into_iter().flatten() {
         if let Some(error) = qualified_name(key) {
             errors.push(FieldError::invalid(field, &json!(key), error));
@@ -136,7 +136,7 @@ fn labels(map: Option<&Value>, field: &str, errors: &mut Vec<FieldError>) {
     }
 }
 
-/// `ValidateObjectMeta`: name (subdomain or label), labels.
+/// `ValidateObjectMeta`: name (subdomain or label), labels, owner references.
 pub fn object_meta(object: &Value, label_name: bool, errors: &mut Vec<FieldError>) {
     let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
     if name.is_empty() {
@@ -145,6 +145,47 @@ pub fn object_meta(object: &Value, label_name: bool, errors: &mut Vec<FieldError
         errors.push(FieldError::invalid("metadata.name", &json!(name), error));
     }
     labels(object.pointer("/metadata/labels"), "metadata.labels", errors);
+    owner_references(object, errors);
+}
+
+/// `ValidateOwnerReferences` (staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go),
+/// on create and on every update: each reference names a version, a kind, a name and a uid,
+/// and at most one is the controller.
+pub fn owner_references(object: &Value, errors: &mut Vec<FieldError>) {
+    let references = object.pointer("/metadata/ownerReferences").and_then(Value::as_array);
+    let mut controller: Option<String> = None;
+    for reference in references.into_iter().flatten() {
+        let field = |name: &str| reference.get(name).and_then(Value::as_str).unwrap_or("");
+        let version = field("apiVersion").rsplit('/').next().unwrap_or("");
+        let checks = [
+            ("apiVersion", version.is_empty(), "version must not be empty"),
+            ("kind", field("kind").is_empty(), "must not be empty"),
+            ("name", field("name").is_empty(), "must not be empty"),
+            ("uid", field("uid").is_empty(), "must not be empty"),
+        ];
+        for (name, empty, detail) in checks {
+            if empty {
+                errors.push(FieldError::invalid(
+                    format!("metadata.ownerReferences.{name}"),
+                    &json!(field(name)),
+                    detail,
+                ));
+            }
+        }
+        if reference.get("controller").and_then(Value::as_bool) == Some(true) {
+            let this = format!("{}/{}", field("kind"), field("name"));
+            match &controller {
+                Some(first) => errors.push(FieldError::invalid(
+                    "metadata.ownerReferences",
+                    &json!(references),
+                    format!(
+                        "Only one reference can have Controller set to true. Found \"true\" in references for {first} and {this}"
+                    ),
+                )),
+                None => controller = Some(this),
+            }
+        }
+    }
 }
 
 /// `ValidatePathSegmentName` (RBAC objects).

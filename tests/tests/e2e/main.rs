@@ -12,6 +12,7 @@ mod deploy;
 mod executor_faults;
 mod hostile_names;
 mod kubernetes_proof;
+mod kubernetes_side_by_side;
 mod leftovers;
 mod local_runs;
 mod plugin_check;

@@ -554,6 +554,8 @@ async fn start_container(
     let (namespace, name) = util::ns_name(pod);
     let uid = text(pod, "/metadata/uid").to_string();
     let c = &mut containers[index];
+    // The isolation checker sees the pod as running from before its process exists.
+    app.lock().store.check_isolation(Some(&uid), &format!("container {} of pod {name} starting", c.name));
     match sandbox::start(&app.config.dir, &app.config.rootfs, &namespace, &name, &c.name, &c.spec).await {
         Ok((mut child, init)) => {
             event(app, pod, &c.name, "Normal", "Created", &format!("Created container: {}", c.name));
