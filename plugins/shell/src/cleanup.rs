@@ -14,7 +14,7 @@ use knotless_protocol::*;
 
 use crate::ShellExecutor;
 use crate::config::is_safe_component;
-use crate::session::{OWNERS, owner_file, read_owner, remove_folder, remove_session};
+use crate::session::{OWNERS, forget_owner, read_owner, remove_folder, remove_session};
 use knotless_protocol::owner::{self, Liveness};
 
 /// `cleanup`.
@@ -102,7 +102,7 @@ fn sweep_owner_files(runner_dir: &std::path::Path) {
             continue;
         }
         if read_owner(runner_dir, &session).is_some_and(|token| owner::liveness(&token) == Liveness::Dead) {
-            let _ = std::fs::remove_file(owner_file(runner_dir, &session));
+            forget_owner(runner_dir, &session);
         }
     }
 }

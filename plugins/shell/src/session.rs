@@ -146,8 +146,6 @@ pub async fn start(
         return Err(ExecutorError::configuration(format!("session {} is already started", params.session)));
     }
     let runner_dir = config.runner_dir();
-    create_private_dir_all(&runner_dir.join(OWNERS))
-        .map_err(|error| ExecutorError::infrastructure(format!("cannot create {}: {error}", runner_dir.display())))?;
     let root = runner_dir.join(&params.session);
     // Its owner is written before the folder is made: no sweep ever finds the folder without it.
     mark_owner(&runner_dir, &params.session)?;
@@ -155,7 +153,7 @@ pub async fn start(
         use std::os::unix::fs::DirBuilderExt;
         // Not recursive: an existing folder is an error, atomically.
         std::fs::DirBuilder::new().mode(0o700).create(&root).map_err(|error| {
-            let _ = std::fs::remove_file(owner_file(&runner_dir, &params.session));
+            forget_owner(&runner_dir, &params.session);
             match error.kind() {
                 std::io::ErrorKind::AlreadyExists => ExecutorError::configuration(format!(
                     "session {} already exists at {}",
@@ -181,7 +179,7 @@ pub async fn start(
         let folder = session.folder(name);
         if let Err(error) = create_private_dir_all(&folder) {
             let _ = std::fs::remove_dir_all(&session.root);
-            let _ = std::fs::remove_file(owner_file(&runner_dir, &session.id));
+            forget_owner(&runner_dir, &session.id);
             return Err(ExecutorError::infrastructure(format!("cannot create {}: {error}", folder.display())));
         }
     }
@@ -266,16 +264,22 @@ fn mark_owner(runner_dir: &Path, session: &str) -> Result<(), ExecutorError> {
         ))
     })?;
     let file = owner_file(runner_dir, session);
-    let making = runner_dir.join(OWNERS).join(format!(".{session}.{}", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&making)
-        .and_then(|mut making| making.write_all(owner.token().as_bytes()))
-        .and_then(|()| std::fs::hard_link(&making, &file));
-    let _ = std::fs::remove_file(&making);
+    let owners = runner_dir.join(OWNERS);
+    let making = owners.join(format!(".{session}.{}", std::process::id()));
+    let mut written = Ok(());
+    // Another process removes the folder when it holds nothing: made again if it went between.
+    for _ in 0..3 {
+        written = create_private_dir_all(&owners)
+            .and_then(|()| {
+                std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&making)
+            })
+            .and_then(|mut making| making.write_all(owner.token().as_bytes()))
+            .and_then(|()| std::fs::hard_link(&making, &file));
+        let _ = std::fs::remove_file(&making);
+        if !matches!(&written, Err(error) if error.kind() == std::io::ErrorKind::NotFound) {
+            break;
+        }
+    }
     written.map_err(|error| match error.kind() {
         std::io::ErrorKind::AlreadyExists => ExecutorError::configuration(format!(
             "session {session} already exists: {} names its owner",
@@ -283,6 +287,14 @@ fn mark_owner(runner_dir: &Path, session: &str) -> Result<(), ExecutorError> {
         )),
         _ => ExecutorError::infrastructure(format!("cannot write {}: {error}", file.display())),
     })
+}
+
+/// Removes the file naming the owner of `session`, and the folder of owner files when that was
+/// its last.
+pub fn forget_owner(runner_dir: &Path, session: &str) {
+    let _ = std::fs::remove_file(owner_file(runner_dir, session));
+    // Fails, harmlessly, while the folder holds another session's owner.
+    let _ = std::fs::remove_dir(runner_dir.join(OWNERS));
 }
 
 /// The owner token of `session`, if its file holds one.
@@ -300,7 +312,7 @@ pub async fn remove_folder(session: &str, root: &Path) -> Result<Vec<Resource>, 
     let gone =
         matches!(&removal, Ok(())) || matches!(&removal, Err(error) if error.kind() == std::io::ErrorKind::NotFound);
     if gone && let Some(runner_dir) = root.parent() {
-        let _ = std::fs::remove_file(owner_file(runner_dir, session));
+        forget_owner(runner_dir, session);
     }
     match removal {
         Ok(()) => removed.push(Resource {
