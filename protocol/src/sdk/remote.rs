@@ -53,6 +53,36 @@ pub const SETTLE: Duration = Duration::from_millis(200);
 /// answer still comes in time.
 pub const SWEEP_WITHIN: Duration = Duration::from_secs(5);
 
+/// How much of a limit of an environment its processes use ([`Shell::usage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Usage {
+    /// The limit, as a sentence names it: `pids`.
+    pub limit_name: &'static str,
+    /// How much is in use: 1003 tasks.
+    pub used: u64,
+    /// The limit: 1024.
+    pub limit: u64,
+}
+
+impl Usage {
+    /// At its limit: within 5%, or 2, of it. Processes that exhaust a limit keep close to it
+    /// as some fail and end, and a busy host slows their refill.
+    pub fn at_the_limit(&self) -> bool {
+        self.used.saturating_add((self.limit / 20).max(2)) >= self.limit
+    }
+
+    /// Near its limit: three quarters of it or more. With a sweep that could not run, the
+    /// processes' own doing.
+    pub fn near_the_limit(&self) -> bool {
+        self.used.saturating_mul(4) >= self.limit.saturating_mul(3)
+    }
+
+    /// The end of a sentence whose subject is a step or its processes.
+    pub fn exhausted(&self) -> String {
+        format!("exhausted its {} limit of {} ({} in use)", self.limit_name, self.limit, self.used)
+    }
+}
+
 /// How much of a step's last stderr is kept for the error of a lost stream.
 const TAIL: usize = 4096;
 
@@ -373,11 +403,13 @@ pub trait Shell: Send + Sync {
     /// it returns within a few seconds, ended or not.
     fn end_environment(&self, why: &str) -> impl Future<Output = ()> + Send;
 
-    /// Which limit of the environment its processes have exhausted, when they have (its pids,
-    /// as a fork bomb leaves it: no process can be started there, a sweep included), as the
-    /// end of a sentence: `exhausted its pids limit of 1024`. Asked before a sweep after a
-    /// timeout, a cancellation or a lost stream. `None` by default.
-    fn exhausted(&self) -> impl Future<Output = Option<String>> + Send {
+    /// How much of a limit of the environment its processes use (its pids, which a fork bomb
+    /// exhausts: no process can then be started there, a sweep included), read without
+    /// starting anything there. Asked beside the sweep after a timeout, a cancellation or a lost
+    /// stream, and after a failed sweep otherwise; it should answer within a few seconds of
+    /// [`SWEEP_WITHIN`].
+    /// `None` by default, and when it cannot be read.
+    fn usage(&self) -> impl Future<Output = Option<Usage>> + Send {
         std::future::ready(None)
     }
 
@@ -574,22 +606,42 @@ async fn sweep_or_end<S: Shell>(
         shell.end_environment(&format!("the processes of step {name} {limit}")).await;
         Unswept::Exhausted(limit)
     };
-    if check_first && let Some(limit) = shell.exhausted().await {
-        return Err(exhausted(limit).await);
-    }
-    let swept = match snapshot {
-        Some(snapshot) => sweep(shell, snapshot).await,
-        None => Err(ExecutorError::infrastructure(format!(
-            "step {name} in {} never said which processes were there before it",
-            shell.describe()
-        ))),
+    // With `check_first`, the environment's usage is asked beside the sweep, not before it:
+    // a limit at its end ends the sweep (which cannot start there), and a failed sweep has the
+    // answer at hand, within the sweep's own bound. A failed sweep with a limit near its end
+    // is the processes' doing too.
+    let probe = async { if check_first { shell.usage().await } else { None } };
+    let sweeping = async {
+        match snapshot {
+            Some(snapshot) => sweep(shell, snapshot).await,
+            None => Err(ExecutorError::infrastructure(format!(
+                "step {name} in {} never said which processes were there before it",
+                shell.describe()
+            ))),
+        }
+    };
+    tokio::pin!(probe, sweeping);
+    let mut probed = None;
+    let swept = loop {
+        tokio::select! {
+            usage = &mut probe, if probed.is_none() => match usage {
+                Some(usage) if usage.at_the_limit() => return Err(exhausted(usage.exhausted()).await),
+                usage => probed = Some(usage),
+            },
+            swept = &mut sweeping => break swept,
+        }
     };
     let error = match swept {
         Ok(killed) => return Ok(killed),
         Err(error) => error,
     };
-    if let Some(limit) = shell.exhausted().await {
-        return Err(exhausted(limit).await);
+    let usage = match probed {
+        Some(usage) => usage,
+        None if check_first => probe.await,
+        None => shell.usage().await,
+    };
+    if let Some(usage) = usage.filter(Usage::near_the_limit) {
+        return Err(exhausted(usage.exhausted()).await);
     }
     let why = format!("cannot kill the processes of step {name}: {}", error.message);
     shell.end_environment(&why).await;
@@ -681,6 +733,17 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn a_limit_is_at_its_end_within_five_percent_and_near_it_from_three_quarters() {
+        let usage = |used| Usage { limit_name: "pids", used, limit: 1024 };
+        assert!(usage(1024).at_the_limit() && usage(973).at_the_limit());
+        assert!(!usage(972).at_the_limit() && !usage(3).at_the_limit());
+        assert!(usage(768).near_the_limit() && !usage(767).near_the_limit());
+        let small = |used| Usage { limit_name: "pids", used, limit: 16 };
+        assert!(small(14).at_the_limit() && !small(13).at_the_limit());
+        assert_eq!(usage(1000).exhausted(), "exhausted its pids limit of 1024 (1000 in use)");
+    }
 
     #[test]
     fn a_staged_upload_merges_in_and_never_through_a_link() {
