@@ -89,7 +89,7 @@ impl Config {
         };
         let memory = |option: &str, default: &str| -> Result<u64, ExecutorError> {
             let text = non_empty(option)?.unwrap_or_else(|| default.to_string());
-            crate::resources::memory_bytes(&text).map_err(|error| {
+            knotless_protocol::sdk::quantity::memory_bytes(&text).map_err(|error| {
                 ExecutorError::configuration(format!(
                     "option {} of the docker executor: {}",
                     flag(option),

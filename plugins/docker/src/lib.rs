@@ -20,7 +20,6 @@ mod cleanup;
 mod command;
 pub mod config;
 pub mod docker;
-pub mod resources;
 mod services;
 mod session;
 mod transfer;

@@ -12,7 +12,7 @@ use crate::DockerExecutor;
 use crate::argv::{self, ContainerSpec};
 use crate::config::{Config, check_name, flag};
 use crate::docker::{Docker, SHORT_CALL};
-use crate::resources;
+use knotless_protocol::sdk::quantity as resources;
 
 /// A session this process started.
 #[derive(Debug, Clone, PartialEq, Eq)]

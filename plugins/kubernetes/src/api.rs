@@ -324,6 +324,8 @@ pub fn flag_of(field: &str) -> Option<&'static str> {
         Some("--cpu-request (or the workflow's resources.cpu)")
     } else if field.contains("requests[memory]") || field.contains("requests.memory") {
         Some("--memory-request (or the workflow's resources.memory)")
+    } else if field.contains("limits[memory]") || field.contains("limits.memory") {
+        Some("--executor-option memory-limit (or the workflow's resources.memory)")
     } else if field.contains("nodeselector") {
         Some("--node-selector")
     } else if field.contains("serviceaccountname") {

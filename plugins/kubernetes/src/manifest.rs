@@ -39,6 +39,8 @@ pub struct JobSpecInput {
     pub cpu: Option<String>,
     /// Memory request.
     pub memory: Option<String>,
+    /// Memory limit: past it the kernel kills the run's processes.
+    pub memory_limit: Option<String>,
     /// The pod's service account.
     pub service_account: Option<String>,
     /// The pod's node selector.
@@ -86,14 +88,21 @@ pub fn job(input: &JobSpecInput) -> Job {
     if let Some(memory) = &input.memory {
         requests.insert("memory".to_string(), Quantity(memory.clone()));
     }
+    let mut limits = BTreeMap::new();
+    if let Some(memory) = &input.memory_limit {
+        limits.insert("memory".to_string(), Quantity(memory.clone()));
+    }
     let folders = ["work", "steps", "outputs"];
     let container = Container {
         name: CONTAINER.to_string(),
         image: Some(input.image.clone()),
         command: Some(vec!["sh".to_string(), "-c".to_string(), KEEP_ALIVE.to_string()]),
         working_dir: Some("/work".to_string()),
-        resources: (!requests.is_empty())
-            .then(|| ResourceRequirements { requests: Some(requests), ..ResourceRequirements::default() }),
+        resources: (!requests.is_empty() || !limits.is_empty()).then(|| ResourceRequirements {
+            requests: (!requests.is_empty()).then_some(requests),
+            limits: (!limits.is_empty()).then_some(limits),
+            ..ResourceRequirements::default()
+        }),
         security_context: Some(unprivileged()),
         volume_mounts: Some(
             folders
@@ -267,6 +276,7 @@ mod tests {
             image: "busybox:1.36".into(),
             cpu: Some("500m".into()),
             memory: Some("512Mi".into()),
+            memory_limit: Some("8Gi".into()),
             service_account: Some("knotless-runner".into()),
             node_selector: BTreeMap::from([("pool".to_string(), "runs".to_string())]),
             deadline_secs: deadline_secs(Some(120_500)),
@@ -283,7 +293,14 @@ mod tests {
 
     #[test]
     fn a_kept_job_has_no_ttl_and_no_requests_when_none_are_given() {
-        let kept = JobSpecInput { ttl_secs: None, cpu: None, memory: None, deadline_secs: None, ..input() };
+        let kept = JobSpecInput {
+            ttl_secs: None,
+            cpu: None,
+            memory: None,
+            memory_limit: None,
+            deadline_secs: None,
+            ..input()
+        };
         insta::assert_json_snapshot!("job_kept", job(&kept));
     }
 

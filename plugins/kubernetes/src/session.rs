@@ -87,14 +87,16 @@ pub async fn start(
     let _starting = Starting::begin(executor, &params.session)?;
     let client = executor.cluster.get()?.client().await?;
     let image = params.image.clone().filter(|image| !image.is_empty()).unwrap_or_else(|| config.image.clone());
+    let (memory_request, memory_limit) = config.memory_of(params.resources.memory.as_deref())?;
     let input = JobSpecInput {
         runner_id: config.runner_id.clone(),
         session: params.session.clone(),
         check_key: params.run.check_key.clone(),
         namespace: config.namespace.clone(),
         image: image.clone(),
-        cpu: params.resources.cpu.clone().or_else(|| config.cpu_request.clone()),
-        memory: params.resources.memory.clone().or_else(|| config.memory_request.clone()),
+        cpu: Some(params.resources.cpu.clone().unwrap_or_else(|| config.cpu_request.clone())),
+        memory: Some(memory_request),
+        memory_limit: Some(memory_limit),
         service_account: config.service_account.clone(),
         node_selector: config.node_selector.clone(),
         deadline_secs: manifest::deadline_secs(params.run_timeout_ms),

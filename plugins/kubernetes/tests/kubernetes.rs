@@ -619,3 +619,39 @@ async fn an_upload_with_a_device_node_or_a_climbing_path_is_refused() {
     stop(session).await.expect("stop");
     host.shutdown().await;
 }
+
+/// The resources of the run's container in the pod the fake made, as the API server stored it.
+fn run_container_resources(cluster: &Cluster) -> serde_json::Value {
+    let pod = cluster.objects().into_iter().find(|object| object["kind"] == "Pod").expect("the run's pod");
+    let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
+    containers.first().map(|container| container["resources"].clone()).expect("a container")
+}
+
+#[tokio::test]
+async fn every_pod_has_requests_and_a_memory_limit_and_a_workflow_asks_within_the_most() {
+    let cluster = Cluster::with(FAST);
+    let (host, session) = open(&cluster).await;
+    let resources = run_container_resources(&cluster);
+    assert_eq!(resources["requests"], serde_json::json!({"cpu": "250m", "memory": "512Mi"}), "{resources}");
+    assert_eq!(resources["limits"], serde_json::json!({"memory": "8Gi"}), "{resources}");
+    stop(session).await.expect("stop");
+    cluster.wait_clean();
+    // A workflow's memory is its request and its limit.
+    let mut params = start_params("asks");
+    params.resources.memory = Some("1Gi".into());
+    params.resources.cpu = Some("500m".into());
+    let session = host.open(params, &CancellationToken::new()).await.expect("start");
+    let resources = run_container_resources(&cluster);
+    assert_eq!(resources["requests"], serde_json::json!({"cpu": "500m", "memory": "1Gi"}), "{resources}");
+    assert_eq!(resources["limits"], serde_json::json!({"memory": "1Gi"}), "{resources}");
+    stop(session).await.expect("stop");
+    cluster.wait_clean();
+    // More than the operator's most fails the start naming the option, and makes nothing.
+    let mut params = start_params("greedy");
+    params.resources.memory = Some("17Gi".into());
+    let error = host.open(params, &CancellationToken::new()).await.err().expect("refused");
+    assert_eq!(error.kind(), Some(ErrorKind::Configuration), "{error}");
+    assert!(error.to_string().contains("--executor-option memory-max"), "{error}");
+    host.shutdown().await;
+    cluster.wait_clean();
+}

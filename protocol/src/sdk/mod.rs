@@ -21,6 +21,7 @@
 
 pub mod output;
 pub mod payload;
+pub mod quantity;
 pub mod remote;
 mod serve;
 pub mod state;

@@ -2,7 +2,8 @@
 //! deletion, finalizers, propagation policy), per resource, as in:
 //!
 //! - defaults: pkg/apis/core/v1/defaults.go (`SetDefaults_PodSpec`, `SetDefaults_Container`:
-//!   `imagePullPolicy` Always for `:latest` or no tag, else IfNotPresent),
+//!   `imagePullPolicy` Always for `:latest` or no tag, else IfNotPresent; `SetDefaults_Pod`: a
+//!   container's requests default to its limits, on pods and not on templates),
 //!   pkg/apis/batch/v1/defaults.go (`SetDefaults_Job`: backoffLimit 6, completions and
 //!   parallelism 1, podReplacementPolicy TerminatingOrFailed) and pkg/registry/batch/job/strategy.go
 //!   (`generateSelector`: the `batch.kubernetes.io/controller-uid` selector and the four labels);
@@ -222,6 +223,25 @@ pub fn admit_pod(state: &State, config: &Config, pod: &mut Value) -> Result<(), 
     Ok(())
 }
 
+/// `SetDefaults_Pod`: a container's request of a resource it has a limit of and no request
+/// for is that limit (on a pod only, never on a template: a Job's template keeps what it said).
+fn default_requests_to_limits(spec: &mut Value) {
+    for container in spec.get_mut("containers").and_then(Value::as_array_mut).into_iter().flatten() {
+        let Some(limits) = container.pointer("/resources/limits").and_then(Value::as_object).cloned() else {
+            continue;
+        };
+        let resources = &mut container["resources"];
+        if !resources.get("requests").is_some_and(Value::is_object) {
+            resources["requests"] = json!({});
+        }
+        for (resource, limit) in limits {
+            if resources["requests"].get(&resource).is_none() {
+                resources["requests"][resource] = limit;
+            }
+        }
+    }
+}
+
 /// Creates a pod through admission (the job controller's path and `POST pods`).
 pub fn create_pod(state: &mut State, config: &Config, mut pod: Value) -> Result<Value, ApiError> {
     let namespace = text(&pod, "/metadata/namespace").to_string();
@@ -229,6 +249,7 @@ pub fn create_pod(state: &mut State, config: &Config, mut pod: Value) -> Result<
     namespace_admission(state, &pods, &namespace)?;
     if let Some(spec) = pod.get_mut("spec") {
         default_pod_spec(spec, config);
+        default_requests_to_limits(spec);
     }
     admit_pod(state, config, &mut pod)?;
     state.store.create(&pods, pod)

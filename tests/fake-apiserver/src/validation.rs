@@ -261,6 +261,25 @@ pub fn pod_spec(spec: &Value, path: &str, job: bool, errors: &mut Vec<FieldError
                 }
             }
         }
+        // ValidateResourceRequirements: no request above its limit.
+        let quantity_text = |value: &Value| value.as_str().map(str::to_string).unwrap_or_else(|| value.to_string());
+        for (resource, request) in
+            container.pointer("/resources/requests").and_then(Value::as_object).into_iter().flatten()
+        {
+            let Some(limit) = container.pointer("/resources/limits").and_then(|limits| limits.get(resource)) else {
+                continue;
+            };
+            let (request, limit) = (quantity_text(request), quantity_text(limit));
+            if let (Some(asked), Some(most)) = (crate::quantity::parse(&request), crate::quantity::parse(&limit))
+                && asked > most
+            {
+                errors.push(FieldError::invalid(
+                    format!("{at}.resources.requests[{resource}]"),
+                    &json!(request),
+                    format!("must be less than or equal to {resource} limit of {limit}"),
+                ));
+            }
+        }
         for (j, env) in container.get("env").and_then(Value::as_array).into_iter().flatten().enumerate() {
             let name = env.get("name").and_then(Value::as_str).unwrap_or("");
             if name.is_empty() {
@@ -387,5 +406,23 @@ mod tests {
             Some("must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")
         );
         assert!(ip_address("web").is_some() && ip_address("").is_some());
+    }
+
+    #[test]
+    fn a_request_above_its_limit_is_refused_as_upstream_words_it() {
+        let pod = |resources: Value| {
+            json!({"metadata": {"name": "p", "namespace": "n"}, "spec": {"restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "busybox:1.36", "resources": resources}]}})
+        };
+        let errors = super::pod(&pod(json!({"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}})));
+        let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert!(
+            shown.iter().any(|error| error.contains("spec.containers[0].resources.requests[memory]")
+                && error.contains("must be less than or equal to memory limit of 1Gi")),
+            "{shown:?}"
+        );
+        let within =
+            super::pod(&pod(json!({"requests": {"memory": "512Mi", "cpu": "4"}, "limits": {"memory": "8Gi"}})));
+        assert!(within.iter().all(|error| !error.to_string().contains("limit of")), "{within:?}");
     }
 }

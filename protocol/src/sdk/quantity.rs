@@ -1,7 +1,8 @@
-//! Kubernetes resource quantities (`500m`, `2`, `512Mi`, `1.5Gi`) turned into what
-//! `docker run --cpus` and `--memory` take.
+//! Kubernetes resource quantities (`500m`, `2`, `512Mi`, `1.5Gi`), as a workflow's `resources`
+//! and an executor's options give them, read into numbers an executor can compare and pass on
+//! (`docker run --cpus` and `--memory`, a pod's requests and limits).
 
-use knotless_protocol::ExecutorError;
+use crate::error::ExecutorError;
 
 /// A CPU quantity as `--cpus` takes it: `500m` is `0.5`, `2` is `2`.
 pub fn cpus(quantity: &str) -> Result<String, ExecutorError> {
