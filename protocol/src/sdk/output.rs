@@ -37,6 +37,11 @@ impl<O: AsyncRead + Unpin, E: AsyncRead + Unpin> OutputPipes<O, E> {
         self.stderr.is_some()
     }
 
+    /// Whether stdout is still open.
+    pub fn stdout_open(&self) -> bool {
+        self.stdout.is_some()
+    }
+
     /// Stops reading both pipes.
     pub fn close(&mut self) {
         self.stdout = None;

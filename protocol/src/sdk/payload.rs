@@ -8,7 +8,11 @@
 //! nothing), printed on stderr as `\n<nonce>:procs:<shell pid> <pid>:<start time> ...\n`;
 //! then `export NAME='value'` for every variable and then every secret (single-quoted, `'`
 //! written `'\''`, so a secret wins over a variable of the same name), `cd -- <workdir>`, the
-//! script as `sh -ec '<script>'` with stdin from `/dev/null`, then
+//! script as `sh -ec '<script>'` with stdin from `/dev/null`, then `printf '%s:out\n' <nonce>`
+//! on stdout (the mark that the step's stdout is whole: the two streams may come with delays
+//! of their own, and the exit code on stderr may come first; with no newline before it, so
+//! that the filter never holds back the end of a line while it waits to see whether a mark
+//! begins there), then
 //! `printf '\n%s:%d\n' <nonce> "$?" >&2`. The step's processes are then every process of the
 //! environment that is not in the snapshot, not init, and not a descendant of a process in
 //! the snapshot (a service an earlier step started forks its workers): [`SWEEP`] kills them,
@@ -20,7 +24,8 @@
 //! environment of the local client: the payload goes on the exec's stdin.
 //!
 //! [`SentinelFilter`] takes the sentinel out of the stderr stream, across chunk boundaries,
-//! and yields the exit code; a stream that ends without it is a lost stream, never a result.
+//! and yields the exit code, and the mark out of stdout; a stream that ends without them is a
+//! lost stream, never a result.
 //! [`nonce`] makes the per-step nonce from the kernel's random source.
 
 use std::collections::BTreeMap;
@@ -197,9 +202,10 @@ pub fn build(step: &Step<'_>) -> Result<String, ExecutorError> {
         payload.push_str(&format!("export {name}={}\n", quote(value)));
     }
     payload.push_str(&format!(
-        "cd -- {} && sh -ec {} </dev/null\nknotless_rc=$?\n{oom}printf '\\n%s:%d\\n' {} \"$knotless_rc\" >&2\n}}\n",
+        "cd -- {} && sh -ec {} </dev/null\nknotless_rc=$?\nprintf '%s:out\\n' {}\n{oom}printf '\\n%s:%d\\n' {} \"$knotless_rc\" >&2\n}}\n",
         quote(step.workdir),
         quote(step.script),
+        quote(step.nonce),
         quote(step.nonce)
     ));
     Ok(payload)
@@ -236,6 +242,8 @@ pub struct SentinelFilter {
     /// The environment's count of OOM kills before the step and after it, as the payload read
     /// them (`None` where it could not).
     oom: (Option<Option<u64>>, Option<Option<u64>>),
+    /// Whether the payload's mark of the end of the step's stdout was seen (on stdout).
+    output_ended: bool,
 }
 
 impl SentinelFilter {
@@ -249,7 +257,19 @@ impl SentinelFilter {
             snapshot: None,
             snapshot_seen: false,
             oom: (None, None),
+            output_ended: false,
         }
+    }
+
+    /// A filter for the mark of the end of stdout, `<nonce>:out`, with no newline before it.
+    pub fn for_stdout(nonce: &str) -> SentinelFilter {
+        SentinelFilter { needle: format!("{nonce}:").into_bytes(), ..SentinelFilter::new(nonce) }
+    }
+
+    /// Whether the payload's mark that the step's stdout is whole was seen: on stdout, after
+    /// everything the step wrote there (what it left running may write more).
+    pub fn output_ended(&self) -> bool {
+        self.output_ended
     }
 
     /// How many processes the kernel killed for memory in the environment while the step ran,
@@ -276,7 +296,7 @@ impl SentinelFilter {
         self.held.extend_from_slice(chunk);
         let mut out = Vec::new();
         loop {
-            if self.code.is_some() {
+            if self.code.is_some() || self.output_ended {
                 out.append(&mut self.held);
                 return out;
             }
@@ -312,6 +332,8 @@ impl SentinelFilter {
                     self.snapshot_seen = true;
                     self.snapshot = Snapshot::parse(snapshot);
                 }
+            } else if message == b"out" {
+                self.output_ended = true;
             } else if let Some(count) = message.strip_prefix(b"oom:") {
                 let count = std::str::from_utf8(count).ok().and_then(|count| count.trim().parse::<u64>().ok());
                 match self.oom {
@@ -413,6 +435,19 @@ mod tests {
     }
 
     #[test]
+    fn the_stdout_filter_never_holds_a_line_back_and_takes_the_mark_out() {
+        let mut filter = SentinelFilter::for_stdout("n0");
+        assert_eq!(filter.push(b"running\n"), b"running\n", "a whole line goes on at once");
+        assert_eq!(filter.push(b"half n"), b"half ", "what may begin the mark waits");
+        assert_eq!(filter.push(b"o more\n"), b"no more\n");
+        assert!(!filter.output_ended());
+        assert_eq!(filter.push(b"last, no newline"), b"last, no newline");
+        assert_eq!(filter.push(b"n0:o"), b"");
+        assert_eq!(filter.push(b"ut\nleft running\n"), b"left running\n");
+        assert!(filter.output_ended());
+    }
+
+    #[test]
     fn the_payload_snapshots_then_exports_then_runs_then_reports() {
         let env = BTreeMap::from([("V".to_string(), "it's".to_string())]);
         let secrets = BTreeMap::from([("S".to_string(), "s3cr3t".to_string())]);
@@ -425,6 +460,7 @@ mod tests {
 export S='s3cr3t'
 cd -- '/work' && sh -ec 'echo '\''hi'\''' </dev/null
 knotless_rc=$?
+printf '%s:out\n' 'n0'
 "#;
         let end = r#"printf '\n%s:%d\n' 'n0' "$knotless_rc" >&2
 }
@@ -436,8 +472,8 @@ knotless_rc=$?
         assert!(build(&step(&nul, &secrets)).is_err());
     }
 
-    /// Runs `sh -s` with `input`; returns its stdout, its stderr through the filter, and the
-    /// filter.
+    /// Runs `sh -s` with `input`; returns its stdout and its stderr, each through a filter, and
+    /// stderr's filter; stdout's must have seen the mark of its end.
     fn run_payload(input: &str, nonce: &str) -> (String, Vec<u8>, SentinelFilter) {
         use std::io::Write;
         let mut child = std::process::Command::new("sh")
@@ -452,7 +488,11 @@ knotless_rc=$?
         let mut filter = SentinelFilter::new(nonce);
         let mut stderr = filter.push(&output.stderr);
         stderr.extend(filter.finish());
-        (String::from_utf8_lossy(&output.stdout).into_owned(), stderr, filter)
+        let mut out_filter = SentinelFilter::for_stdout(nonce);
+        let mut stdout = out_filter.push(&output.stdout);
+        stdout.extend(out_filter.finish());
+        assert!(out_filter.output_ended() || filter.code().is_none(), "the mark of stdout's end came");
+        (String::from_utf8_lossy(&stdout).into_owned(), stderr, filter)
     }
 
     #[test]

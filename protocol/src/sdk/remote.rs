@@ -455,8 +455,10 @@ pub async fn run_step<S: Shell>(
     let mut step = StepStreams {
         pipes: OutputPipes::new(Some(stdout), Some(stderr)),
         filter: SentinelFilter::new(&nonce),
+        out_filter: SentinelFilter::for_stdout(&nonce),
         tail: Vec::new(),
         stderr_done: false,
+        stdout_done: false,
     };
     // The payload holds the secrets: it goes into the exec's stdin and nowhere else.
     let write = async move {
@@ -470,8 +472,15 @@ pub async fn run_step<S: Shell>(
     let failed = shell.failed();
     tokio::pin!(failed);
     let ending = loop {
+        // The exit code comes on stderr: it is the step's once its stdout is whole too (the
+        // mark the payload prints there after the step came), whatever the two streams' delays.
         if let Some(code) = step.filter.code() {
-            break Ending::Reported(code);
+            if step.out_filter.output_ended() {
+                break Ending::Reported(code);
+            }
+            if !step.pipes.stdout_open() {
+                break Ending::Lost(exited.flatten());
+            }
         }
         if let Some(code) = exited.filter(|_| !step.pipes.is_open()) {
             break Ending::Lost(code);
@@ -689,8 +698,11 @@ pub async fn sweep<S: Shell>(shell: &S, snapshot: &Snapshot) -> Result<u32, Exec
 struct StepStreams {
     pipes: OutputPipes<Reader, Reader>,
     filter: SentinelFilter,
+    /// The filter taking the payload's mark of the end of the step's output out of stdout.
+    out_filter: SentinelFilter,
     tail: Vec<u8>,
     stderr_done: bool,
+    stdout_done: bool,
 }
 
 impl StepStreams {
@@ -698,10 +710,14 @@ impl StepStreams {
     async fn send(&mut self, chunk: Option<(Stream, Vec<u8>)>, context: &Context, session: &str, step: u32) {
         let (stream, bytes) = match chunk {
             Some((Stream::Stderr, bytes)) => (Stream::Stderr, self.filter.push(&bytes)),
-            Some(other) => other,
+            Some((Stream::Stdout, bytes)) => (Stream::Stdout, self.out_filter.push(&bytes)),
             None if !self.pipes.stderr_open() && !self.stderr_done => {
                 self.stderr_done = true;
                 (Stream::Stderr, self.filter.finish())
+            }
+            None if !self.pipes.stdout_open() && !self.stdout_done => {
+                self.stdout_done = true;
+                (Stream::Stdout, self.out_filter.finish())
             }
             None => return,
         };
@@ -731,8 +747,75 @@ impl StepStreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use std::fs;
     use std::os::unix::fs::symlink;
+
+    /// This host as a step's environment, whose exec delivers stdout `delay` late, as a busy
+    /// API server or engine may deliver one stream after the other.
+    struct SlowStdout {
+        delay: &'static str,
+    }
+
+    impl Shell for SlowStdout {
+        async fn exec(&self, argv: Vec<String>) -> Result<Exec, ExecutorError> {
+            let argv: Vec<String> = argv.iter().map(|arg| payload::quote(arg)).collect();
+            let command = format!("{} | {{ sleep {}; cat; }}", argv.join(" "), self.delay);
+            let child = tokio::process::Command::new("sh")
+                .args(["-c", &command])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|error| ExecutorError::infrastructure(error.to_string()))?;
+            Exec::from_child(child, "sh")
+        }
+
+        async fn lost(&self, step: &str, _: Option<i32>, _: &[u8]) -> ExecutorError {
+            ExecutorError::infrastructure(format!("lost the stream of step {step}"))
+        }
+
+        async fn end_environment(&self, _: &str) {}
+
+        fn describe(&self) -> String {
+            "this host".to_string()
+        }
+    }
+
+    #[tokio::test]
+    async fn output_that_comes_after_the_exit_code_is_the_steps_all_the_same() {
+        let (frames, mut sent) = tokio::sync::mpsc::channel(64);
+        let context = Context {
+            cancel: tokio_util::sync::CancellationToken::new(),
+            notifier: crate::sdk::Notifier { frames },
+            received: Instant::now(),
+        };
+        let params = CommandParams {
+            session: "s".into(),
+            step: 0,
+            name: "late".into(),
+            script: "echo first; echo last".into(),
+            env: BTreeMap::new(),
+            secrets: BTreeMap::new(),
+            workdir: None,
+            timeout_ms: 30_000,
+        };
+        let workdir = std::env::temp_dir();
+        let shell = SlowStdout { delay: "1" };
+        let result = run_step(&shell, &params, &workdir.to_string_lossy(), &context).await.expect("a result");
+        assert_eq!(result.exit_code, 0);
+        drop(context);
+        let mut stdout = Vec::new();
+        while let Some(frame) = sent.recv().await {
+            let frame: serde_json::Value = serde_json::from_slice(&frame).expect("a frame");
+            if frame["params"]["stream"] == "stdout" {
+                let data = frame["params"]["data"].as_str().unwrap_or_default();
+                stdout.extend(base64_simd::STANDARD.decode_to_vec(data).expect("base64"));
+            }
+        }
+        assert_eq!(String::from_utf8_lossy(&stdout), "first\nlast\n", "every line the step wrote");
+    }
 
     #[test]
     fn a_limit_is_at_its_end_within_five_percent_and_near_it_from_three_quarters() {
