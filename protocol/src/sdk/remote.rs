@@ -649,10 +649,12 @@ async fn sweep_or_end<S: Shell>(
         None if check_first => probe.await,
         None => shell.usage().await,
     };
-    if let Some(usage) = usage.filter(Usage::near_the_limit) {
-        return Err(exhausted(usage.exhausted()).await);
-    }
-    let why = format!("cannot kill the processes of step {name}: {}", error.message);
+    let in_use = match &usage {
+        Some(usage) if usage.near_the_limit() => return Err(exhausted(usage.exhausted()).await),
+        Some(usage) => format!(" ({} of its {} limit of {} in use)", usage.used, usage.limit_name, usage.limit),
+        None => String::new(),
+    };
+    let why = format!("cannot kill the processes of step {name}: {}{in_use}", error.message);
     shell.end_environment(&why).await;
     Err(Unswept::Failed(ExecutorError::infrastructure(format!("{why}; ended {}", shell.describe()))))
 }
