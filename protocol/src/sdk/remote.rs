@@ -24,7 +24,7 @@
 //! 5. names the step's own faults as the step's, never the environment's: a step whose
 //!    processes exhausted a limit of the environment (its pids: a fork bomb) has the
 //!    environment ended at once, without a sweep that could not run there
-//!    ([`Shell::exhausted`]), and one the kernel killed for memory is "out of memory
+//!    ([`Shell::usage`]), and one the kernel killed for memory is "out of memory
 //!    (OOMKilled)" (the payload reads the environment's count of OOM kills before and after).
 //!
 //! Every sweep is bounded ([`SWEEP_WITHIN`]), and so is the end of an environment, so that a
@@ -595,16 +595,16 @@ pub async fn run_step<S: Shell>(
 /// Why a step's processes were not swept; the environment was ended either way.
 #[derive(Debug)]
 enum Unswept {
-    /// The environment's processes exhausted a limit of it (see [`Shell::exhausted`]).
+    /// The environment's processes exhausted a limit of it (see [`Shell::usage`]).
     Exhausted(String),
     /// The sweep failed, or could not know what to sweep: an infrastructure error.
     Failed(ExecutorError),
 }
 
 /// Kills the step's processes; when that cannot be done, ends the environment and says why.
-/// The environment is asked whether its processes exhausted a limit of it (see
-/// [`Shell::exhausted`]; a sweep could not run there) when the sweep fails, and with
-/// `check_first` before it too.
+/// The environment is asked how much of its limits its processes use (see [`Shell::usage`]; a
+/// sweep cannot run where one is exhausted) when the sweep fails, and with `check_first`
+/// beside it.
 async fn sweep_or_end<S: Shell>(
     shell: &S,
     snapshot: Option<&Snapshot>,
