@@ -604,7 +604,8 @@ enum Unswept {
 /// Kills the step's processes; when that cannot be done, ends the environment and says why.
 /// The environment is asked how much of its limits its processes use (see [`Shell::usage`]; a
 /// sweep cannot run where one is exhausted) when the sweep fails, and with `check_first`
-/// beside it.
+/// beside it, its answer awaited whatever the sweep did: near a limit, the step's processes
+/// exhausted it, and the environment is ended.
 async fn sweep_or_end<S: Shell>(
     shell: &S,
     snapshot: Option<&Snapshot>,
@@ -640,14 +641,22 @@ async fn sweep_or_end<S: Shell>(
             swept = &mut sweeping => break swept,
         }
     };
+    let usage = match (&swept, probed) {
+        (_, Some(usage)) => usage,
+        (_, None) if check_first => probe.await,
+        (Ok(_), None) => None,
+        (Err(_), None) => shell.usage().await,
+    };
+    // A sweep that could still start may come just before the limit's end: the usage says
+    // whether the step's processes had all but exhausted it.
+    if swept.is_ok()
+        && let Some(usage) = usage.as_ref().filter(|usage| usage.near_the_limit())
+    {
+        return Err(exhausted(usage.exhausted()).await);
+    }
     let error = match swept {
         Ok(killed) => return Ok(killed),
         Err(error) => error,
-    };
-    let usage = match probed {
-        Some(usage) => usage,
-        None if check_first => probe.await,
-        None => shell.usage().await,
     };
     let in_use = match &usage {
         Some(usage) if usage.near_the_limit() => return Err(exhausted(usage.exhausted()).await),
