@@ -41,13 +41,23 @@ pub async fn run(
     let workdir = session.resolve(params.workdir.as_deref().unwrap_or("/work"))?;
     tracing::info!(session = %session.id, container = %session.container, image = %session.image,
         step = params.step, name = %params.name, "step started");
-    remote::run_step(&Container { config: &config, session: &session }, &params, &workdir, &context).await
+    // The pids its limit refused before the step: those it refuses during the step are the
+    // step's doing.
+    let refused_before = match &session.pids {
+        Some(cgroup) => cgroup.read().await.map(|pids| pids.refused),
+        None => None,
+    };
+    let container = Container { config: &config, session: &session, refused_before };
+    remote::run_step(&container, &params, &workdir, &context).await
 }
 
 /// A session's container, reached through the docker CLI.
 struct Container<'a> {
     config: &'a Config,
     session: &'a Session,
+    /// How many times the container's pids limit refused a process before the step, when its
+    /// cgroup can be read.
+    refused_before: Option<u64>,
 }
 
 impl Shell for Container<'_> {
@@ -96,11 +106,21 @@ impl Shell for Container<'_> {
         }
     }
 
+    /// From the container's pids cgroup on this host, which also says whether the limit
+    /// refused a process during the step; else from `docker stats`, which says only how many
+    /// are in use (and takes seconds on a busy host).
     async fn usage(&self) -> Option<Usage> {
+        let limit = u64::from(self.config.pids_limit);
+        if let (Some(cgroup), Some(before)) = (&self.session.pids, self.refused_before)
+            && let Some(pids) = cgroup.read().await
+        {
+            let refused = Some(pids.refused.saturating_sub(before));
+            return Some(Usage { limit_name: "pids", used: pids.current, limit, refused });
+        }
         let container = &self.session.container;
         let stats = self.config.docker.output(&argv::tasks(container), STATS_WITHIN).await.ok()?;
         let used = String::from_utf8_lossy(&stats).trim().parse().ok()?;
-        Some(Usage { limit_name: "pids", used, limit: u64::from(self.config.pids_limit) })
+        Some(Usage { limit_name: "pids", used, limit, refused: None })
     }
 
     fn describe(&self) -> String {

@@ -20,6 +20,7 @@ mod cleanup;
 mod command;
 pub mod config;
 pub mod docker;
+mod pids;
 mod services;
 mod session;
 mod transfer;

@@ -12,6 +12,7 @@ use crate::DockerExecutor;
 use crate::argv::{self, ContainerSpec};
 use crate::config::{Config, check_name, flag};
 use crate::docker::{Docker, SHORT_CALL};
+use crate::pids::PidsCgroup;
 use knotless_protocol::sdk::quantity as resources;
 
 /// A session this process started.
@@ -32,6 +33,8 @@ pub struct Session {
     pub services: Vec<String>,
     /// Its own network, when it has services.
     pub network: Option<String>,
+    /// Its container's pids cgroup, when the engine runs on this host.
+    pub pids: Option<PidsCgroup>,
 }
 
 impl Session {
@@ -131,7 +134,7 @@ pub async fn start(
     let made = std::mem::take(&mut unwind.made);
     unwind.armed = false;
     match created {
-        Ok(tar) => {
+        Ok((tar, pids)) => {
             let session = Session {
                 id: params.session.clone(),
                 container: spec.name.clone(),
@@ -140,6 +143,7 @@ pub async fn start(
                 tar,
                 services: made.services,
                 network: made.network,
+                pids,
             };
             finish_start(executor, session, &spec, &context).await
         }
@@ -189,13 +193,14 @@ impl Drop for Unwind {
 }
 
 /// Creates the session's network (with services), its container, its folders and its services;
-/// returns whether the image has a `tar`.
+/// returns whether the image has a `tar`, and the container's pids cgroup when it is on this
+/// host.
 async fn create(
     config: &Config,
     params: &StartParams,
     spec: &ContainerSpec,
     made: &mut Made,
-) -> Result<bool, ExecutorError> {
+) -> Result<(bool, Option<PidsCgroup>), ExecutorError> {
     let docker = &config.docker;
     if let Some(network) = &spec.services_network {
         if let Err(failure) = docker.output(&argv::create_network(network, &spec.labels), SHORT_CALL).await {
@@ -237,8 +242,9 @@ async fn create(
             spec.name
         )));
     }
-    let tar = match docker.output(&argv::make_folders_finding_tar(&spec.name, &argv::SESSION_FOLDERS), SHORT_CALL).await
-    {
+    let make_folders = argv::make_folders_finding_tar(&spec.name, &argv::SESSION_FOLDERS);
+    let (folders, pids) = tokio::join!(docker.output(&make_folders, SHORT_CALL), PidsCgroup::find(docker, &spec.name));
+    let tar = match folders {
         Ok(stdout) => !stdout.trim_ascii().is_empty(),
         Err(failure) => {
             return Err(ExecutorError::infrastructure(format!(
@@ -248,10 +254,12 @@ async fn create(
         }
     };
     if let Some(network) = &spec.services_network {
-        let (labels, pids) = (&spec.labels, spec.pids_limit);
-        crate::services::start(docker, &spec.name, network, labels, pids, &params.services, &mut made.services).await?;
+        let labels = &spec.labels;
+        let limit = spec.pids_limit;
+        crate::services::start(docker, &spec.name, network, labels, limit, &params.services, &mut made.services)
+            .await?;
     }
-    Ok(tar)
+    Ok((tar, pids))
 }
 
 /// Removes what `start` made: the services, the container, then the network.
@@ -443,6 +451,7 @@ mod tests {
             tar: true,
             services: Vec::new(),
             network: None,
+            pids: None,
         };
         assert_eq!(session.resolve("/outputs").expect("ok"), "/outputs");
         assert_eq!(session.resolve("src/x").expect("ok"), "/work/src/x");

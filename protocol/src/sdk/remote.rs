@@ -62,19 +62,31 @@ pub struct Usage {
     pub used: u64,
     /// The limit: 1024.
     pub limit: u64,
+    /// How many times the limit refused a new process since the step started, when the
+    /// environment can tell (a cgroup's `pids.events`): then this alone says whether the
+    /// step's processes exhausted it, and `used` only how far. `None` when it cannot tell:
+    /// then how close `used` is to `limit` decides.
+    pub refused: Option<u64>,
 }
 
 impl Usage {
-    /// At its limit: within 5%, or 2, of it. Processes that exhaust a limit keep close to it
-    /// as some fail and end, and a busy host slows their refill.
+    /// At its limit: it refused a process during the step; without that count, within 5%, or
+    /// 2, of it (processes that exhaust a limit keep close to it as some fail and end, and a
+    /// busy host slows their refill).
     pub fn at_the_limit(&self) -> bool {
-        self.used.saturating_add((self.limit / 20).max(2)) >= self.limit
+        match self.refused {
+            Some(refused) => refused > 0,
+            None => self.used.saturating_add((self.limit / 20).max(2)) >= self.limit,
+        }
     }
 
-    /// Near its limit: three quarters of it or more. With a sweep that could not run, the
-    /// processes' own doing.
+    /// Near its limit: it refused a process during the step; without that count, three
+    /// quarters of it or more. With a sweep that could not run, the processes' own doing.
     pub fn near_the_limit(&self) -> bool {
-        self.used.saturating_mul(4) >= self.limit.saturating_mul(3)
+        match self.refused {
+            Some(refused) => refused > 0,
+            None => self.used.saturating_mul(4) >= self.limit.saturating_mul(3),
+        }
     }
 
     /// The end of a sentence whose subject is a step or its processes.
@@ -407,7 +419,8 @@ pub trait Shell: Send + Sync {
     /// exhausts: no process can then be started there, a sweep included), read without
     /// starting anything there. Asked beside the sweep after a timeout, a cancellation or a lost
     /// stream, and after a failed sweep otherwise; it should answer within a few seconds of
-    /// [`SWEEP_WITHIN`].
+    /// [`SWEEP_WITHIN`]. An answer with [`Usage::refused`] is taken as one read at once (a
+    /// file), and asked again after a failed sweep.
     /// `None` by default, and when it cannot be read.
     fn usage(&self) -> impl Future<Output = Option<Usage>> + Send {
         std::future::ready(None)
@@ -642,6 +655,9 @@ async fn sweep_or_end<S: Shell>(
         }
     };
     let usage = match (&swept, probed) {
+        // A count of refusals is read at once: after a failed sweep it is read again, as the
+        // limit may have been reached while the sweep ran (and refused it).
+        (Err(_), Some(Some(usage))) if usage.refused.is_some() => shell.usage().await.or(Some(usage)),
         (_, Some(usage)) => usage,
         (_, None) if check_first => probe.await,
         (Ok(_), None) => None,
@@ -830,13 +846,24 @@ mod tests {
 
     #[test]
     fn a_limit_is_at_its_end_within_five_percent_and_near_it_from_three_quarters() {
-        let usage = |used| Usage { limit_name: "pids", used, limit: 1024 };
+        let usage = |used| Usage { limit_name: "pids", used, limit: 1024, refused: None };
         assert!(usage(1024).at_the_limit() && usage(973).at_the_limit());
         assert!(!usage(972).at_the_limit() && !usage(3).at_the_limit());
         assert!(usage(768).near_the_limit() && !usage(767).near_the_limit());
-        let small = |used| Usage { limit_name: "pids", used, limit: 16 };
+        let small = |used| Usage { limit_name: "pids", used, limit: 16, refused: None };
         assert!(small(14).at_the_limit() && !small(13).at_the_limit());
         assert_eq!(usage(1000).exhausted(), "exhausted its pids limit of 1024 (1000 in use)");
+    }
+
+    #[test]
+    fn a_limit_that_refused_a_process_is_exhausted_however_many_are_left() {
+        let usage = |used, refused| Usage { limit_name: "pids", used, limit: 1024, refused: Some(refused) };
+        // Processes that exhaust a limit die as their forks fail: a count of what is in use
+        // may come at any point between a few and the limit.
+        assert!(usage(300, 1).at_the_limit() && usage(300, 1).near_the_limit());
+        assert!(usage(1, 40).at_the_limit());
+        // Never refused, a count at the limit is only many processes.
+        assert!(!usage(1024, 0).at_the_limit() && !usage(1000, 0).near_the_limit());
     }
 
     #[test]
