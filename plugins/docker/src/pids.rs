@@ -62,7 +62,8 @@ impl PidsCgroup {
 /// controller's line of cgroup v1, else the unified line (`0::`) of cgroup v2. `None` unless
 /// the path holds the container's `id`.
 fn dir_of(listing: &str, id: &str, root: &Path) -> Option<PathBuf> {
-    let lines = || listing.lines().filter_map(|line| line.splitn(3, ':').nth(1).zip(line.splitn(3, ':').nth(2)));
+    // Each line is `hierarchy:controllers:path`.
+    let lines = || listing.lines().filter_map(|line| line.split_once(':').and_then(|(_, rest)| rest.split_once(':')));
     let (v1, path) = match lines().find(|(controllers, _)| controllers.split(',').any(|name| name == "pids")) {
         Some((_, path)) => (true, path),
         None => (false, lines().find(|(controllers, _)| controllers.is_empty())?.1),
