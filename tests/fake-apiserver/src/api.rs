@@ -180,6 +180,9 @@ async fn handle(State(app): State<Shared>, request: Request) -> Response {
         let mut state = app.lock();
         state.rt.stats.requests += 1;
         *state.rt.stats.by.entry(info.stat_key()).or_default() += 1;
+        if let Some(refused) = crate::fake::refused(&state) {
+            return refused;
+        }
         let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|h| h.to_str().ok());
         auth::authenticate(&state, authorization)
     };

@@ -29,6 +29,7 @@ pub struct Config {
     pub pull_backoff: Duration,
     pub job_backoff: Duration,
     pub grace: Duration,
+    pub exec_dial_timeout: Duration,
     pub images: Vec<String>,
 }
 
