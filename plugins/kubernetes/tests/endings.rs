@@ -190,29 +190,43 @@ async fn a_pod_the_taint_manager_evicts_is_named_as_on_a_lost_node() {
     cluster.wait_clean();
 }
 
-/// A run sends no NetworkPolicy delete the API answers 404: its policy is owned by its pod,
-/// so the garbage collector deletes it.
+/// A run sends only the NetworkPolicy deletes it needs, and none the API answers 404: a run
+/// whose pod existed leaves its policy to the garbage collector (the pod owns it), and a start
+/// whose Job never made a pod deletes its policy once.
 #[tokio::test]
-async fn a_run_sends_no_network_policy_delete() {
+async fn a_run_sends_only_the_network_policy_delete_it_needs() {
     let cluster = Cluster::with(FAST);
     let host = cluster.host(&Cluster::runner_id()).await;
     host.cleanup(Duration::from_secs(60)).await.expect("cleanup");
-    let before = cluster.requests()["by"].clone();
-    let session = host.open(start_params("policy"), &CancellationToken::new()).await.expect("start");
+    let deletes = |cluster: &Cluster| {
+        let stats = cluster.requests();
+        let sent = stats["by"]["delete networkpolicies"].as_u64().unwrap_or(0);
+        let missing = stats["refused"]["delete networkpolicies 404"].as_u64().unwrap_or(0);
+        (sent, missing)
+    };
+    // A run that ran, one whose image does not exist, one whose Job cannot make its pod.
+    let session = host.open(start_params("policy-ran"), &CancellationToken::new()).await.expect("start");
     assert_eq!(step(&session, "true", 30_000, &[]).await.result.expect("step").exit_code, 0);
     stop(session).await.expect("stop");
-    host.shutdown().await;
     cluster.wait_clean();
-    let after = cluster.requests()["by"].clone();
-    let deletes = |by: &serde_json::Value| {
-        by.as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(key, _)| key.contains("networkpolicies") && key.contains("delete"))
-            .map(|(_, count)| count.as_u64().unwrap_or(0))
-            .sum::<u64>()
-    };
-    let sent = deletes(&after) - deletes(&before);
-    println!("NetworkPolicy deletes of a run: {sent}; requests: {after}");
-    assert_eq!(sent, 0, "a run's policy is the garbage collector's: {after:#}");
+    let ran = deletes(&cluster);
+    let mut missing_image = start_params("policy-no-image");
+    missing_image.image = Some("registry.invalid/nope:1".into());
+    host.open(missing_image, &CancellationToken::new()).await.err().expect("the image does not exist");
+    cluster.wait_clean();
+    let no_image = deletes(&cluster);
+    cluster.inject(&["failed-create"]);
+    host.open(start_params("policy-no-pod"), &CancellationToken::new()).await.err().expect("no pod is made");
+    cluster.inject(&[]);
+    cluster.wait_clean();
+    let no_pod = deletes(&cluster);
+    host.shutdown().await;
+    println!(
+        "NetworkPolicy deletes (sent, answered 404), after each run: ran {ran:?}, no image {no_image:?}, no pod \
+         {no_pod:?}; {}",
+        cluster.requests()
+    );
+    assert_eq!(ran, (0, 0), "a run whose pod owned its policy deletes none");
+    assert_eq!(no_image, (0, 0), "a start whose pod owned its policy deletes none");
+    assert_eq!(no_pod, (1, 0), "a start whose Job made no pod deletes its policy once");
 }

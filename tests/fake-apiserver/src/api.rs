@@ -172,7 +172,20 @@ pub fn json_response(code: u16, body: &Value, warnings: &[String]) -> Response {
     response
 }
 
+/// Every API request, counted by what it asked (`verb resource`) and, when refused, by its
+/// answer's code too (`verb resource code`, in `refused`).
 async fn handle(State(app): State<Shared>, request: Request) -> Response {
+    let query = parse_query(request.uri().query());
+    let info = RequestInfo::parse(request.method(), request.uri().path(), &query);
+    let response = respond(app.clone(), request).await;
+    let code = response.status().as_u16();
+    if code >= 400 {
+        *app.lock().rt.stats.refused.entry(format!("{} {code}", info.stat_key())).or_default() += 1;
+    }
+    response
+}
+
+async fn respond(app: Shared, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let query = parse_query(parts.uri.query());
     let info = RequestInfo::parse(&parts.method, parts.uri.path(), &query);

@@ -68,6 +68,8 @@ pub struct NodeRuntime {
 pub struct Stats {
     pub requests: u64,
     pub by: BTreeMap<String, u64>,
+    /// The refused ones, by `verb resource code`.
+    pub refused: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]

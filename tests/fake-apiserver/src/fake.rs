@@ -100,9 +100,11 @@ pub async fn handle(State(app): State<Shared>, method: Method, Path(rest): Path<
         }
         ("GET", ["objects"]) => json_response(200, &json!(state.store.all()), &[]),
         ("GET", ["violations"]) => json_response(200, &state.store.isolation.report(), &[]),
-        ("GET", ["stats"]) => {
-            json_response(200, &json!({"requests": state.rt.stats.requests, "by": state.rt.stats.by}), &[])
-        }
+        ("GET", ["stats"]) => json_response(
+            200,
+            &json!({"requests": state.rt.stats.requests, "by": state.rt.stats.by, "refused": state.rt.stats.refused}),
+            &[],
+        ),
         ("POST", ["stats", "reset"]) => {
             state.rt.stats = Default::default();
             json_response(200, &json!({"requests": 0}), &[])
