@@ -27,7 +27,7 @@ pub fn duration(duration: std::time::Duration) -> String {
     let millis = duration.as_millis();
     match millis {
         0..1000 => format!("{millis} ms"),
-        _ if millis % 1000 == 0 || millis >= 60_000 => format!("{} s", (millis + 500) / 1000),
+        _ if millis.is_multiple_of(1000) || millis >= 60_000 => format!("{} s", (millis + 500) / 1000),
         _ => format!("{:.1} s", duration.as_secs_f64()),
     }
 }
