@@ -121,6 +121,26 @@ async fn watches_the_server_ends_early_are_resumed() {
     cluster.wait_clean();
 }
 
+/// On a server that refuses streaming lists (no WatchList feature) the watches list, then
+/// watch: a run works, its pod's deletion is seen, and a watch gap is seen through.
+#[tokio::test]
+async fn watches_list_then_watch_where_the_server_refuses_streaming_lists() {
+    let cluster = Cluster::with(&[FAST, &["--watch-list", "false"]].concat());
+    let host = cluster.host(&Cluster::runner_id()).await;
+    let session = host.open(start_params("listed"), &CancellationToken::new()).await.expect("start");
+    assert_eq!(step(&session, "true", 30_000, &[]).await.result.expect("step").exit_code, 0);
+    cluster.watch_gap("knotless-runs");
+    let at_fault = Instant::now();
+    stop(session).await.expect("stop");
+    let took = at_fault.elapsed();
+    let requests = cluster.requests();
+    println!("from the watch gap to the end of stop: {took:.1?} (bound {REFUSED_BOUND:?}); {requests}");
+    assert!(took <= REFUSED_BOUND, "stop took {took:?}, over {REFUSED_BOUND:?}");
+    assert!(requests["by"]["list pods"].as_u64().unwrap_or(0) >= 2, "listed, then listed again after the gap");
+    host.shutdown().await;
+    cluster.wait_clean();
+}
+
 /// A node lost mid-step: the step fails once the node controller marks the pod not Ready
 /// (the node's grace), the outputs download is refused at once naming the pod's state (no exec
 /// to a node that cannot answer, which a real API server accepts and fails only after its

@@ -672,6 +672,19 @@ fn watch(
     }
     let send_initial = param(query, "sendInitialEvents") == Some("true");
     let bookmarks = param(query, "allowWatchBookmarks") == Some("true");
+    // A server without the WatchList feature refuses streaming lists
+    // (staging/src/k8s.io/apimachinery/pkg/apis/meta/internalversion/validation `ValidateListOptions`).
+    if send_initial && !app.config.watch_list {
+        return Err(ApiError::invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            &[crate::status::FieldError::forbidden(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            )],
+        ));
+    }
     if send_initial && (param(query, "resourceVersionMatch") != Some("NotOlderThan") || !bookmarks) {
         return Err(ApiError::invalid(
             "ListOptions",

@@ -30,6 +30,7 @@ pub struct Config {
     pub job_backoff: Duration,
     pub grace: Duration,
     pub exec_dial_timeout: Duration,
+    pub watch_list: bool,
     pub images: Vec<String>,
 }
 

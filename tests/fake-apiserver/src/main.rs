@@ -96,6 +96,10 @@ struct Cli {
     /// (the API server's kubelet client dials with a 30 s timeout).
     #[arg(long, default_value = "30s", value_parser = duration)]
     exec_dial_timeout: Duration,
+    /// Whether watches serve streaming lists (`sendInitialEvents`, the WatchList feature);
+    /// `--watch-list false` refuses them as a server without the feature does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    watch_list: bool,
     /// Another image that exists (repeatable).
     #[arg(long = "image")]
     images: Vec<String>,
@@ -130,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
         job_backoff: cli.job_backoff,
         grace: cli.grace,
         exec_dial_timeout: cli.exec_dial_timeout,
+        watch_list: cli.watch_list,
         images: cli.images,
     };
     for (name, value) in [("--node-cpu", &config.node_cpu), ("--node-memory", &config.node_memory)] {
