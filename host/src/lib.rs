@@ -444,9 +444,12 @@ impl ExecutorHost {
                 let waited = if cancel.is_cancelled() {
                     "after it was cancelled".to_string()
                 } else {
-                    format!("within {:?}", timeout + grace)
+                    format!("within {}", crate::printable::duration(timeout + grace))
                 };
-                let message = format!("executor {name} did not answer {method} {waited}, nor {grace:?} after a cancel");
+                let message = format!(
+                    "executor {name} did not answer {method} {waited}, nor {} after a cancel",
+                    crate::printable::duration(grace)
+                );
                 Err(self.kill(live, message).await)
             }
         }

@@ -21,6 +21,17 @@ pub fn size(bytes: u64) -> String {
     }
 }
 
+/// A duration as people read it: `250 ms`, `19.7 s`, `30 s`, `300 s`; never Rust's debug
+/// form (`19.746319455s`).
+pub fn duration(duration: std::time::Duration) -> String {
+    let millis = duration.as_millis();
+    match millis {
+        0..1000 => format!("{millis} ms"),
+        _ if millis.is_multiple_of(1000) || millis >= 60_000 => format!("{} s", (millis + 500) / 1000),
+        _ => format!("{:.1} s", duration.as_secs_f64()),
+    }
+}
+
 /// A line of step output: like [`name`], but a tab stays a tab.
 pub fn line(text: &str) -> Cow<'_, str> {
     escape(text, true)
@@ -88,6 +99,20 @@ pub fn log(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        use std::time::Duration;
+        for (given, shown) in [
+            (Duration::from_millis(250), "250 ms"),
+            (Duration::from_nanos(19_746_319_455), "19.7 s"),
+            (Duration::from_secs(30), "30 s"),
+            (Duration::from_millis(299_600), "300 s"),
+            (Duration::ZERO, "0 ms"),
+        ] {
+            assert_eq!(duration(given), shown, "{given:?}");
+        }
+    }
 
     #[test]
     fn control_characters_are_escaped_and_nothing_else_changes() {

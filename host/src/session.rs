@@ -401,7 +401,11 @@ pub fn judge(
     let error = if cancelled {
         ExecutorError::cancelled()
     } else if took >= timeout {
-        ExecutorError::timeout(format!("step {step} passed its timeout of {timeout:?}: the answer came after {took:?}"))
+        ExecutorError::timeout(format!(
+            "step {step} passed its timeout of {}: the answer came after {}",
+            crate::printable::duration(timeout),
+            crate::printable::duration(took)
+        ))
     } else {
         return result;
     };
@@ -436,5 +440,16 @@ mod tests {
         let own = ExecutorError::new(ErrorKind::StepFailed, "step s ran out of memory");
         let verdict = judge("x", 0, answered(own), late, timeout, true).expect_err("cancelled");
         assert_eq!(verdict.kind(), Some(ErrorKind::Cancelled), "a cancel stays the user's");
+    }
+
+    #[test]
+    fn a_late_answer_names_its_times_as_people_read_them() {
+        let (late, timeout) = (Duration::from_nanos(19_746_319_455), Duration::from_millis(19_700));
+        let passed = Ok(CommandResult { exit_code: 0, duration_ms: 19_746, killed_processes: 0 });
+        let verdict = judge("x", 3, passed, late, timeout, false).expect_err("a timeout");
+        assert_eq!(
+            verdict.to_string(),
+            "executor x: command: step 3 passed its timeout of 19.7 s: the answer came after 19.7 s"
+        );
     }
 }

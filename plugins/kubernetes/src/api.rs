@@ -52,6 +52,9 @@ pub struct Cluster {
 pub struct Client {
     /// The kube-rs client.
     pub inner: kube::Client,
+    /// The same without kube-rs's retries of 429 and 5xx answers, for the requests of an
+    /// ending, which retry within their own bound (`ending.rs`).
+    pub once: kube::Client,
     /// The API server's URL, for messages.
     pub server: String,
     /// The kubeconfig it was read from, for messages.
@@ -94,10 +97,18 @@ impl Cluster {
         config.connect_timeout = Some(Duration::from_secs(10));
         config.read_timeout = None;
         let server = config.cluster_url.to_string();
-        let inner = kube::Client::try_from(config).map_err(|error| {
-            ExecutorError::configuration(format!("--kubeconfig {shown}: cannot make a client for {server}: {error}"))
-        })?;
-        let client = Client { inner, server, kubeconfig: self.kubeconfig.clone() };
+        let made = |config: kube::Config| {
+            kube::Client::try_from(config).map_err(|error| {
+                ExecutorError::configuration(format!(
+                    "--kubeconfig {shown}: cannot make a client for {server}: {error}"
+                ))
+            })
+        };
+        let mut without_retries = config.clone();
+        without_retries.default_retry = false;
+        let once = made(without_retries)?;
+        let inner = made(config)?;
+        let client = Client { inner, once, server: server.clone(), kubeconfig: self.kubeconfig.clone() };
         *knotless_protocol::sdk::lock(&self.cached) = Some((stamp, client.clone()));
         tracing::debug!(server = %client.server, "kubernetes client made from the kubeconfig");
         Ok(client)

@@ -22,6 +22,7 @@ mod cleanup;
 mod command;
 pub mod config;
 pub mod credential;
+mod ending;
 mod exec;
 pub mod manifest;
 pub mod names;

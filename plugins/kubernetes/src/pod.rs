@@ -37,8 +37,20 @@ pub fn from_pod(pod: &Pod) -> PodState {
     let reason = status.reason.clone().unwrap_or_default();
     let message = status.message.clone().unwrap_or_default();
     if pod.metadata.deletion_timestamp.is_some() {
+        let evicted = status.conditions.iter().flatten().find(|condition| {
+            condition.type_ == "DisruptionTarget"
+                && condition.status == "True"
+                && condition.reason.as_deref() == Some("DeletionByTaintManager")
+        });
+        if let Some(evicted) = evicted {
+            let said = evicted.message.clone().unwrap_or_default();
+            return PodState::Failed { name, cause: format!("its node was lost (DeletionByTaintManager): {said}") };
+        }
         let cause = match reason.as_str() {
             "NodeLost" => format!("its node was lost: {message}"),
+            "" if node_lost(pod) => {
+                "its node was lost: the pod is being deleted, and its node does not answer".to_string()
+            }
             "" => "the pod is being deleted (its Job was deleted, or its node lost)".to_string(),
             _ => format!("the pod is being deleted ({reason}): {message}"),
         };
@@ -156,9 +168,30 @@ pub fn broken(pod: &Pod) -> Option<String> {
                 .filter(|said| !said.is_empty())
                 .map(|said| format!(" ({said})"))
                 .unwrap_or_default();
+            if node_lost(pod) {
+                return Some(format!(
+                    "its node was lost: the node controller marked the pod not Ready{said}, its kubelet silent"
+                ));
+            }
             Some(format!("the pod is not Ready any more{said}: its node stopped answering, or its container ended"))
         }
     }
+}
+
+/// Whether the pod's node no longer answers: the taint manager evicts it (`DisruptionTarget`,
+/// `DeletionByTaintManager`), it shows `NodeLost`, or it is not Ready while every container
+/// status still says ready (the node controller marked it, `MarkPodsNotReady`: its kubelet
+/// said nothing). Its kubelet will never finish its deletion.
+pub fn node_lost(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else { return false };
+    let conditions = status.conditions.iter().flatten();
+    let evicted = conditions.clone().any(|condition| {
+        condition.type_ == "DisruptionTarget" && condition.reason.as_deref() == Some("DeletionByTaintManager")
+    });
+    let unready = conditions.clone().any(|condition| condition.type_ == "Ready" && condition.status == "False");
+    let containers = status.container_statuses.iter().flatten();
+    let kubelet_silent = containers.clone().next().is_some() && containers.clone().all(|container| container.ready);
+    evicted || status.reason.as_deref() == Some("NodeLost") || (unready && kubelet_silent)
 }
 
 /// The cause of an image that cannot be pulled, from a waiting reason (or an event) and its
@@ -366,5 +399,26 @@ mod tests {
         assert!(
             matches!(from_pod(&lost), PodState::Failed { ref cause, .. } if cause.starts_with("its node was lost"))
         );
+        assert!(node_lost(&lost));
+        let evicted = pod(json!({"metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "False"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                 "message": "Taint manager: deleting due to NoExecute taint"}]}}));
+        assert_eq!(
+            from_pod(&evicted),
+            PodState::Failed {
+                name: "p".into(),
+                cause: "its node was lost (DeletionByTaintManager): Taint manager: deleting due to NoExecute taint"
+                    .into()
+            }
+        );
+        assert!(node_lost(&evicted));
+        let marked = pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "run", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {}}}]}}));
+        assert!(node_lost(&marked), "marked not Ready by the node controller, its kubelet silent");
+        assert!(!node_lost(&unready), "not Ready, and no container says otherwise");
     }
 }

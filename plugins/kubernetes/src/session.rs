@@ -14,15 +14,14 @@ use kube::core::Status;
 
 use crate::KubernetesExecutor;
 use crate::api::Client;
+use crate::ending;
 use crate::manifest::{self, JobSpecInput};
 use crate::names::{self, RUN_LABEL, RUNNER_LABEL};
+use crate::pod;
 use crate::policy::RunPolicy;
 use crate::ready::{self, Limits};
 use crate::services;
 use crate::watch::PodWatch;
-
-/// How long `stop` waits for the pod to be gone once deleted with no grace.
-const GONE_WITHIN: Duration = Duration::from_secs(30);
 
 /// A started session: its Job and Ready pod.
 pub struct Session {
@@ -198,10 +197,15 @@ async fn start_job(
 }
 
 /// Deletes a session's Job (foreground: its pod first) and, with `pods` (the session's
-/// watch), waits for the pod to be gone. A pod whose kubelet does not finish it within
-/// [`FORCE_AFTER`] (its node is lost: nothing will) is deleted with no grace, as the pod
-/// garbage collector does for pods of a node taken out of service, so nothing is left. Without
-/// a watch the run's pods are only asked to go, and nothing is waited for.
+/// watch), waits for the pod to be gone. A pod whose node no longer answers (the watch saw the
+/// node controller mark it, or the taint manager evict it) is deleted with no grace at once,
+/// and one whose kubelet does not finish it within [`FORCE_AFTER`] likewise, as the pod garbage
+/// collector does for pods of a node taken out of service, so nothing is left. Without a watch
+/// the run's pods are only asked to go, and nothing is waited for.
+///
+/// Bounded when the API refuses: a refused or unanswered delete is the answer within
+/// [`ending::BOUND`], with no forced delete after it and no wait for the pod; the Job is left,
+/// labelled, for the next orphan sweep, and the cause logged.
 pub async fn delete_job(
     client: &Client,
     namespace: &str,
@@ -210,34 +214,66 @@ pub async fn delete_job(
     image: &str,
     pods: Option<&PodWatch>,
 ) -> Result<(), ExecutorError> {
-    let jobs: Api<Job> = client.api(namespace);
+    let deadline = Instant::now() + ending::BOUND;
+    let jobs: Api<Job> = ending::api(client, namespace);
     let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..DeleteParams::default() };
     let what = format!("delete the Job {job}");
-    let deleted = client.unless(&what, jobs.delete(job, &params), Status::is_not_found).await.map(|_| ());
-    let api: Api<Pod> = client.api(namespace);
+    let deleted =
+        ending::request(client, &what, deadline, Status::is_not_found, || jobs.delete(job, &params)).await.map(|_| ());
+    if let Err(error) = deleted {
+        tracing::warn!(job = %job, namespace = %namespace, image = %image, error = %error.message,
+            "job delete refused: the job is left, labelled, for the next orphan sweep");
+        return Err(error);
+    }
+    let api: Api<Pod> = ending::api(client, namespace);
     let list = ListParams::default().labels(selector);
     let what = format!("delete the pods of {selector}");
+    let graceful = DeleteParams::default();
     let pods_deleted = match pods {
         Some(pods) => {
-            let gone = |seen: &crate::watch::Seen| seen.pod.is_none() && seen.error.is_none();
+            // Gone, or the watch cannot say any more (the API refuses it): waiting is no use.
+            let settled = |seen: &crate::watch::Seen| seen.error.is_some() || seen.pod.is_none();
             let mut seen = pods.seen.clone();
-            let finished = tokio::time::timeout(FORCE_AFTER, seen.wait_for(gone)).await.is_ok_and(|w| w.is_ok());
+            let unreachable = seen.borrow().pod.as_ref().is_some_and(pod::node_lost);
+            let finished = !unreachable
+                && tokio::time::timeout(FORCE_AFTER, seen.wait_for(settled)).await.is_ok_and(|w| w.is_ok());
             if finished {
                 Ok(())
             } else {
-                tracing::warn!(job = %job, namespace = %namespace, "the pod is not gone after {} s: deleting it with no grace", FORCE_AFTER.as_secs());
+                if unreachable {
+                    tracing::warn!(job = %job, namespace = %namespace, "the pod's node does not answer: deleting it with no grace");
+                } else {
+                    tracing::warn!(job = %job, namespace = %namespace, "the pod is not gone after {} s: deleting it with no grace", FORCE_AFTER.as_secs());
+                }
                 let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
-                let forced = client.limited(&what, api.delete_collection(&now, &list)).await.map(|_| ());
-                let _ = tokio::time::timeout(GONE_WITHIN, seen.wait_for(gone)).await;
+                let deadline = Instant::now() + ending::BOUND;
+                let forced = ending::request(client, &what, deadline, Status::is_not_found, || {
+                    api.delete_collection(&now, &list)
+                })
+                .await
+                .map(|_| ());
+                if forced.is_ok() {
+                    let _ = tokio::time::timeout_at(deadline.into(), seen.wait_for(settled)).await;
+                }
                 forced
             }
         }
-        None => client.limited(&what, api.delete_collection(&DeleteParams::default(), &list)).await.map(|_| ()),
+        None => {
+            ending::request(client, &what, deadline, Status::is_not_found, || api.delete_collection(&graceful, &list))
+                .await
+                .map(|_| ())
+        }
     };
-    match deleted.and(pods_deleted) {
-        Ok(()) => {
+    let watch_error = pods.and_then(|pods| pods.seen.borrow().error.clone());
+    match pods_deleted {
+        Ok(()) if watch_error.is_none() => {
             tracing::info!(job = %job, namespace = %namespace, image = %image, "job deleted");
             Ok(())
+        }
+        Ok(()) => {
+            let error = watch_error.unwrap_or_default();
+            tracing::warn!(job = %job, namespace = %namespace, image = %image, error = %error, "job deleted, its pod not seen gone");
+            Err(ExecutorError::infrastructure(error))
         }
         Err(error) => {
             tracing::warn!(job = %job, namespace = %namespace, image = %image, error = %error.message, "job delete failed");

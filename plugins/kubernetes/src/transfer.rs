@@ -138,8 +138,18 @@ pub async fn download(
     let session = executor.sessions.get(&params.session)?;
     let client = executor.cluster.get()?.client().await?;
     let path = absolute(&params.path)?;
-    let Exec { stdin, stdout, stderr, ended } =
-        client.exec(&session.namespace, &session.pod, CONTAINER, pack_argv(&path), None).await?;
+    // No exec to a pod known gone, dying or on a node that does not answer (a real API server
+    // accepts that exec and fails it only after its kubelet dial times out, 30 s later).
+    if let Some(cause) = unreachable(&session) {
+        return Err(ExecutorError::infrastructure(format!(
+            "cannot download {path} from pod {} of job {}: {cause}",
+            session.pod, session.job
+        )));
+    }
+    let status = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let Exec { stdin, stdout, stderr, ended } = client
+        .exec(&session.namespace, &session.pod, CONTAINER, pack_argv(&path), Some(std::sync::Arc::clone(&status)))
+        .await?;
     drop(stdin);
     // Special files and links that leave the folder are left out, each named in a warning.
     let copy = async {
@@ -161,11 +171,24 @@ pub async fn download(
         Ok(skipped) => skipped,
         Err(error) => return Err(ExecutorError::infrastructure(format!("the download of {path} failed: {error}"))),
     };
-    if code != Some(0) {
-        return Err(ExecutorError::infrastructure(format!(
-            "cannot pack {path} in pod {} (exit code {code:?}): {said}",
-            session.pod
-        )));
+    match code {
+        Some(0) => {}
+        Some(code) => {
+            return Err(ExecutorError::infrastructure(format!(
+                "cannot pack {path} in pod {} (exit code {code}): {said}",
+                session.pod
+            )));
+        }
+        None => {
+            let ended = knotless_protocol::sdk::lock(&status).take();
+            let ended = ended.unwrap_or_else(|| "the exec stream ended without a status".to_string());
+            let cause = unreachable(&session).map(|cause| format!("; {cause}")).unwrap_or_default();
+            let said = if said.is_empty() { String::new() } else { format!("; it said: {said}") };
+            return Err(ExecutorError::infrastructure(format!(
+                "cannot pack {path} in pod {}: {ended}{cause}{said}",
+                session.pod
+            )));
+        }
     }
     for entry in skipped {
         let message = format!("left {} out of the download of {}: {}", entry.path.display(), params.path, entry.reason);
@@ -173,6 +196,16 @@ pub async fn download(
     }
     tracing::info!(job = %session.job, namespace = %session.namespace, path = %path, "downloaded");
     Ok(())
+}
+
+/// Why no exec can reach the session's pod, as its watch last saw it: gone, being deleted,
+/// ended, or not Ready (its node stopped answering).
+fn unreachable(session: &Session) -> Option<String> {
+    let seen = session.pods.seen.borrow();
+    if seen.deleted {
+        return Some("the pod is gone (its job was deleted, or its node lost)".to_string());
+    }
+    seen.pod.as_ref().and_then(crate::pod::broken)
 }
 
 #[cfg(test)]

@@ -1,18 +1,20 @@
 //! Watches, not polling: a session's pod by its labels for the session's whole life (its
 //! start, each step, its stop), and the events about one object while its pod starts. Each
-//! is one watch request, resumed from the last resourceVersion when the server ends it
-//! (`timeoutSeconds`), and started anew from the current state after a 410 Gone.
+//! is a `kube::runtime::watcher`: it resumes a watch the server ended from the last
+//! resourceVersion, and after a 410 Gone (a watch gap) lists again and replaces its view of
+//! the objects, so a pod deleted while the watch was away is seen gone. The initial list is a
+//! streaming list (one watch request) where the server offers it, and a list then a watch
+//! where it refuses one.
 //!
 //! Both are bounded: the pod watch keeps only the latest pod, the event watch hands events
 //! on through a small channel and drops what a slow reader has no room for (events are
 //! advice; the pod's own status is what decides).
 
-use std::time::Duration;
-
-use futures::StreamExt as _;
+use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, WatchEvent, WatchParams};
-use kube::core::Status;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event as Watched};
 use tokio::sync::{mpsc, watch};
 use tokio_util::task::AbortOnDropHandle;
 
@@ -23,6 +25,9 @@ const WATCH_SECONDS: u32 = 290;
 
 /// How many events wait for their reader at most.
 const EVENTS: usize = 64;
+
+/// How many failures in a row before the pod watch says it cannot be made.
+const FAILURES: u32 = 3;
 
 /// What the pod watch saw last.
 #[derive(Debug, Clone, Default)]
@@ -47,57 +52,51 @@ impl PodWatch {
     pub fn start(client: &Client, namespace: &str, selector: &str) -> PodWatch {
         let (sender, seen) = watch::channel(Seen::default());
         let api: Api<Pod> = client.api(namespace);
-        let selector = selector.to_string();
+        let config = watcher::Config::default().labels(selector).timeout(WATCH_SECONDS);
         let client = client.clone();
         let task = tokio::spawn(async move {
-            let mut version = "0".to_string();
+            // The pod of a list in progress: the view is replaced when the list is whole.
+            let mut listed: Option<Pod> = None;
             let mut failures = 0u32;
-            loop {
-                let params = WatchParams::default().labels(&selector).timeout(WATCH_SECONDS);
-                let stream = match api.watch(&params, &version).await {
-                    Ok(stream) => stream,
+            let events = watched(api, config);
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(event) => event,
                     Err(error) => {
-                        if gone(&error) {
-                            version = "0".into();
-                            continue;
-                        }
                         failures += 1;
-                        if failures >= 3 {
-                            let error = client.error("watch the run's pod", &error);
-                            sender.send_modify(|seen| seen.error = Some(error.message));
+                        if failures >= FAILURES {
+                            let message = match kube_error(&error) {
+                                Some(error) => client.error("watch the run's pod", error).message,
+                                None => format!("watch the run's pod: {error}"),
+                            };
+                            sender.send_modify(|seen| seen.error = Some(message));
                         }
-                        tokio::time::sleep(Duration::from_millis(500 * u64::from(failures.min(10)))).await;
                         continue;
                     }
                 };
                 failures = 0;
-                sender.send_modify(|seen| seen.error = None);
-                futures::pin_mut!(stream);
-                while let Some(event) = stream.next().await {
-                    match event {
-                        Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod)) => {
-                            version = pod.metadata.resource_version.clone().unwrap_or(version);
-                            sender.send_modify(|seen| {
-                                seen.pod = Some(pod);
-                                seen.deleted = false;
-                            });
-                        }
-                        Ok(WatchEvent::Deleted(pod)) => {
-                            version = pod.metadata.resource_version.clone().unwrap_or(version);
-                            sender.send_modify(|seen| {
-                                seen.pod = None;
-                                seen.deleted = true;
-                            });
-                        }
-                        Ok(WatchEvent::Bookmark(bookmark)) => version = bookmark.metadata.resource_version,
-                        Ok(WatchEvent::Error(status)) => {
-                            if expired(&status) {
-                                version = "0".into();
-                            }
-                            break;
-                        }
-                        Err(_) => break,
+                match event {
+                    Watched::Init => listed = None,
+                    Watched::InitApply(pod) => listed = Some(pod),
+                    Watched::InitDone => {
+                        let pod = listed.take();
+                        sender.send_modify(|seen| {
+                            seen.error = None;
+                            seen.deleted = pod.is_none() && (seen.deleted || seen.pod.is_some());
+                            seen.pod = pod;
+                        });
                     }
+                    Watched::Apply(pod) => sender.send_modify(|seen| {
+                        seen.error = None;
+                        seen.pod = Some(pod);
+                        seen.deleted = false;
+                    }),
+                    Watched::Delete(_) => sender.send_modify(|seen| {
+                        seen.error = None;
+                        seen.pod = None;
+                        seen.deleted = true;
+                    }),
                 }
             }
         });
@@ -118,39 +117,14 @@ impl EventWatch {
         let (sender, events) = mpsc::channel(EVENTS);
         let api: Api<Event> = client.api(namespace);
         let fields = format!("involvedObject.name={name}");
+        let config = watcher::Config::default().fields(&fields).timeout(WATCH_SECONDS);
         let task = tokio::spawn(async move {
-            let mut version = "0".to_string();
-            loop {
-                let params = WatchParams::default().fields(&fields).timeout(WATCH_SECONDS);
-                let stream = match api.watch(&params, &version).await {
-                    Ok(stream) => stream,
-                    Err(error) => {
-                        if gone(&error) {
-                            version = "0".into();
-                        } else {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                        continue;
-                    }
-                };
-                futures::pin_mut!(stream);
-                while let Some(event) = stream.next().await {
-                    match event {
-                        Ok(WatchEvent::Added(event) | WatchEvent::Modified(event)) => {
-                            version = event.metadata.resource_version.clone().unwrap_or(version);
-                            // A full channel drops the event: its reader is behind.
-                            let _ = sender.try_send(event);
-                        }
-                        Ok(WatchEvent::Deleted(_)) => {}
-                        Ok(WatchEvent::Bookmark(bookmark)) => version = bookmark.metadata.resource_version,
-                        Ok(WatchEvent::Error(status)) => {
-                            if expired(&status) {
-                                version = "0".into();
-                            }
-                            break;
-                        }
-                        Err(_) => break,
-                    }
+            let watched = watched(api, config);
+            futures::pin_mut!(watched);
+            while let Some(event) = watched.next().await {
+                if let Ok(Watched::Apply(event) | Watched::InitApply(event)) = event {
+                    // A full channel drops the event: its reader is behind.
+                    let _ = sender.try_send(event);
                 }
                 if sender.is_closed() {
                     return;
@@ -161,11 +135,35 @@ impl EventWatch {
     }
 }
 
-/// Whether a watch request was refused for an expired resourceVersion.
-fn gone(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if expired(status))
+/// The watcher of `config`'s objects, with the default back-off between failed attempts: a
+/// streaming list first, and a list then a watch from the first refusal of one on (a server
+/// without the WatchList feature refuses `sendInitialEvents` as invalid).
+fn watched<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = watcher::Result<Watched<K>>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let streaming = watcher::watcher(api.clone(), config.clone().streaming_lists()).default_backoff();
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen_refusal = refused.clone();
+    let first = streaming
+        .map(move |event| {
+            if let Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) = &event
+                && matches!(status.code, 400 | 422)
+            {
+                seen_refusal.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            event
+        })
+        .take_while(move |_| std::future::ready(!refused.load(std::sync::atomic::Ordering::SeqCst)));
+    first.chain(futures::stream::once(async move { watcher::watcher(api, config).default_backoff() }).flatten())
 }
 
-fn expired(status: &Status) -> bool {
-    status.code == 410 || status.reason == "Expired" || status.reason == "Gone"
+/// The client's error inside a watcher's, if it holds one.
+fn kube_error(error: &watcher::Error) -> Option<&kube::Error> {
+    match error {
+        watcher::Error::InitialListFailed(error)
+        | watcher::Error::WatchStartFailed(error)
+        | watcher::Error::WatchFailed(error) => Some(error),
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => None,
+    }
 }

@@ -328,7 +328,11 @@ async fn in_session(
             steps[index].status = StepStatus::TimedOut;
             return Err(Ended {
                 status: RunStatus::Failure,
-                cause: format!("the run passed its timeout of {:?} before step {}", workflow.timeout, step.name),
+                cause: format!(
+                    "the run passed its timeout of {} before step {}",
+                    crate::printable::duration(workflow.timeout),
+                    step.name
+                ),
             });
         }
         let secrets = step_secrets(plan, step, log);
@@ -536,7 +540,9 @@ fn step_ended(
             };
             report.status = step_status;
             let cause = match step_status {
-                StepStatus::TimedOut => format!("step {} was killed at its timeout of {:?}", step.name, timeout),
+                StepStatus::TimedOut => {
+                    format!("step {} was killed at its timeout of {}", step.name, crate::printable::duration(timeout))
+                }
                 StepStatus::Cancelled => format!("cancelled during step {}", step.name),
                 // A step's own failure, in the executor's words (they name the step).
                 StepStatus::Failure => match &error {

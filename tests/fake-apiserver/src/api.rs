@@ -172,7 +172,20 @@ pub fn json_response(code: u16, body: &Value, warnings: &[String]) -> Response {
     response
 }
 
+/// Every API request, counted by what it asked (`verb resource`) and, when refused, by its
+/// answer's code too (`verb resource code`, in `refused`).
 async fn handle(State(app): State<Shared>, request: Request) -> Response {
+    let query = parse_query(request.uri().query());
+    let info = RequestInfo::parse(request.method(), request.uri().path(), &query);
+    let response = respond(app.clone(), request).await;
+    let code = response.status().as_u16();
+    if code >= 400 {
+        *app.lock().rt.stats.refused.entry(format!("{} {code}", info.stat_key())).or_default() += 1;
+    }
+    response
+}
+
+async fn respond(app: Shared, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let query = parse_query(parts.uri.query());
     let info = RequestInfo::parse(&parts.method, parts.uri.path(), &query);
@@ -180,6 +193,9 @@ async fn handle(State(app): State<Shared>, request: Request) -> Response {
         let mut state = app.lock();
         state.rt.stats.requests += 1;
         *state.rt.stats.by.entry(info.stat_key()).or_default() += 1;
+        if let Some(refused) = crate::fake::refused(&state) {
+            return refused;
+        }
         let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|h| h.to_str().ok());
         auth::authenticate(&state, authorization)
     };
@@ -656,6 +672,19 @@ fn watch(
     }
     let send_initial = param(query, "sendInitialEvents") == Some("true");
     let bookmarks = param(query, "allowWatchBookmarks") == Some("true");
+    // A server without the WatchList feature refuses streaming lists
+    // (staging/src/k8s.io/apimachinery/pkg/apis/meta/internalversion/validation `ValidateListOptions`).
+    if send_initial && !app.config.watch_list {
+        return Err(ApiError::invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            &[crate::status::FieldError::forbidden(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            )],
+        ));
+    }
     if send_initial && (param(query, "resourceVersionMatch") != Some("NotOlderThan") || !bookmarks) {
         return Err(ApiError::invalid(
             "ListOptions",

@@ -29,6 +29,8 @@ pub struct Config {
     pub pull_backoff: Duration,
     pub job_backoff: Duration,
     pub grace: Duration,
+    pub exec_dial_timeout: Duration,
+    pub watch_list: bool,
     pub images: Vec<String>,
 }
 
@@ -67,6 +69,8 @@ pub struct NodeRuntime {
 pub struct Stats {
     pub requests: u64,
     pub by: BTreeMap<String, u64>,
+    /// The refused ones, by `verb resource code`.
+    pub refused: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]

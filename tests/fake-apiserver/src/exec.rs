@@ -54,6 +54,8 @@ struct Session {
     stderr: bool,
     v5: bool,
     fault: Option<String>,
+    /// The node's kubelet does not answer: the dial's error, sent once the dial times out.
+    unreachable: Option<String>,
 }
 
 fn flag(query: &[(String, String)], key: &str) -> bool {
@@ -79,6 +81,10 @@ pub async fn handle(app: Shared, info: RequestInfo, mut parts: Parts, query: Vec
                     .into_response();
                 }
             };
+            if let Some(error) = session.unreachable.take() {
+                let timeout = app.config.exec_dial_timeout;
+                return upgrade.on_upgrade(move |socket| unreachable(socket, error, timeout)).into_response();
+            }
             {
                 // A connection that breaks between the command's end and its Status, for any
                 // command: what a client sees when it loses the Status.
@@ -124,7 +130,25 @@ fn prepare(app: &Shared, info: &RequestInfo, query: &[(String, String)]) -> Resu
     }
     let node = text(&pod, "/spec/nodeName").to_string();
     if state.rt.nodes.get(&node).is_some_and(|n| n.lost_at.is_some()) {
-        return Err(ApiError::internal(format!("error dialing backend: dial tcp {}:10250: i/o timeout", "10.0.0.2")));
+        let address = state
+            .store
+            .get("nodes", "", &node)
+            .and_then(|n| n.pointer("/status/addresses").and_then(Value::as_array).cloned())
+            .and_then(|a| a.iter().find(|a| text(a, "/type") == "InternalIP").map(|a| text(a, "/address").to_string()))
+            .unwrap_or_default();
+        return Ok(Session {
+            namespace: info.namespace.clone(),
+            pod: info.name.clone(),
+            node,
+            init: 0,
+            command,
+            stdin: flag(query, "stdin"),
+            stdout: flag(query, "stdout"),
+            stderr: flag(query, "stderr"),
+            v5: true,
+            fault: None,
+            unreachable: Some(format!("error dialing backend: dial tcp {address}:10250: i/o timeout")),
+        });
     }
     // The kubelet finds the container among those running (pkg/kubelet/kubelet.go
     // `findContainer`): one not started yet, or ended, is not found.
@@ -146,6 +170,7 @@ fn prepare(app: &Shared, info: &RequestInfo, query: &[(String, String)]) -> Resu
         stderr: flag(query, "stderr"),
         v5: true,
         fault: None,
+        unreachable: None,
     })
 }
 
@@ -181,6 +206,25 @@ fn fire(app: &Shared, session: &Session, fault: &str) {
         }
         _ => {}
     }
+}
+
+/// An exec to a pod whose node does not answer: the API server has upgraded the client's
+/// connection before it dials the kubelet (the websocket-to-SPDY translator,
+/// staging/src/k8s.io/apiserver/pkg/util/proxy/streamtranslator.go), so the client sees the
+/// upgrade, then silence until the kubelet client's dial times out (30 s, the `net.Dialer` of
+/// pkg/kubelet/client/kubelet_client.go; `--exec-dial-timeout`), then the error as a Status on
+/// the error channel, and the close.
+async fn unreachable(socket: WebSocket, error: String, timeout: Duration) {
+    let (mut sink, mut stream) = socket.split();
+    let read = async { while let Some(Ok(_)) = stream.next().await {} };
+    tokio::select! {
+        _ = tokio::time::sleep(timeout) => {}
+        // The client gave up first: nothing to answer.
+        _ = read => return,
+    }
+    let status = json!({"metadata": {}, "status": "Failure", "message": error, "reason": "InternalError", "code": 500});
+    let _ = sink.send(frame(3, status.to_string().as_bytes())).await;
+    let _ = sink.send(Message::Close(None)).await;
 }
 
 async fn run(app: Shared, socket: WebSocket, session: Session) {

@@ -105,6 +105,19 @@ impl FakeCluster {
         self.control("POST", "/fake/faults", Some(serde_json::json!({ "faults": names })));
     }
 
+    /// Ends every open watch, as a restarting or overloaded API server does.
+    pub fn end_watches(&self) {
+        self.control("POST", "/fake/watches/end", None);
+    }
+
+    /// Opens a watch gap: every watch ends, the Jobs and pods of `namespace` are deleted while
+    /// none is open, and the history is compacted (a resumed watch gets 410 Gone); what was
+    /// deleted, as `resource/name`.
+    pub fn watch_gap(&self, namespace: &str) -> Vec<String> {
+        let answer = self.control("POST", "/fake/watches/gap", Some(serde_json::json!({ "namespace": namespace })));
+        answer["deleted"].as_array().into_iter().flatten().filter_map(|d| d.as_str().map(str::to_string)).collect()
+    }
+
     /// Every object the fake stores.
     pub fn objects(&self) -> Vec<Value> {
         self.control("GET", "/fake/objects", None).as_array().cloned().unwrap_or_default()

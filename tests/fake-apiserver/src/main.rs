@@ -92,6 +92,14 @@ struct Cli {
     /// The default terminationGracePeriodSeconds.
     #[arg(long, default_value = "30s", value_parser = duration)]
     grace: Duration,
+    /// How long an exec to a pod on a lost node waits for the kubelet's dial before it fails
+    /// (the API server's kubelet client dials with a 30 s timeout).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    exec_dial_timeout: Duration,
+    /// Whether watches serve streaming lists (`sendInitialEvents`, the WatchList feature);
+    /// `--watch-list false` refuses them as a server without the feature does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    watch_list: bool,
     /// Another image that exists (repeatable).
     #[arg(long = "image")]
     images: Vec<String>,
@@ -125,6 +133,8 @@ async fn main() -> anyhow::Result<()> {
         pull_backoff: cli.pull_backoff,
         job_backoff: cli.job_backoff,
         grace: cli.grace,
+        exec_dial_timeout: cli.exec_dial_timeout,
+        watch_list: cli.watch_list,
         images: cli.images,
     };
     for (name, value) in [("--node-cpu", &config.node_cpu), ("--node-memory", &config.node_memory)] {

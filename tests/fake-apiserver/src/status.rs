@@ -125,6 +125,12 @@ impl ApiError {
         )
     }
 
+    /// What a load balancer in front of an API server with no healthy backend answers, in the
+    /// API's own shape (`NewServiceUnavailable`, staging/src/k8s.io/apimachinery/pkg/api/errors).
+    pub fn service_unavailable() -> Self {
+        Self::new(503, "ServiceUnavailable", "the server is currently unable to handle the request".into(), None)
+    }
+
     /// Drops empty `details` members as `omitempty` does.
     fn tidy(mut self) -> Self {
         if let Some(details) = self.body.get_mut("details").and_then(Value::as_object_mut) {

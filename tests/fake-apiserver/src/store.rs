@@ -82,6 +82,8 @@ pub struct Store {
     objects: BTreeMap<Key, Value>,
     rv: u64,
     history: VecDeque<Change>,
+    /// Changes up to this revision were compacted away: a watch from before it is 410.
+    compacted: u64,
     watchers: Vec<Watcher>,
     changed: watch::Sender<u64>,
     /// The isolation checker, run after every write of a pod or a NetworkPolicy.
@@ -94,6 +96,7 @@ impl Store {
             objects: BTreeMap::new(),
             rv: 100,
             history: VecDeque::new(),
+            compacted: 0,
             watchers: Vec::new(),
             changed,
             isolation: Isolation::default(),
@@ -246,6 +249,20 @@ impl Store {
         Some(object)
     }
 
+    /// Ends every open watch, as an API server ends them when it restarts or sheds load
+    /// (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go `terminateAllWatchers`): each
+    /// stream sends what was queued, then closes; its client resumes from the last version.
+    pub fn end_watches(&mut self) {
+        self.watchers.clear();
+    }
+
+    /// Forgets the history up to now, as etcd's compaction does: a watch resumed from an older
+    /// resourceVersion gets 410 Gone ("too old resource version") and must list again.
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
     /// Starts a watch: the events to send first, and the queue of later ones.
     pub fn watch(
         &mut self,
@@ -263,7 +280,7 @@ impl Store {
             }
             Some(rv) if rv < self.rv => {
                 let oldest = self.history.front().map(|c| c.rv).unwrap_or(self.rv);
-                if rv + 1 < oldest {
+                if rv + 1 < oldest || rv < self.compacted {
                     return Err(ApiError::expired(rv, oldest));
                 }
                 for change in self.history.iter().filter(|c| c.rv > rv) {

@@ -30,7 +30,9 @@ fn a_step_that_may_fail_is_reported_failed_and_the_run_goes_on() {
     assert_eq!(row(&passed.stdout, "audit")[1..4], ["failure", "audit", "3"], "{}", passed.both());
     assert!(passed.stdout.lines().any(|line| line.starts_with("ci        timed out  slow")), "{}", passed.both());
     assert!(
-        passed.stdout.contains("ci ==> step slow was killed at its timeout of 1s; the run goes on (continue-on-error)"),
+        passed
+            .stdout
+            .contains("ci ==> step slow was killed at its timeout of 1 s; the run goes on (continue-on-error)"),
         "{}",
         passed.both()
     );

@@ -3,10 +3,13 @@
 //! a node whose kubelet stopped posting status for `--node-monitor-grace` gets its conditions
 //! `Unknown` (`NodeStatusUnknown`, "Kubelet stopped posting node status."), the
 //! `node.kubernetes.io/unreachable` NoSchedule and NoExecute taints, its pods `Ready=False`
-//! (`MarkPodsNotReady`, Warning `NodeNotReady` "Node is not ready"); pods are deleted once
-//! their toleration for the NoExecute taint runs out (`TaintManagerEviction`), and a pod being
-//! deleted on an unreachable node shows `status.reason: NodeLost` (`SetPodTerminationReason`,
-//! pkg/controller/util/node/controller_utils.go) and stays terminating: no kubelet confirms.
+//! (`MarkPodsNotReady`, Warning `NodeNotReady` "Node is not ready"). The taint eviction
+//! controller then takes each pod on the node once its toleration of the NoExecute taint runs
+//! out (at once without one; the DefaultTolerationSeconds admission plugin gives every pod 300 s,
+//! `--eviction-toleration`, in `registry.rs`): it adds the pod condition `DisruptionTarget`
+//! (reason `DeletionByTaintManager`, "Taint manager: deleting due to NoExecute taint",
+//! `addConditionAndDeletePod`), records `TaintManagerEviction`, and deletes the pod, which
+//! stays terminating: no kubelet confirms.
 //! A new node is NotReady (`node.kubernetes.io/not-ready:NoSchedule`) until provisioned.
 
 use std::time::{Duration, Instant};
@@ -224,7 +227,9 @@ fn mark_pods_not_ready(state: &mut State, node: &str) {
     }
 }
 
-/// Taint-based eviction, and the NodeLost reason of pods terminating on unreachable nodes.
+/// Taint-based eviction (`processPodOnNode`, `addConditionAndDeletePod`): a pod whose
+/// toleration of the NoExecute taint ran out (from when the controller first saw it on the
+/// tainted node) gets `DisruptionTarget`, then is deleted with its grace period.
 fn evict(state: &mut State) {
     let now = Instant::now();
     for node in state.store.list("nodes", None) {
@@ -239,18 +244,11 @@ fn evict(state: &mut State) {
             continue;
         }
         for pod in pods_on(state, &name) {
-            let uid = text(&pod, "/metadata/uid").to_string();
-            let (ns, pod_name) = util::ns_name(&pod);
             if pod.pointer("/metadata/deletionTimestamp").is_some() {
-                if text(&pod, "/status/reason") != "NodeLost" {
-                    let message = format!("Node {name} which was running pod {pod_name} is unresponsive");
-                    state.store.modify("pods", &ns, &pod_name, |p| {
-                        p["status"]["reason"] = json!("NodeLost");
-                        p["status"]["message"] = json!(message);
-                    });
-                }
                 continue;
             }
+            let uid = text(&pod, "/metadata/uid").to_string();
+            let (ns, pod_name) = util::ns_name(&pod);
             let toleration = pod.pointer("/spec/tolerations").and_then(Value::as_array).and_then(|ts| {
                 ts.iter()
                     .find(|t| {
@@ -266,17 +264,32 @@ fn evict(state: &mut State) {
                 Some(None) => false,
                 Some(Some(seconds)) => now >= started + Duration::from_secs(seconds),
             };
-            if due && let Some(pods) = resources::by_key("pods") {
-                events::record(
-                    &mut state.store,
-                    &pod,
-                    "Normal",
-                    "TaintManagerEviction",
-                    &format!("Marking for deletion Pod {ns}/{pod_name}"),
-                    "taint-eviction-controller",
-                    "",
-                    "",
-                );
+            if !due {
+                continue;
+            }
+            state.store.modify("pods", &ns, &pod_name, |p| {
+                let condition = json!({"type": "DisruptionTarget", "status": "True",
+                    "reason": "DeletionByTaintManager", "message": "Taint manager: deleting due to NoExecute taint",
+                    "lastProbeTime": null, "lastTransitionTime": util::now()});
+                match p.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
+                    Some(conditions) => {
+                        conditions.retain(|c| text(c, "/type") != "DisruptionTarget");
+                        conditions.push(condition);
+                    }
+                    None => p["status"]["conditions"] = json!([condition]),
+                }
+            });
+            events::record(
+                &mut state.store,
+                &pod,
+                "Normal",
+                "TaintManagerEviction",
+                &format!("Marking for deletion Pod {ns}/{pod_name}"),
+                "taint-eviction-controller",
+                "",
+                "",
+            );
+            if let Some(pods) = resources::by_key("pods") {
                 let _ = registry::delete(state, pods, &ns, &pod_name, DeleteOptions::default());
             }
         }
