@@ -450,6 +450,62 @@ mod tests {
     }
 
     #[test]
+    fn a_full_node_group_and_nodes_the_runner_holds_are_waited_for() {
+        assert!(scale_up_blocked_for_now("pod didn't trigger scale-up: 1 max node group size reached"));
+        assert!(scale_up_blocked_for_now(
+            "pod didn't trigger scale-up: 2 node(s) didn't match Pod's node affinity/selector, 1 max node group size reached"
+        ));
+        assert!(scale_up_blocked_for_now("pod didn't trigger scale-up: 1 max cluster cpu, memory limit reached"));
+        assert!(scale_up_blocked_for_now("pod didn't trigger scale-up: 1 in backoff after failed scale-up"));
+        assert!(!scale_up_blocked_for_now("pod didn't trigger scale-up: 1 Insufficient cpu"));
+        let held = "0/5 nodes are available: 5 node(s) didn't match pod anti-affinity rules. preemption: 0/5 nodes are available: 5 No preemption victims found for incoming pod.";
+        assert!(held_by_own_runs(held));
+        assert!(held_by_own_runs(
+            "0/2 nodes are available: 2 node(s) didn't satisfy existing pods anti-affinity rules."
+        ));
+        assert!(!held_by_own_runs("0/1 nodes are available: 1 Insufficient cpu."));
+    }
+
+    #[test]
+    fn a_pull_refused_for_now_waits_and_a_second_refusal_is_counted() {
+        let limited = "rpc error: code = Unknown desc = failed to pull and unpack image \"docker.io/library/busybox:latest\": failed to copy: httpReadSeeker: failed open: unexpected status code https://registry-1.docker.io/v2/library/busybox/manifests/sha256:abc: 429 Too Many Requests - Server message: toomanyrequests: You have reached your pull rate limit.";
+        assert!(temporary_pull_error(limited));
+        assert!(temporary_pull_error(
+            "unexpected status from HEAD request to https://r/v2/x/manifests/1: 503 Service Unavailable"
+        ));
+        assert!(!temporary_pull_error("rpc error: code = NotFound desc = nope:1: not found"));
+        assert!(matches!(from_pod(&waiting("ErrImagePull", limited)), PodState::Pending { .. }));
+        let mut said = Said::default();
+        let mut failed = event("Failed", &format!("Failed to pull image \"busybox\": {limited}"));
+        said.add(&failed);
+        assert_eq!((said.temporary_pulls(), said.image.clone()), (1, None));
+        failed.count = Some(2);
+        said.add(&failed);
+        assert_eq!(said.temporary_pulls(), 2, "the repeated event counts twice");
+        assert!(said.temporary_pull.as_deref().is_some_and(|cause| cause.contains("toomanyrequests")));
+    }
+
+    #[test]
+    fn a_container_killed_for_its_memory_is_named() {
+        let ended = |state: serde_json::Value| {
+            pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Failed", "containerStatuses": [
+                {"name": "run", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0, "state": state}
+            ]}}))
+        };
+        let oom = ended(json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}));
+        assert!(
+            matches!(from_pod(&oom), PodState::Failed { ref cause, .. } if cause.contains("more memory than its limit (OOMKilled, exit code 137)")),
+            "{:?}",
+            from_pod(&oom)
+        );
+        assert!(ended_container_of(&oom).is_some_and(|cause| cause.contains("OOMKilled")));
+        let error = ended(json!({"terminated": {"exitCode": 2, "reason": "Error"}}));
+        assert!(
+            matches!(from_pod(&error), PodState::Failed { ref cause, .. } if cause.contains("the container ended (Error, exit code 2)"))
+        );
+    }
+
+    #[test]
     fn ready_lost_and_terminating() {
         let ready = pod(
             json!({"metadata": {"name": "p"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
