@@ -148,7 +148,7 @@ async fn a_container_killed_for_its_memory_is_named_oom_killed() {
     let started = Instant::now();
     let ran = step(&session, &fault, 120_000, &[]).await;
     let took = started.elapsed();
-    let error = ran.result.err().expect("the step has no result");
+    let error = ran.result.expect_err("the step has no result");
     let message = error.to_string();
     assert!(message.contains("OOMKilled") && message.contains("exit code 137"), "{message}");
     assert!(took < Duration::from_secs(15), "took {took:?}");
