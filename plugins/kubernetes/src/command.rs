@@ -97,8 +97,9 @@ impl Shell for Pod<'_> {
         // A container that ended (killed for its memory, say) is the cause, whatever became of
         // the pod since; the kubelet's word may come just after the stream's end.
         let mut seen = session.pods.seen.clone();
-        let settled =
-            seen.wait_for(|seen| seen.deleted || seen.pod.as_ref().is_some_and(|pod| pod::broken(pod).is_some()));
+        let settled = seen.wait_for(|seen| {
+            seen.deleted || seen.pod.as_ref().is_none_or(|pod| pod::ended_container_of(pod).is_some())
+        });
         let _ = tokio::time::timeout(SETTLE, settled).await;
         let seen_ended = seen.borrow().pod.as_ref().and_then(pod::ended_container_of);
         if let Some(ended) = seen_ended.or_else(|| knotless_protocol::sdk::lock(&self.ended).clone()) {

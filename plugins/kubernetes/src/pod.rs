@@ -132,9 +132,22 @@ fn ended_container(status: &PodStatus) -> Option<String> {
     run.chain(services).find_map(ended)
 }
 
-/// Why a container of `pod` ended, if one has ([`termination`]'s words).
+/// Why a container of `pod` ended, if one has ([`termination`]'s words), and its ending is a
+/// cause rather than the pod's deletion at work: the pod is not being deleted, or the container
+/// was killed for its memory.
 pub fn ended_container_of(pod: &Pod) -> Option<String> {
-    ended_container(pod.status.as_ref()?)
+    let status = pod.status.as_ref()?;
+    let oom_killed = status.container_statuses.iter().flatten().any(|container| {
+        [container.state.as_ref(), container.last_state.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|state| state.terminated.as_ref())
+            .any(|terminated| terminated.reason.as_deref() == Some("OOMKilled"))
+    });
+    if pod.metadata.deletion_timestamp.is_some() && !oom_killed {
+        return None;
+    }
+    ended_container(status)
 }
 
 /// Whether a pull error is one the registry marks as temporary: too many requests (429,
