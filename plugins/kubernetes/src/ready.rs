@@ -163,9 +163,10 @@ pub async fn wait_ready(
                 }
             }
         }
+        let start_timeout = deadline >= limits.hard;
         let deadline = deadline.min(limits.hard);
         if now >= deadline {
-            if waiting_for_node {
+            if waiting_for_node && !start_timeout {
                 return Err(ExecutorError::infrastructure(format!(
                     "the pod of job {job} found no node within scale-up-timeout ({} s): {last}",
                     limits.scale_up.as_secs()
