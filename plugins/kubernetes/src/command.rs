@@ -19,12 +19,16 @@ use knotless_protocol::sdk::Context;
 use knotless_protocol::sdk::remote::{self, Exec, Shell};
 use knotless_protocol::*;
 use kube::api::Api;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::KubernetesExecutor;
 use crate::api::Client;
 use crate::manifest::CONTAINER;
 use crate::pod::{self, PodState};
 use crate::session::{self, Session};
+
+/// How long a lost stream's explanation waits for the watch to show the pod's state.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// `command`.
 pub async fn run(
@@ -40,8 +44,28 @@ pub async fn run(
         None => "/work".to_string(),
     };
     tracing::info!(job = %session.job, namespace = %session.namespace, image = %session.image, step = params.step, name = %params.name, "step started");
-    let pod = Pod { client: &client, session: &session, said: Arc::new(Mutex::new(None)) };
+    let ended = Arc::new(Mutex::new(None));
+    let _follow = follow_endings(&session, Arc::clone(&ended));
+    let pod = Pod { client: &client, session: &session, said: Arc::new(Mutex::new(None)), ended };
     remote::run_step(&pod, &params, &workdir, &context).await
+}
+
+/// Follows the session's pod watch while a step runs, keeping the last word on a container
+/// that ended (`OOMKilled`, `Error`, ...): the pod may be gone by the time a lost stream is
+/// explained, and its status with it.
+fn follow_endings(session: &Session, ended: Arc<Mutex<Option<String>>>) -> AbortOnDropHandle<()> {
+    let mut seen = session.pods.seen.clone();
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        loop {
+            let cause = seen.borrow_and_update().pod.as_ref().and_then(pod::ended_container_of);
+            if cause.is_some() {
+                *knotless_protocol::sdk::lock(&ended) = cause;
+            }
+            if seen.changed().await.is_err() {
+                return;
+            }
+        }
+    }))
 }
 
 /// A session's pod, reached through the API's exec.
@@ -52,6 +76,8 @@ pub struct Pod<'a> {
     pub session: &'a Session,
     /// What the last exec's status said when it was no exit code.
     pub said: Arc<Mutex<Option<String>>>,
+    /// Why a container of the pod ended, as the watch last showed it while the step ran.
+    pub ended: Arc<Mutex<Option<String>>>,
 }
 
 impl Shell for Pod<'_> {
@@ -68,6 +94,20 @@ impl Shell for Pod<'_> {
             (None, Some(status)) => format!("the exec ended: {status}"),
             (None, None) => "the exec stream ended without a status".to_string(),
         };
+        // A container that ended (killed for its memory, say) is the cause, whatever became of
+        // the pod since; the kubelet's word may come just after the stream's end.
+        let mut seen = session.pods.seen.clone();
+        let settled = seen.wait_for(|seen| {
+            seen.deleted || seen.pod.as_ref().is_none_or(|pod| pod::ended_container_of(pod).is_some())
+        });
+        let _ = tokio::time::timeout(SETTLE, settled).await;
+        let seen_ended = seen.borrow().pod.as_ref().and_then(pod::ended_container_of);
+        if let Some(ended) = seen_ended.or_else(|| knotless_protocol::sdk::lock(&self.ended).clone()) {
+            return ExecutorError::infrastructure(format!(
+                "step {step} has no result: the pod {} failed: {ended}",
+                session.pod
+            ));
+        }
         let pods: Api<PodObject> = self.client.api(&session.namespace);
         let found = self.client.limited(&format!("get the pod {}", session.pod), pods.get_opt(&session.pod)).await;
         let cause = match found {

@@ -74,10 +74,11 @@ pub struct Config {
     pub node_selector: BTreeMap<String, String>,
     /// `ttlSecondsAfterFinished` of a Job not kept.
     pub ttl_seconds: i32,
-    /// How long a pod may take to become Ready, at most (the start's own timeout may be shorter).
+    /// How long a pod may take to become Ready, at most, not counting its wait for a node (the
+    /// start's own timeout may be shorter).
     pub ready_timeout_secs: u64,
-    /// How long an Unschedulable pod waits for a node while the cluster may still add one,
-    /// from when it was first Unschedulable (the start's own timeout may be shorter).
+    /// How long an Unschedulable pod waits for a node, from when it was first Unschedulable,
+    /// whether shorter or longer than the ready timeout (the start's own timeout may be shorter).
     pub scale_up_timeout_secs: u64,
     /// The runner's id, raw.
     pub runner_id: String,

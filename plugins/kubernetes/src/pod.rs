@@ -9,7 +9,9 @@
 //! `TriggeredScaleUp` or `NotTriggerScaleUp` events some seconds later; a pod whose node is
 //! lost first turns `Ready=False`, then is deleted (terminating, phase still `Running`).
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Event, Pod, PodStatus};
 
 use crate::manifest::CONTAINER;
 use crate::names::SERVICE_PREFIX;
@@ -59,7 +61,10 @@ pub fn from_pod(pod: &Pod) -> PodState {
     if phase == "Failed" || phase == "Succeeded" {
         let cause = match reason.as_str() {
             "DeadlineExceeded" => format!("the Job passed its activeDeadlineSeconds: {message}"),
-            "" => format!("the pod ended ({phase})"),
+            "" => match ended_container(&status) {
+                Some(cause) => format!("the pod ended ({phase}): {cause}"),
+                None => format!("the pod ended ({phase})"),
+            },
             _ => format!("the pod ended ({phase}, {reason}): {message}"),
         };
         return PodState::Failed { name, cause };
@@ -70,6 +75,13 @@ pub fn from_pod(pod: &Pod) -> PodState {
         if let Some(waiting) = state.waiting {
             let reason = waiting.reason.unwrap_or_default();
             let message = waiting.message.unwrap_or_default();
+            if reason == "ErrImagePull" && temporary_pull_error(&message) {
+                let detail = who.cause(format!(
+                    "pulling the image {} failed for now and backs off: the kubelet pulls again: {message}",
+                    container.image
+                ));
+                return PodState::Pending { name, detail };
+            }
             if let Some(cause) = image_failure(&reason, &message, &container.image) {
                 return PodState::Failed { name, cause: who.cause(cause) };
             }
@@ -82,10 +94,8 @@ pub fn from_pod(pod: &Pod) -> PodState {
                 return PodState::Pending { name, detail };
             }
         }
-        if let Some(terminated) = state.terminated {
-            let reason = terminated.reason.unwrap_or_default();
-            let cause = format!("{} ended ({reason}, exit code {})", who.subject(), terminated.exit_code);
-            return PodState::Failed { name, cause };
+        if let Some(terminated) = &state.terminated {
+            return PodState::Failed { name, cause: termination(&who, terminated) };
         }
     }
     let conditions = status.conditions.clone().unwrap_or_default();
@@ -100,6 +110,68 @@ pub fn from_pod(pod: &Pod) -> PodState {
         return PodState::Ready { name };
     }
     PodState::Pending { name, detail: format!("phase {}", if phase.is_empty() { "unknown" } else { &phase }) }
+}
+
+/// Why a container ended, from its `state.terminated` (or `lastState.terminated`): the
+/// reason the runtime gave (`OOMKilled`, `Error`, `ContainerStatusUnknown`, ...) and the exit
+/// code, named in words where the reason says more than the code.
+fn termination(who: &Container, terminated: &ContainerStateTerminated) -> String {
+    let subject = who.subject();
+    let code = terminated.exit_code;
+    let message = terminated.message.as_deref().map(str::trim).filter(|message| !message.is_empty());
+    let said = message.map(|message| format!(": {message}")).unwrap_or_default();
+    match terminated.reason.as_deref().unwrap_or_default() {
+        "OOMKilled" => format!(
+            "{subject} was killed for using more memory than its limit (OOMKilled, exit code {code}); \
+             give the workflow more memory or use less{said}"
+        ),
+        "" => format!("{subject} ended (exit code {code}){said}"),
+        reason => format!("{subject} ended ({reason}, exit code {code}){said}"),
+    }
+}
+
+/// The first container of a pod that ended, as [`termination`] names it; the run's own
+/// container before a service's.
+fn ended_container(status: &PodStatus) -> Option<String> {
+    let statuses = status.container_statuses.as_ref()?;
+    let ended = |status: &ContainerStatus| {
+        let state = status.state.as_ref().and_then(|state| state.terminated.as_ref());
+        let last = status.last_state.as_ref().and_then(|state| state.terminated.as_ref());
+        state.or(last).map(|terminated| termination(&Container::of(&status.name), terminated))
+    };
+    let run = statuses.iter().filter(|status| Container::of(&status.name) == Container::Run);
+    let services = statuses.iter().filter(|status| Container::of(&status.name) != Container::Run);
+    run.chain(services).find_map(ended)
+}
+
+/// Why a container of `pod` ended, if one has ([`termination`]'s words), and its ending is a
+/// cause rather than the pod's deletion at work: the pod is not being deleted, or the container
+/// was killed for its memory.
+pub fn ended_container_of(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let oom_killed = status.container_statuses.iter().flatten().any(|container| {
+        [container.state.as_ref(), container.last_state.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|state| state.terminated.as_ref())
+            .any(|terminated| terminated.reason.as_deref() == Some("OOMKilled"))
+    });
+    if pod.metadata.deletion_timestamp.is_some() && !oom_killed {
+        return None;
+    }
+    ended_container(status)
+}
+
+/// Whether a pull error is one the registry marks as temporary: too many requests (429,
+/// `toomanyrequests`) or a server error (5xx). The kubelet pulls again after its back-off,
+/// and such a pull may succeed.
+pub fn temporary_pull_error(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("toomanyrequests") || lower.contains("429 too many requests") {
+        return true;
+    }
+    let statuses = ["500 internal server error", "502 bad gateway", "503 service unavailable", "504 gateway timeout"];
+    statuses.iter().any(|status| lower.contains(status))
 }
 
 /// A container of the run's pod: the run's own, or a service's.
@@ -232,6 +304,10 @@ pub struct Said {
     pub image: Option<String>,
     /// What the cluster autoscaler said last about adding a node for the pod.
     pub scale: Option<Scale>,
+    /// Pulls the registry refused for now (429, 5xx): the cause, from the last such event.
+    pub temporary_pull: Option<String>,
+    /// How many such pulls failed, by event (a repeated event counts each time).
+    temporary_pulls: BTreeMap<String, i32>,
 }
 
 /// What a cluster autoscaler said about a pod it found unschedulable.
@@ -266,11 +342,46 @@ impl Said {
             "Failed" if message.starts_with("Failed to pull image") => {
                 // `Error: ErrImagePull` and `Error: ImagePullBackOff` say nothing more.
                 let image = quoted(&message).unwrap_or_default();
+                if temporary_pull_error(&message) {
+                    let name = event.metadata.name.clone().unwrap_or_default();
+                    self.temporary_pulls.insert(name, event.count.unwrap_or(1).max(1));
+                    let cause = format!("the registry refused the pull of the image {image} for now: {message}");
+                    self.temporary_pull = Some(about.cause(cause));
+                    return;
+                }
                 self.image = image_failure("ErrImagePull", &message, &image).map(|cause| about.cause(cause));
             }
             _ => {}
         }
     }
+}
+
+impl Said {
+    /// How many pulls the registry refused for now, as the events count them.
+    pub fn temporary_pulls(&self) -> i32 {
+        self.temporary_pulls.values().sum()
+    }
+}
+
+/// Whether a `NotTriggerScaleUp` message says a node group that might take the pod is only full
+/// or busy for now (cluster-autoscaler's skipped reasons: `max node group size reached`, `max
+/// cluster cpu, memory limit reached`, `in backoff after failed scale-up`, `not ready for
+/// scale-up`): a node may free, or be added, later.
+pub fn scale_up_blocked_for_now(message: &str) -> bool {
+    let reasons = message.split_once("scale-up:").map_or(message, |(_, reasons)| reasons);
+    ["max node group size reached", "in backoff after failed scale-up", "not ready for scale-up"]
+        .iter()
+        .any(|reason| reasons.contains(reason))
+        || (reasons.contains("max cluster ") && reasons.contains(" limit reached"))
+}
+
+/// Whether the scheduler's message names nodes that turned the pod away only for the required
+/// anti-affinity, which selects this runner's pods alone: each such node holds a run of this
+/// runner, and takes the pod once that run ends (the scheduler's filters stop at a node's
+/// first failure, and InterPodAffinity comes after the resource fit).
+pub fn held_by_own_runs(message: &str) -> bool {
+    message.contains("didn't match pod anti-affinity rules")
+        || message.contains("didn't satisfy existing pods anti-affinity rules")
 }
 
 /// The first double-quoted word of a message: the image of a kubelet's event.
@@ -382,6 +493,62 @@ mod tests {
         assert!(matches!(said.scale, Some(Scale::Refused(_))), "the last word counts");
         said.add(&event("FailedCreate", "Error creating: pods \"j-1\" is forbidden: violates PodSecurity"));
         assert!(said.failed_create.as_deref().is_some_and(|m| m.contains("PodSecurity")));
+    }
+
+    #[test]
+    fn a_full_node_group_and_nodes_the_runner_holds_are_waited_for() {
+        assert!(scale_up_blocked_for_now("pod didn't trigger scale-up: 1 max node group size reached"));
+        assert!(scale_up_blocked_for_now(
+            "pod didn't trigger scale-up: 2 node(s) didn't match Pod's node affinity/selector, 1 max node group size reached"
+        ));
+        assert!(scale_up_blocked_for_now("pod didn't trigger scale-up: 1 max cluster cpu, memory limit reached"));
+        assert!(scale_up_blocked_for_now("pod didn't trigger scale-up: 1 in backoff after failed scale-up"));
+        assert!(!scale_up_blocked_for_now("pod didn't trigger scale-up: 1 Insufficient cpu"));
+        let held = "0/5 nodes are available: 5 node(s) didn't match pod anti-affinity rules. preemption: 0/5 nodes are available: 5 No preemption victims found for incoming pod.";
+        assert!(held_by_own_runs(held));
+        assert!(held_by_own_runs(
+            "0/2 nodes are available: 2 node(s) didn't satisfy existing pods anti-affinity rules."
+        ));
+        assert!(!held_by_own_runs("0/1 nodes are available: 1 Insufficient cpu."));
+    }
+
+    #[test]
+    fn a_pull_refused_for_now_waits_and_a_second_refusal_is_counted() {
+        let limited = "rpc error: code = Unknown desc = failed to pull and unpack image \"docker.io/library/busybox:latest\": failed to copy: httpReadSeeker: failed open: unexpected status code https://registry-1.docker.io/v2/library/busybox/manifests/sha256:abc: 429 Too Many Requests - Server message: toomanyrequests: You have reached your pull rate limit.";
+        assert!(temporary_pull_error(limited));
+        assert!(temporary_pull_error(
+            "unexpected status from HEAD request to https://r/v2/x/manifests/1: 503 Service Unavailable"
+        ));
+        assert!(!temporary_pull_error("rpc error: code = NotFound desc = nope:1: not found"));
+        assert!(matches!(from_pod(&waiting("ErrImagePull", limited)), PodState::Pending { .. }));
+        let mut said = Said::default();
+        let mut failed = event("Failed", &format!("Failed to pull image \"busybox\": {limited}"));
+        said.add(&failed);
+        assert_eq!((said.temporary_pulls(), said.image.clone()), (1, None));
+        failed.count = Some(2);
+        said.add(&failed);
+        assert_eq!(said.temporary_pulls(), 2, "the repeated event counts twice");
+        assert!(said.temporary_pull.as_deref().is_some_and(|cause| cause.contains("toomanyrequests")));
+    }
+
+    #[test]
+    fn a_container_killed_for_its_memory_is_named() {
+        let ended = |state: serde_json::Value| {
+            pod(json!({"metadata": {"name": "p"}, "status": {"phase": "Failed", "containerStatuses": [
+                {"name": "run", "image": "busybox", "imageID": "", "ready": false, "restartCount": 0, "state": state}
+            ]}}))
+        };
+        let oom = ended(json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}}));
+        assert!(
+            matches!(from_pod(&oom), PodState::Failed { ref cause, .. } if cause.contains("more memory than its limit (OOMKilled, exit code 137)")),
+            "{:?}",
+            from_pod(&oom)
+        );
+        assert!(ended_container_of(&oom).is_some_and(|cause| cause.contains("OOMKilled")));
+        let error = ended(json!({"terminated": {"exitCode": 2, "reason": "Error"}}));
+        assert!(
+            matches!(from_pod(&error), PodState::Failed { ref cause, .. } if cause.contains("the container ended (Error, exit code 2)"))
+        );
     }
 
     #[test]

@@ -1,10 +1,17 @@
 //! The wait for a starting run's pod to be Ready, driven by watches (the run's pod, the events
 //! about the Job and about the pod): an image that cannot be pulled, a Job that cannot create
-//! its pod (`FailedCreate`), a pod deleted, or an autoscaler that will not add a node
-//! (`NotTriggerScaleUp`) end it at once, naming the cause. An Unschedulable pod waits while the
-//! cluster may still scale (a `TriggeredScaleUp` came, or no `NotTriggerScaleUp` yet), up to
-//! `scale-up-timeout` from when it was first Unschedulable. The run's pod is made the owner of
-//! the run's NetworkPolicy as soon as the watch shows it.
+//! its pod (`FailedCreate`), a pod deleted, or a pod no node will ever take end it at once,
+//! naming the cause. A pull the registry refuses for now (429, 5xx) gets the kubelet's one
+//! pull after its back-off; a second such refusal ends the start.
+//!
+//! Waiting for a node is the cluster's scale signal: an Unschedulable pod waits up to
+//! `scale-up-timeout` from when it was first Unschedulable (longer or shorter than
+//! `ready-timeout`, which counts the rest of the start), while an autoscaler adds a node, its
+//! node group is full (the nodes free as the runs on them end), or the scheduler says nodes
+//! turned it away only for the required anti-affinity (each holds a run of this runner, which
+//! will end). It fails at once only when an autoscaler says no new node could take it and no
+//! node holds a run of ours. The run's pod is made the owner of the run's NetworkPolicy as
+//! soon as the watch shows it.
 
 use std::time::{Duration, Instant};
 
@@ -20,9 +27,10 @@ use crate::watch::{EventWatch, PodWatch};
 
 /// How long a start may wait.
 pub struct Limits {
-    /// For the pod to be Ready (`ready-timeout`), unless it waits for a node.
+    /// For the pod to be Ready (`ready-timeout`), moved on by the time it waited for a node.
     pub ready: Instant,
-    /// For a node, from when the pod was first Unschedulable (`scale-up-timeout`).
+    /// For a node, from when the pod was first Unschedulable (`scale-up-timeout`): the wait
+    /// while Unschedulable, whatever `ready` says.
     pub scale_up: Duration,
     /// Whatever it waits for: the start's own deadline.
     pub hard: Instant,
@@ -43,6 +51,8 @@ pub async fn wait_ready(
     let mut pod_events: Option<(String, EventWatch)> = None;
     let mut said = Said::default();
     let mut unschedulable_since: Option<Instant> = None;
+    // Time spent waiting for a node before the pod was placed: the ready timeout leaves it out.
+    let mut waited_for_node = Duration::ZERO;
     let mut last = String::from("no pod yet");
     let began = Instant::now();
     let mut pod_since: Option<Instant> = None;
@@ -65,14 +75,16 @@ pub async fn wait_ready(
             // The policy goes with the pod from now on, whatever happens to this start.
             policy.owned_by(client, pod).await?;
         }
-        let mut deadline = limits.ready;
+        let mut deadline = limits.ready + waited_for_node;
+        let mut waiting_for_node = false;
         match current.pod.as_ref().map(|pod| (pod, pod::from_pod(pod))) {
             Some((pod, state)) => {
                 let name = pod.metadata.name.clone().unwrap_or_default();
                 let since = *pod_since.get_or_insert(now);
                 let late = now.duration_since(since) >= LATE
                     || matches!(&state, PodState::Unschedulable { .. })
-                    || matches!(&state, PodState::Pending { detail, .. } if detail.contains("backs off"));
+                    || matches!(&state, PodState::Pending { detail, .. } if detail.contains("backs off"))
+                    || said.temporary_pull.is_some();
                 if late && pod_events.as_ref().is_none_or(|(known, _)| *known != name) {
                     pod_events = Some((name.clone(), EventWatch::start(client, namespace, &name)));
                 }
@@ -85,23 +97,45 @@ pub async fn wait_ready(
                         if let Some(cause) = &said.image {
                             return Err(cannot(&name, cause));
                         }
-                        unschedulable_since = None;
+                        // One pull after the back-off for a refusal the registry marks temporary.
+                        if said.temporary_pulls() >= 2
+                            && let Some(cause) = &said.temporary_pull
+                        {
+                            return Err(cannot(&name, &format!("{cause} (refused again after the back-off)")));
+                        }
+                        if let Some(since) = unschedulable_since.take() {
+                            waited_for_node += now.duration_since(since);
+                            deadline = limits.ready + waited_for_node;
+                        }
                         last = format!("pod {name}: {detail}");
                     }
                     PodState::Unschedulable { name, message } => {
-                        if let Some(Scale::Refused(refused)) = &said.scale {
+                        let held = pod::held_by_own_runs(&message);
+                        if let Some(Scale::Refused(refused)) = &said.scale
+                            && !pod::scale_up_blocked_for_now(refused)
+                            && !held
+                        {
                             return Err(cannot(
                                 &name,
                                 &format!("it is unschedulable ({message}) and no node will be added: {refused}"),
                             ));
                         }
+                        // The wait for a node is its own, from when the pod was first Unschedulable
+                        // (a pod once placed is never Unschedulable again).
                         let since = *unschedulable_since.get_or_insert(now);
-                        deadline = deadline.max(since + limits.scale_up);
+                        deadline = since + limits.scale_up;
+                        waiting_for_node = true;
                         last = match &said.scale {
                             Some(Scale::Adding(scaling)) => {
                                 format!("pod {name}: unschedulable ({message}); a node is being added: {scaling}")
                             }
-                            _ => format!("pod {name}: unschedulable ({message}); no autoscaler said it adds a node"),
+                            Some(Scale::Refused(refused)) => {
+                                format!("pod {name}: unschedulable ({message}); waiting for a node to free: {refused}")
+                            }
+                            None if held => format!(
+                                "pod {name}: unschedulable ({message}); waiting for a node another run of this runner holds"
+                            ),
+                            None => format!("pod {name}: unschedulable ({message}); no autoscaler said it adds a node"),
                         };
                     }
                     PodState::Missing => {}
@@ -129,8 +163,15 @@ pub async fn wait_ready(
                 }
             }
         }
+        let start_timeout = deadline >= limits.hard;
         let deadline = deadline.min(limits.hard);
         if now >= deadline {
+            if waiting_for_node && !start_timeout {
+                return Err(ExecutorError::infrastructure(format!(
+                    "the pod of job {job} found no node within scale-up-timeout ({} s): {last}",
+                    limits.scale_up.as_secs()
+                )));
+            }
             return Err(ExecutorError::infrastructure(format!(
                 "the pod of job {job} did not become Ready in time: {last}"
             )));

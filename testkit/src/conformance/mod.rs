@@ -102,7 +102,8 @@ pub mod case {
     pub const BEFORE_SESSION: &[&str] = &[HANDSHAKE, VERSION_REFUSAL, PING, CLEANUP_AT_START, START];
 
     /// The cases after it, in order.
-    pub const AFTER_SESSION: &[&str] = &[SLOW_READER, STOP, CLEANUP, END_OF_STDIN, SHUTDOWN];
+    /// Each holds one session at a time: on Kubernetes, a runner's runs never share a node.
+    pub const AFTER_SESSION: &[&str] = &[STOP, SLOW_READER, CLEANUP, END_OF_STDIN, SHUTDOWN];
 
     /// Every case, in order.
     pub fn all() -> impl Iterator<Item = &'static str> {
@@ -191,11 +192,13 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
             }
         }
     }
-    record.case(case::SLOW_READER, raw::slow_reader(&config, suite.start_params("slow-reader"))).await;
     match session {
         Some(session) => record.case(case::STOP, suite.stop(session)).await,
         None => record.skip(case::STOP, NO_SESSION),
     }
+    // After `stop`: no case holds two sessions at once, so the suite runs where an executor
+    // gives each run a machine of its own and there is one (a Kubernetes node).
+    record.case(case::SLOW_READER, raw::slow_reader(&config, suite.start_params("slow-reader"))).await;
     record.case(case::CLEANUP, suite.cleanup()).await;
     record.case(case::END_OF_STDIN, suite.end_of_stdin()).await;
     if record.blocked.is_some() {

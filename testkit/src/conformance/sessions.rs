@@ -109,33 +109,51 @@ impl Suite {
         Ok(format!("removed {} resource(s); the session is gone", stopped.removed.len()))
     }
 
-    /// With two sessions, `cleanup` keeping one removes the other (and says so), and the kept
-    /// one still runs steps.
+    /// `cleanup` keeping one session removes another (and says so), then keeps the one it
+    /// names, which still runs steps. One session lives at a time, as `cleanup` judges each by
+    /// its id: the executor may give each a machine of its own, and have one.
     pub async fn cleanup(&self) -> Outcome {
+        let kept_id = self.session_id("kept");
         let left = self.open("left").await.map_err(|error| format!("start: {error}"))?;
-        let kept = self.open("kept").await.map_err(|error| format!("start: {error}"))?;
-        let outcome = self.cleanup_keeping(&left, &kept).await;
+        let removed = self.cleanup_removing(&left, &kept_id).await;
         drop(left);
+        let removed = removed?;
+        let kept = self.open("kept").await.map_err(|error| format!("start: {error}"))?;
+        let outcome = self.cleanup_keeping(&kept).await;
         let stopped = kept.stop(false, Duration::from_secs(120)).await;
-        let detail = outcome?;
+        let kept = outcome?;
         stopped.map_err(|error| format!("stop of the kept session: {error}"))?;
-        Ok(detail)
+        Ok(format!("{removed}; {kept}"))
     }
 
-    async fn cleanup_keeping(&self, left: &Session, kept: &Session) -> Outcome {
-        let result = self.sweep(vec![kept.id().to_string()]).await.map_err(|error| format!("cleanup: {error}"))?;
+    /// A sweep keeping `kept` (not `left`) removes `left` and names it.
+    async fn cleanup_removing(&self, left: &Session, kept: &str) -> Outcome {
+        let result = self.sweep(vec![kept.to_string()]).await.map_err(|error| format!("cleanup: {error}"))?;
         let left_id = left.id();
         let named = result
             .removed
             .iter()
             .any(|resource| resource.session.as_deref() == Some(left_id) || resource.name.contains(left_id));
         self.expect_gone(left_id).await?;
-        let ran = self.step(kept, "true").await;
-        exited(&ran, 0).map_err(|why| format!("the kept session no longer works: {why}"))?;
         if !named {
             return Err(format!("cleanup did not report removing session {left_id}: {:?}", result.removed));
         }
-        Ok("removed the session not in flight, kept the other".into())
+        Ok("removed the session not in flight".into())
+    }
+
+    /// A sweep keeping `kept` leaves it working.
+    async fn cleanup_keeping(&self, kept: &Session) -> Outcome {
+        let result = self.sweep(vec![kept.id().to_string()]).await.map_err(|error| format!("cleanup: {error}"))?;
+        let ran = self.step(kept, "true").await;
+        exited(&ran, 0).map_err(|why| format!("the kept session no longer works: {why}"))?;
+        if let Some(resource) = result
+            .removed
+            .iter()
+            .find(|resource| resource.session.as_deref() == Some(kept.id()) || resource.name.contains(kept.id()))
+        {
+            return Err(format!("cleanup reported removing the kept session's {} {}", resource.kind, resource.name));
+        }
+        Ok("kept the session named".into())
     }
 
     /// A second executor process, of this runner id, starts a session and a step that sleeps;

@@ -23,6 +23,9 @@ use crate::util::text;
 pub const FAULTS: &[&str] = &[
     "failed-create",
     "pull-denied",
+    "pull-rate-limited",
+    "pull-unavailable",
+    "oom-kill",
     "policy-forbidden",
     "token-expired",
     "drop-exec-stream",

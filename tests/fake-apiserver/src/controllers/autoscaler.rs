@@ -5,8 +5,10 @@
 //! node would fit (and no upcoming node will take) triggers a scale-up (Normal
 //! `TriggeredScaleUp` `pod triggered scale-up: [{fake-pool 1->2 (max: N)}]`); one that no new
 //! node fits gets Normal `NotTriggerScaleUp` `pod didn't trigger scale-up: 1 Insufficient cpu`,
-//! and at the maximum `pod didn't trigger scale-up: 1 max node group size reached`
-//! (cluster-autoscaler/processors/status/eventing_scale_up_processor.go). A node without
+//! and at the maximum (checked first, as upstream skips a full group before trying its
+//! template) `pod didn't trigger scale-up: 1 max node group size reached`
+//! (cluster-autoscaler/processors/status/eventing_scale_up_processor.go), again at every scan
+//! while the pod waits, so a group smaller than the pods waiting for it is modelled whole. A node without
 //! running pods for `--scale-down-after` (scale-down-unneeded-time) is removed, down to 0,
 //! except in a loop that added a node or saw a pending pod some node will take.
 
@@ -102,6 +104,15 @@ pub fn sync(state: &mut State, config: &Config) {
             scale_down_disabled = true;
             continue;
         }
+        // A group at its maximum is skipped before its template is tried
+        // (core/scaleup/orchestrator/orchestrator.go `filterValidScaleUpNodeGroups`:
+        // `currentTargetSize >= nodeGroup.MaxSize()` gives `MaxLimitReachedReason`), so a full
+        // group says so whether or not a new node would fit the pod.
+        if nodes.len() + new_nodes.len() >= config.autoscale_max && !place(pod, &mut new_nodes, false) {
+            event(state, pod, "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached");
+            state.rt.pending.insert(uid, (now, true));
+            continue;
+        }
         let (reasons, _) = scheduler::filter(pod, &template, &labels, &[], false);
         if !reasons.is_empty() {
             let message = format!(
@@ -113,11 +124,6 @@ pub fn sync(state: &mut State, config: &Config) {
             continue;
         }
         if !place(pod, &mut new_nodes, false) {
-            if nodes.len() + new_nodes.len() >= config.autoscale_max {
-                event(state, pod, "NotTriggerScaleUp", "pod didn't trigger scale-up: 1 max node group size reached");
-                state.rt.pending.insert(uid, (now, true));
-                continue;
-            }
             new_nodes.push((template.clone(), vec![pod.clone()]));
         }
         triggered.push(pod.clone());

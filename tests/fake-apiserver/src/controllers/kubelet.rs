@@ -228,6 +228,8 @@ struct Container {
     state: Run,
     /// Its entry of `status.containerStatuses`.
     status: Value,
+    /// It was killed for its memory: it ends `OOMKilled`.
+    oom_killed: bool,
 }
 
 enum Run {
@@ -301,6 +303,13 @@ async fn ensure_image(app: &Shared, pod: &Value, c: &mut Container) -> Pull {
     }
     let reference = full_reference(&image);
     let denied = app.fault("pull-denied");
+    if let Some(error) = registry_unavailable(app, &reference) {
+        // A registry that is busy or down for now: the pull fails as any other (ErrImagePull,
+        // then the back-off), and the next pull after the back-off may succeed.
+        event(app, pod, &container, "Warning", "Failed", &format!("Failed to pull image \"{image}\": {error}"));
+        event(app, pod, &container, "Warning", "Failed", "Error: ErrImagePull");
+        return pull_backed_off(app, c, error);
+    }
     if denied || !known(app, &image) {
         let error = if denied {
             format!(
@@ -313,12 +322,7 @@ async fn ensure_image(app: &Shared, pod: &Value, c: &mut Container) -> Pull {
         };
         event(app, pod, &container, "Warning", "Failed", &format!("Failed to pull image \"{image}\": {error}"));
         event(app, pod, &container, "Warning", "Failed", "Error: ErrImagePull");
-        c.failures += 1;
-        let backoff = app.config.pull_backoff.saturating_mul(1 << (c.failures - 1).min(16)).min(MAX_PULL_BACKOFF);
-        c.backoff_until = Some(Instant::now() + backoff);
-        // The next sync comes soon and finds the pull backing off.
-        let after = (backoff / 4).min(Duration::from_secs(1)).max(Duration::from_millis(50));
-        return Pull::Retry(after, "ErrImagePull", error);
+        return pull_backed_off(app, c, error);
     }
     let took = go_duration(started.elapsed());
     let size = std::fs::metadata(&app.config.rootfs).map(|m| m.len()).unwrap_or(0);
@@ -338,6 +342,45 @@ async fn ensure_image(app: &Shared, pod: &Value, c: &mut Container) -> Pull {
     c.failures = 0;
     c.backoff_until = None;
     Pull::Done
+}
+
+/// A failed pull: the image back-off (pkg/kubelet/images/image_manager.go `backOff`, keyed by
+/// pod, container and image: `--pull-backoff`, doubled after each failure up to 300 s) starts,
+/// and the container waits with `ErrImagePull` until the next sync finds it backing off.
+fn pull_backed_off(app: &Shared, c: &mut Container, error: String) -> Pull {
+    c.failures += 1;
+    let backoff = app.config.pull_backoff.saturating_mul(1 << (c.failures - 1).min(16)).min(MAX_PULL_BACKOFF);
+    c.backoff_until = Some(Instant::now() + backoff);
+    // The next sync comes soon and finds the pull backing off.
+    let after = (backoff / 4).min(Duration::from_secs(1)).max(Duration::from_millis(50));
+    Pull::Retry(after, "ErrImagePull", error)
+}
+
+/// The error of a pull the registry answers with a temporary status, when a fault says it
+/// does: `pull-rate-limited` once (the next pull's 429 `toomanyrequests`, as Docker Hub's rate
+/// limit answers), `pull-unavailable` while it is set (503). The words are containerd's
+/// (core/remotes/docker/fetcher.go and resolver.go: `unexpected status code URL: STATUS`, the
+/// registry's error code after `Server message:`), wrapped as the CRI's pull error.
+fn registry_unavailable(app: &Shared, reference: &str) -> Option<String> {
+    let (registry, path) = reference.split_once('/').unwrap_or(("docker.io", reference));
+    let (repository, tag) = path.rsplit_once(':').unwrap_or((path, "latest"));
+    let host = if registry == "docker.io" { "registry-1.docker.io" } else { registry };
+    let manifest = format!("https://{host}/v2/{repository}/manifests/{tag}");
+    let status = {
+        let mut state = app.lock();
+        let once = "pull-rate-limited";
+        if state.rt.faults.contains(once) && !state.rt.fired.contains(once) {
+            state.rt.fired.insert(once.to_string());
+            "429 Too Many Requests - Server message: toomanyrequests: You have reached your pull rate limit. You may increase the limit by authenticating and upgrading: https://www.docker.com/increase-rate-limit"
+        } else if state.rt.faults.contains("pull-unavailable") {
+            "503 Service Unavailable"
+        } else {
+            return None;
+        }
+    };
+    Some(format!(
+        "rpc error: code = Unknown desc = failed to pull and unpack image \"{reference}\": failed to resolve reference \"{reference}\": unexpected status from HEAD request to {manifest}: {status}"
+    ))
 }
 
 /// The pod's hostname and domain (kubelet_pods.go `GeneratePodHostNameAndDomain`:
@@ -461,6 +504,7 @@ fn containers_of(pod: &Value) -> Vec<Container> {
                 next_try: Instant::now(),
                 state: Run::Waiting,
                 status: Value::Null,
+                oom_killed: false,
             };
             container.waiting("ContainerCreating", None);
             container
@@ -615,13 +659,48 @@ fn ended(app: &Shared, namespace: &str, name: &str, c: &mut Container, exit: i32
     }
     let _ = std::fs::remove_file(sandbox::container_dir(&app.config.dir, namespace, name, &c.name).join("init.pid"));
     c.state = Run::Ended;
-    let reason = if exit == 0 { "Completed" } else { "Error" };
+    let (reason, exit) = match (c.oom_killed, exit) {
+        (true, _) => ("OOMKilled", 137),
+        (false, 0) => ("Completed", 0),
+        (false, exit) => ("Error", exit),
+    };
     let started_at = c.status.pointer("/state/running/startedAt").cloned().unwrap_or_else(|| json!(util::now()));
     let container_id = c.status.get("containerID").cloned().unwrap_or(Value::Null);
     c.status["state"] = json!({"terminated": {"exitCode": exit, "reason": reason, "startedAt": started_at,
                                               "finishedAt": util::now(), "containerID": container_id}});
     c.status["ready"] = json!(false);
     c.status["started"] = json!(false);
+}
+
+/// The kernel's OOM killer, when the `oom-kill` fault is set (once): the first running
+/// container of the pod passed its memory limit, and every process of its cgroup is killed
+/// (cgroup v2 `memory.oom.group`, which the kubelet sets for containers); the runtime reports
+/// it terminated with reason `OOMKilled` and exit code 137 (containerd
+/// internal/cri/server/events.go, `oomExitReason`; pkg/kubelet/kuberuntime/kuberuntime_container.go
+/// takes the reason as the runtime gives it), and the kubelet's OOM watcher records a Warning
+/// `SystemOOM` on the node (pkg/kubelet/oom/oom_watcher_linux.go).
+fn oom_kill(app: &Shared, pod: &Value, containers: &mut [Container]) {
+    let Some(c) = containers.iter_mut().find(|c| c.running().is_some()) else { return };
+    let node = {
+        let mut state = app.lock();
+        let fault = "oom-kill";
+        if !state.rt.faults.contains(fault) || state.rt.fired.contains(fault) {
+            return;
+        }
+        state.rt.fired.insert(fault.to_string());
+        state.store.get("nodes", "", text(pod, "/spec/nodeName")).cloned()
+    };
+    let init = c.running().unwrap_or(0);
+    c.oom_killed = true;
+    for pid in sandbox::processes(init) {
+        sandbox::signal(pid, Signal::SIGKILL);
+    }
+    sandbox::signal(init, Signal::SIGKILL);
+    if let Some(node) = node {
+        let message = format!("System OOM encountered, victim process: sh, pid: {init}");
+        let host = text(&node, "/metadata/name").to_string();
+        events::record(&mut app.lock().store, &node, "Warning", "SystemOOM", &message, "kubelet", &host, "");
+    }
 }
 
 /// Runs one pod on its node until it is gone.
@@ -718,6 +797,7 @@ pub async fn run(app: Shared, namespace: String, name: String, uid: String) {
                 break;
             }
         } else {
+            oom_kill(&app, &pod, &mut containers);
             if text(&pod, "/status/phase") == "Pending" && pod.pointer("/status/containerStatuses").is_none() {
                 // The pod sandbox: its IP (the node's for hostNetwork), then the containers.
                 let host_network = pod.pointer("/spec/hostNetwork").and_then(Value::as_bool) == Some(true);
