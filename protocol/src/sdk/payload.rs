@@ -13,7 +13,9 @@
 //! of their own, and the exit code on stderr may come first; with no newline before it, so
 //! that the filter never holds back the end of a line while it waits to see whether a mark
 //! begins there), then
-//! `printf '\n%s:%d\n' <nonce> "$?" >&2`. The step's processes are then every process of the
+//! `printf '\n%s:%d\n' <nonce> "$?" >&2`, and `exit`: the shell ends there, never reading its
+//! stdin again, so a transport whose stdin cannot be closed (an exec before Kubernetes 1.30)
+//! ends all the same. The step's processes are then every process of the
 //! environment that is not in the snapshot, not init, and not a descendant of a process in
 //! the snapshot (a service an earlier step started forks its workers): [`SWEEP`] kills them,
 //! whatever they did to their environment, session or process group.
@@ -202,7 +204,7 @@ pub fn build(step: &Step<'_>) -> Result<String, ExecutorError> {
         payload.push_str(&format!("export {name}={}\n", quote(value)));
     }
     payload.push_str(&format!(
-        "cd -- {} && sh -ec {} </dev/null\nknotless_rc=$?\nprintf '%s:out\\n' {}\n{oom}printf '\\n%s:%d\\n' {} \"$knotless_rc\" >&2\n}}\n",
+        "cd -- {} && sh -ec {} </dev/null\nknotless_rc=$?\nprintf '%s:out\\n' {}\n{oom}printf '\\n%s:%d\\n' {} \"$knotless_rc\" >&2\nexit\n}}\n",
         quote(step.workdir),
         quote(step.script),
         quote(step.nonce),
@@ -463,6 +465,7 @@ knotless_rc=$?
 printf '%s:out\n' 'n0'
 "#;
         let end = r#"printf '\n%s:%d\n' 'n0' "$knotless_rc" >&2
+exit
 }
 "#;
         assert_eq!(payload, format!("{{\n{SNAPSHOT}{procs}{OOM_KILLS}{oom}{tail}{oom}{end}"));
