@@ -194,7 +194,7 @@ impl Client {
                 )),
                 400 if status.message.contains("unknown field") => ExecutorError::infrastructure(format!(
                     "{what}: the API server does not know a field the executor sent ({}): is the \
-                     cluster older than Kubernetes 1.28?",
+                     cluster older than Kubernetes 1.27, the oldest the executor supports?",
                     status.message
                 )),
                 404 if namespace_missing(status) => ExecutorError::configuration(format!(
