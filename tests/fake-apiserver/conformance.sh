@@ -28,13 +28,14 @@ printf '#!/bin/sh\necho "kubectl was run: $*" >&2\nexit 99\n' > "$work/trap/kube
 chmod +x "$work/trap/kubectl"
 export PATH="$work/trap:$PATH"
 
-# Starts a fake API server with its state in $1; sets `kubeconfig` and `server`.
+# Starts a fake API server with its state in $1 and the flags after it; sets `kubeconfig` and
+# `server`.
 start() {
   mkdir -p "$1"
   # Its stdin is a FIFO this script holds open (fd 4): the server ends on TERM, or when the
   # script is gone. Three nodes: plugin check runs sessions at once, and the required
   # anti-affinity gives each run a node of its own.
-  "$bin/knotless-fake-apiserver" --state "$1" --rootfs "$cache" --grace 2s --nodes 3 < "$work/hold" > "$1.out" 4>&- &
+  "$bin/knotless-fake-apiserver" --state "$1" --rootfs "$cache" --grace 2s --nodes 3 "${@:2}" < "$work/hold" > "$1.out" 4>&- &
   servers+=("$!")
   for _ in $(seq 1 300); do
     if read -r word path < "$1.out" 2>/dev/null && [ "$word" = ready ]; then
@@ -62,6 +63,11 @@ if [ "${KNOTLESS_K8S_LIVE:-}" = 1 ]; then
 fi
 
 start "$work/check"
+"$bin/knotless-run" plugin check "$bin/knotless-executor-kubernetes" "${flags[@]}" --kubeconfig "$kubeconfig"
+
+# The oldest supported version, whose exec speaks v4.channel.k8s.io alone (no end of stdin
+# but the end of the connection).
+start "$work/oldest" --kubernetes-version 1.27.0
 "$bin/knotless-run" plugin check "$bin/knotless-executor-kubernetes" "${flags[@]}" --kubeconfig "$kubeconfig"
 
 start "$work/demo"
