@@ -142,7 +142,6 @@ mod tests {
         let mut data = b"0\n12\n\n".to_vec();
         data.extend((0..(FRAME * 2 + 4321)).map(|index| (index * 31 % 251) as u8));
         let stream = framed(&data, true);
-        assert_eq!(stream.iter().filter(|&&byte| byte == b'\n').count() >= 4, true);
         for piece in [4096, 65_537] {
             let (written, ok, rest) = unframe(&stream, piece);
             assert!(ok, "a whole stream");
