@@ -185,7 +185,8 @@ mod tests {
         assert_eq!(reading.await.expect("join").expect("read"), b"partial");
     }
 
-    /// A stdin shut down and dropped stays open for its reader while the keeper lives.
+    /// A stdin shut down and dropped is never closed: its reader gets no end of file, and the
+    /// keeper holds it, still open, until the exec has ended.
     #[tokio::test]
     async fn a_held_stdin_is_never_closed_before_the_exec_ended() {
         let (mut reader, writer) = tokio::io::simplex(1024);
@@ -197,12 +198,15 @@ mod tests {
         let mut data = [0u8; 7];
         reader.read_exact(&mut data).await.expect("read");
         assert_eq!(&data, b"payload");
-        let mut more = [0u8; 1];
-        let reading = tokio::spawn(async move { reader.read(&mut more).await });
+        let reading = tokio::spawn(async move {
+            let mut more = [0u8; 8];
+            reader.read(&mut more).await
+        });
         tokio::task::yield_now().await;
-        assert!(!reading.is_finished(), "no end of file while the stdin is kept");
-        drop(kept);
-        assert_eq!(reading.await.expect("join").expect("read"), 0, "the end once the exec ended");
+        assert!(!reading.is_finished(), "no end of file after a shutdown");
+        let mut writer = kept.await.expect("the keeper holds the stdin");
+        writer.write_all(b"!").await.expect("still open");
+        assert_eq!(reading.await.expect("join").expect("read"), 1);
     }
 
     /// A stdin whose reader is gone, and whose buffer is full, refuses the write once the

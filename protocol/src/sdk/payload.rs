@@ -498,6 +498,40 @@ exit
         (String::from_utf8_lossy(&stdout).into_owned(), stderr, filter)
     }
 
+    /// The payload's shell ends at the payload's end with its stdin still open: a transport
+    /// that cannot end a command's stdin (an exec before Kubernetes 1.30) still sees it end.
+    #[test]
+    fn the_payload_ends_its_shell_without_the_end_of_its_stdin() {
+        use std::io::Write;
+        let env = BTreeMap::new();
+        let dir = std::env::temp_dir();
+        let workdir = dir.to_string_lossy();
+        let payload = build(&Step { workdir: &workdir, script: "exit 5", ..step(&env, &env) }).expect("payload");
+        let mut child = std::process::Command::new("sh")
+            .arg("-s")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run sh");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(payload.as_bytes()).expect("write");
+        stdin.flush().expect("flush");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if std::time::Instant::now() > until {
+                let _ = child.kill();
+                panic!("the shell waits for the end of its stdin");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(status.success(), "{status:?}");
+        drop(stdin);
+    }
+
     #[test]
     fn the_payload_runs_in_sh_and_reports_through_the_filter() {
         let env = BTreeMap::from([("V".to_string(), "it's $x".to_string())]);
