@@ -65,17 +65,20 @@ pub async fn handle(app: Shared, info: RequestInfo, mut parts: Parts, query: Vec
     match prepare(&app, &info, &query) {
         Err(error) => error.into_response(),
         Ok(mut session) => {
+            // In the order the client wrote them (the extractor keeps them sorted).
+            let requested: Vec<String> = parts
+                .headers
+                .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+                .iter()
+                .filter_map(|protocols| protocols.to_str().ok())
+                .flat_map(|protocols| protocols.split(',').map(str::to_string).collect::<Vec<_>>())
+                .collect();
             let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
                 Ok(upgrade) => upgrade,
                 Err(_) => return ApiError::bad_request("Upgrade request required").into_response(),
             };
             // The first of the client's protocols the server speaks, as of its version.
             let version = app.config.kubernetes_version;
-            let requested: Vec<String> = upgrade
-                .requested_protocols()
-                .filter_map(|protocol| protocol.to_str().ok())
-                .flat_map(|protocols| protocols.split(',').map(str::to_string).collect::<Vec<_>>())
-                .collect();
             let Some(protocol) = version.negotiate(requested.iter().map(String::as_str)) else {
                 return ApiError::bad_request(format!(
                     "websocket: no supported subprotocol ({})",
