@@ -28,14 +28,14 @@ printf '#!/bin/sh\necho "kubectl was run: $*" >&2\nexit 99\n' > "$work/trap/kube
 chmod +x "$work/trap/kubectl"
 export PATH="$work/trap:$PATH"
 
-# Starts a fake API server with its state in $1 and ${2:-3} nodes; sets `kubeconfig` and
-# `server`.
+# Starts a fake API server with its state in $1, ${2:-3} nodes and the flags after them; sets
+# `kubeconfig` and `server`.
 start() {
   mkdir -p "$1"
   # Its stdin is a FIFO this script holds open (fd 4): the server ends on TERM, or when the
   # script is gone. The required anti-affinity gives each run a node of its own; plugin check
   # holds one session at a time, so one node is enough for it.
-  "$bin/knotless-fake-apiserver" --state "$1" --rootfs "$cache" --grace 2s --nodes "${2:-3}" < "$work/hold" > "$1.out" 4>&- &
+  "$bin/knotless-fake-apiserver" --state "$1" --rootfs "$cache" --grace 2s --nodes "${2:-3}" "${@:3}" < "$work/hold" > "$1.out" 4>&- &
   servers+=("$!")
   for _ in $(seq 1 300); do
     if read -r word path < "$1.out" 2>/dev/null && [ "$word" = ready ]; then
@@ -68,6 +68,11 @@ for nodes in 1 3; do
   echo "plugin check on $nodes node(s)"
   "$bin/knotless-run" plugin check "$bin/knotless-executor-kubernetes" "${flags[@]}" --kubeconfig "$kubeconfig"
 done
+
+# The oldest supported version, whose exec speaks v4.channel.k8s.io alone (no end of stdin
+# but the end of the connection).
+start "$work/oldest" 1 --kubernetes-version 1.27.0
+"$bin/knotless-run" plugin check "$bin/knotless-executor-kubernetes" "${flags[@]}" --kubeconfig "$kubeconfig"
 
 start "$work/demo"
 "$bin/knotless-run" run "$root/examples/demo" --executor-plugin "$bin/knotless-executor-kubernetes" \

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status as ExecStatus;
 use knotless_protocol::ExecutorError;
-use knotless_protocol::sdk::remote::Exec;
+use knotless_protocol::sdk::remote::{Exec, Writer};
 use kube::api::{Api, AttachParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{Request, Status};
@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::config::Config;
-use crate::exec::{Drained, Ended, Refused};
+use crate::exec::{Drained, Ended, Held, Refused};
 use crate::manifest::CONTAINER;
 
 /// How long one API request (not a watch, not an exec) may take.
@@ -205,7 +205,7 @@ impl Client {
                 )),
                 400 if status.message.contains("unknown field") => ExecutorError::infrastructure(format!(
                     "{what}: the API server does not know a field the executor sent ({}): is the \
-                     cluster older than Kubernetes 1.28?",
+                     cluster older than Kubernetes 1.27, the oldest the executor supports?",
                     status.message
                 )),
                 404 if namespace_missing(status) => ExecutorError::configuration(format!(
@@ -229,6 +229,8 @@ impl Client {
     /// Starts `argv` in `container` of the session's pod over the API's exec websocket, its three streams
     /// piped; the exit code comes from the status channel (`None` when the stream ended
     /// without one). `said` receives the status's message when it is not a plain exit code.
+    /// Its stdin is never closed ([`crate::exec::Held`]): the command must know where its input
+    /// ends.
     pub async fn exec(
         &self,
         namespace: &str,
@@ -237,10 +239,35 @@ impl Client {
         argv: Vec<String>,
         said: Option<std::sync::Arc<Mutex<Option<String>>>>,
     ) -> Result<Exec, ExecutorError> {
+        self.exec_with(namespace, pod, container, argv, said, true).await
+    }
+
+    /// [`Client::exec`] of a command that reads no stdin: it gets none (reading it gives end of
+    /// file), and the exec's stdin is a sink.
+    pub async fn exec_without_stdin(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        argv: Vec<String>,
+        said: Option<std::sync::Arc<Mutex<Option<String>>>>,
+    ) -> Result<Exec, ExecutorError> {
+        self.exec_with(namespace, pod, container, argv, said, false).await
+    }
+
+    async fn exec_with(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        argv: Vec<String>,
+        said: Option<std::sync::Arc<Mutex<Option<String>>>>,
+        with_stdin: bool,
+    ) -> Result<Exec, ExecutorError> {
         let pods: Api<Pod> = self.api(namespace);
         let params = AttachParams::default()
             .container(container)
-            .stdin(true)
+            .stdin(with_stdin)
             .stdout(true)
             .stderr(true)
             .max_stdin_buf_size(EXEC_BUFFER)
@@ -253,15 +280,21 @@ impl Client {
         };
         let mut process = self.limited(&what, pods.exec(pod, argv, &params)).await?;
         let missing = || ExecutorError::infrastructure(format!("{what}: the exec has no stream"));
-        let stdin = process.stdin().ok_or_else(missing)?;
+        let stdin = if with_stdin { Some(process.stdin().ok_or_else(missing)?) } else { None };
         let stdout = process.stdout().ok_or_else(missing)?;
         let stderr = process.stderr().ok_or_else(missing)?;
         let status = process.take_status().ok_or_else(missing)?;
         // The status resolves when the websocket's task ends, with the Status or without (a
         // broken connection): then the streams are ended, which kube-rs does only for the first.
         let exited = Ended::default();
-        let (stdin, stdout, stderr) =
-            (Refused::new(stdin, &exited), Drained::new(stdout, &exited), Drained::new(stderr, &exited));
+        let (stdout, stderr) = (Drained::new(stdout, &exited), Drained::new(stderr, &exited));
+        // Dropped, the stdin is kept by the task below until the exec has ended: closing it
+        // would close the websocket of a server older than 1.30, and its Status with it.
+        let (keeper, kept) = tokio::sync::oneshot::channel();
+        let stdin: Writer = match stdin {
+            Some(stdin) => Box::new(Held::new(Refused::new(stdin, &exited), keeper)),
+            None => Box::new(tokio::io::sink()),
+        };
         let fire = exited.fire_on_drop();
         // Dropping the exec before it ended aborts this task, and with it the websocket's.
         let waiting = AbortOnDropHandle::new(tokio::spawn(async move {
@@ -269,6 +302,7 @@ impl Client {
             // The websocket's task is kept until it has ended: dropping it aborts it.
             drop(process);
             drop(fire);
+            drop(kept);
             status
         }));
         let ended = async move {
@@ -283,7 +317,7 @@ impl Client {
             }
             code
         };
-        Ok(Exec { stdin: Box::new(stdin), stdout: Box::new(stdout), stderr: Box::new(stderr), ended: Box::pin(ended) })
+        Ok(Exec { stdin, stdout: Box::new(stdout), stderr: Box::new(stderr), ended: Box::pin(ended) })
     }
 }
 

@@ -8,6 +8,13 @@
 //! of stdin would block once its buffer is full. [`Ended`] is fired when the task has ended, by
 //! a Status or not; [`Drained`] reads a stream to what the task wrote and then gives end of
 //! file, and [`Refused`] fails writes once the exec has ended.
+//!
+//! The exec's stdin is never closed ([`Held`]): before Kubernetes 1.30 the exec's websocket
+//! (`v4.channel.k8s.io`) has no signal for the end of stdin, and kube-rs closes the whole
+//! websocket instead, which loses the rest of the output and the exit code. So every command
+//! the executor runs knows the end of its input from the input itself (the step payload's
+//! `exit`, the sweep's one line, an upload's frames) or gets no stdin at all, and the stdin
+//! stays open until the exec has ended, on every version.
 
 use std::io;
 use std::pin::Pin;
@@ -103,6 +110,54 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Refused<W> {
     }
 }
 
+/// The exec's stdin, kept open until the exec has ended: shutting it down only flushes, and
+/// dropping it hands it to `keeper`, which holds it until then.
+pub struct Held<W> {
+    inner: Option<W>,
+    keeper: Option<tokio::sync::oneshot::Sender<W>>,
+}
+
+impl<W> Held<W> {
+    /// `inner`, handed to `keeper` when dropped.
+    pub fn new(inner: W, keeper: tokio::sync::oneshot::Sender<W>) -> Self {
+        Self { inner: Some(inner), keeper: Some(keeper) }
+    }
+
+    fn inner(&mut self) -> io::Result<&mut W> {
+        self.inner.as_mut().ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "stdin was handed over"))
+    }
+}
+
+impl<W> Drop for Held<W> {
+    fn drop(&mut self) {
+        if let (Some(inner), Some(keeper)) = (self.inner.take(), self.keeper.take()) {
+            // The exec has ended already when no one keeps it: then it may close.
+            let _ = keeper.send(inner);
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Held<W> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self.inner() {
+            Ok(inner) => Pin::new(inner).poll_write(cx, data),
+            Err(error) => Poll::Ready(Err(error)),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.inner() {
+            Ok(inner) => Pin::new(inner).poll_flush(cx),
+            Err(error) => Poll::Ready(Err(error)),
+        }
+    }
+
+    /// Flushes, and leaves the stream open.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -128,6 +183,30 @@ mod tests {
         assert!(!reading.is_finished());
         drop(fire);
         assert_eq!(reading.await.expect("join").expect("read"), b"partial");
+    }
+
+    /// A stdin shut down and dropped is never closed: its reader gets no end of file, and the
+    /// keeper holds it, still open, until the exec has ended.
+    #[tokio::test]
+    async fn a_held_stdin_is_never_closed_before_the_exec_ended() {
+        let (mut reader, writer) = tokio::io::simplex(1024);
+        let (keeper, kept) = tokio::sync::oneshot::channel();
+        let mut held = Held::new(writer, keeper);
+        held.write_all(b"payload").await.expect("write");
+        held.shutdown().await.expect("shutdown");
+        drop(held);
+        let mut data = [0u8; 7];
+        reader.read_exact(&mut data).await.expect("read");
+        assert_eq!(&data, b"payload");
+        let reading = tokio::spawn(async move {
+            let mut more = [0u8; 8];
+            reader.read(&mut more).await
+        });
+        tokio::task::yield_now().await;
+        assert!(!reading.is_finished(), "no end of file after a shutdown");
+        let mut writer = kept.await.expect("the keeper holds the stdin");
+        writer.write_all(b"!").await.expect("still open");
+        assert_eq!(reading.await.expect("join").expect("read"), 1);
     }
 
     /// A stdin whose reader is gone, and whose buffer is full, refuses the write once the

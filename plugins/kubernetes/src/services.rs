@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use knotless_protocol::sdk::remote::Reader;
 use knotless_protocol::*;
 use kube::api::{Api, LogParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use crate::api::Client;
 use crate::names;
@@ -122,11 +122,8 @@ async fn health(
     command: &str,
 ) -> Result<(Option<i32>, String), ExecutorError> {
     let argv = vec!["sh".to_string(), "-c".to_string(), command.to_string()];
-    let exec = client.exec(namespace, pod, container, argv, None).await?;
-    let mut stdin = exec.stdin;
-    // Nothing comes on its stdin: a command that reads it sees its end.
-    let _ = stdin.shutdown().await;
-    drop(stdin);
+    // No stdin: a command that reads it sees its end.
+    let exec = client.exec_without_stdin(namespace, pod, container, argv, None).await?;
     let (stdout, stderr) = tokio::join!(kept(exec.stdout), kept(exec.stderr));
     let code = exec.ended.await;
     let mut said = stdout;

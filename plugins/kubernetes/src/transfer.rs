@@ -3,7 +3,8 @@
 //! and empty folders; every uploaded entry is vetted on its way
 //! ([`knotless_protocol::tarball::copy_vetted`]), unpacked into a staging folder inside the
 //! destination and merged in only once whole and sealed, in one exec
-//! ([`knotless_protocol::sdk::remote::UNPACK_SEALED`]); a download is passed on less what no archive the
+//! ([`knotless_protocol::sdk::remote::UNPACK_SEALED_FRAMED`]: framed, so that it ends inside the
+//! stream, on clusters whose exec cannot end stdin too); a download is passed on less what no archive the
 //! runner accepts may hold (special files, links that leave the folder), each named in a warning
 //! ([`knotless_protocol::sdk::remote::pass_download`]). The exit code comes from the exec's status
 //! channel; an unpack also says its own on stdout, which stands in when the Status is lost.
@@ -25,9 +26,8 @@ const MISSING: i32 = 66;
 /// How much of an exec's stderr is kept for its error.
 const SAID: u64 = 4096;
 
-/// Says the exit code of the command before it on stdout (its `tar x` writes nothing there):
-/// kube-rs loses the exec's Status when it sends the end of stdin after the server has closed
-/// the stream, which a `tar x` that ends at its archive's end allows.
+/// Says the exit code of the command before it on stdout (its `tar x` writes nothing there),
+/// which stands in for the exec's Status when the connection breaks after the unpack ended.
 const SAY_CODE: &str = "code=$?; echo \"knotless-unpacked $code\"; exit $code";
 
 /// The exit code an unpack said on its stdout.
@@ -39,10 +39,11 @@ fn unpacked(stdout: &str) -> Option<i32> {
 pub const PACK: &str = "[ -d \"$1\" ] || { echo \"no folder $1\" >&2; exit 66; }; exec tar -c -f - -C \"$1\" .";
 
 /// The argv of an upload into `path`, unpacked into `staging` and merged in only when the
-/// stream ends with `seal`, in one exec ([`remote::UNPACK_SEALED`]), its exit code said on
+/// stream ends with `seal`, in one exec ([`remote::UNPACK_SEALED_FRAMED`]: the exec's stdin is
+/// never closed, so the stream comes framed and ends inside itself), its exit code said on
 /// stdout too.
 pub fn unpack_argv(staging: &str, path: &str, seal: &str) -> Vec<String> {
-    let script = format!("(\n{}\n); {SAY_CODE}", remote::UNPACK_SEALED);
+    let script = format!("(\n{}\n); {SAY_CODE}", remote::UNPACK_SEALED_FRAMED);
     [String::from("sh"), "-c".into(), script, "sh".into(), staging.into(), path.into(), seal.into()].into()
 }
 
@@ -104,7 +105,7 @@ async fn unpack(
         client.exec(&session.namespace, &session.pod, CONTAINER, unpack_argv(staging, path, &seal), None).await?;
     // Entries are vetted on their way: `tar x` in the pod would unpack device nodes and `..`.
     let (fed, said, out, code) =
-        tokio::join!(remote::feed_vetted_sealed(data, stdin, path, &seal), said(stderr), said(stdout), ended);
+        tokio::join!(remote::feed_vetted_sealed_framed(data, stdin, path, &seal), said(stderr), said(stdout), ended);
     // The Status's exit code, or, when the stream ended without one, what the unpack said.
     let code = code.or_else(|| unpacked(&out));
     // A refused entry is the answer, whatever the cut stream made tar say.
@@ -147,9 +148,9 @@ pub async fn download(
         )));
     }
     let status = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let Exec { stdin, stdout, stderr, ended } = client
-        .exec(&session.namespace, &session.pod, CONTAINER, pack_argv(&path), Some(std::sync::Arc::clone(&status)))
-        .await?;
+    let status_of = Some(std::sync::Arc::clone(&status));
+    let Exec { stdin, stdout, stderr, ended } =
+        client.exec_without_stdin(&session.namespace, &session.pod, CONTAINER, pack_argv(&path), status_of).await?;
     drop(stdin);
     // Special files and links that leave the folder are left out, each named in a warning.
     let copy = async {

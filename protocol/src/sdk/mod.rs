@@ -25,6 +25,7 @@ pub mod quantity;
 pub mod remote;
 mod serve;
 pub mod state;
+pub mod stdin_frames;
 mod transfer;
 
 use std::future::Future;

@@ -13,7 +13,9 @@
 //! of their own, and the exit code on stderr may come first; with no newline before it, so
 //! that the filter never holds back the end of a line while it waits to see whether a mark
 //! begins there), then
-//! `printf '\n%s:%d\n' <nonce> "$?" >&2`. The step's processes are then every process of the
+//! `printf '\n%s:%d\n' <nonce> "$?" >&2`, and `exit`: the shell ends there, never reading its
+//! stdin again, so a transport whose stdin cannot be closed (an exec before Kubernetes 1.30)
+//! ends all the same. The step's processes are then every process of the
 //! environment that is not in the snapshot, not init, and not a descendant of a process in
 //! the snapshot (a service an earlier step started forks its workers): [`SWEEP`] kills them,
 //! whatever they did to their environment, session or process group.
@@ -202,7 +204,7 @@ pub fn build(step: &Step<'_>) -> Result<String, ExecutorError> {
         payload.push_str(&format!("export {name}={}\n", quote(value)));
     }
     payload.push_str(&format!(
-        "cd -- {} && sh -ec {} </dev/null\nknotless_rc=$?\nprintf '%s:out\\n' {}\n{oom}printf '\\n%s:%d\\n' {} \"$knotless_rc\" >&2\n}}\n",
+        "cd -- {} && sh -ec {} </dev/null\nknotless_rc=$?\nprintf '%s:out\\n' {}\n{oom}printf '\\n%s:%d\\n' {} \"$knotless_rc\" >&2\nexit\n}}\n",
         quote(step.workdir),
         quote(step.script),
         quote(step.nonce),
@@ -463,6 +465,7 @@ knotless_rc=$?
 printf '%s:out\n' 'n0'
 "#;
         let end = r#"printf '\n%s:%d\n' 'n0' "$knotless_rc" >&2
+exit
 }
 "#;
         assert_eq!(payload, format!("{{\n{SNAPSHOT}{procs}{OOM_KILLS}{oom}{tail}{oom}{end}"));
@@ -493,6 +496,40 @@ printf '%s:out\n' 'n0'
         stdout.extend(out_filter.finish());
         assert!(out_filter.output_ended() || filter.code().is_none(), "the mark of stdout's end came");
         (String::from_utf8_lossy(&stdout).into_owned(), stderr, filter)
+    }
+
+    /// The payload's shell ends at the payload's end with its stdin still open: a transport
+    /// that cannot end a command's stdin (an exec before Kubernetes 1.30) still sees it end.
+    #[test]
+    fn the_payload_ends_its_shell_without_the_end_of_its_stdin() {
+        use std::io::Write;
+        let env = BTreeMap::new();
+        let dir = std::env::temp_dir();
+        let workdir = dir.to_string_lossy();
+        let payload = build(&Step { workdir: &workdir, script: "exit 5", ..step(&env, &env) }).expect("payload");
+        let mut child = std::process::Command::new("sh")
+            .arg("-s")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run sh");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(payload.as_bytes()).expect("write");
+        stdin.flush().expect("flush");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if std::time::Instant::now() > until {
+                let _ = child.kill();
+                panic!("the shell waits for the end of its stdin");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(status.success(), "{status:?}");
+        drop(stdin);
     }
 
     #[test]

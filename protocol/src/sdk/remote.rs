@@ -169,6 +169,44 @@ else
 fi"#
 );
 
+/// [`UNPACK_SEALED`] for a transport whose stdin is never closed (a Kubernetes exec before 1.30,
+/// whose only end of stdin ends the exec's exit code too): the upload comes framed
+/// ([`crate::sdk::stdin_frames`], [`feed_vetted_sealed_framed`]), and `tar x` reads the frames'
+/// bytes to the stream's end, never the stdin's. Its exit codes are [`UNPACK_SEALED`]'s. POSIX
+/// `sh`, `mkdir`, `mv`, `rm`, a `tar` with `-p` and `-o`, and a `dd` with `iflag=count_bytes`
+/// (GNU, BusyBox and toybox have them).
+pub const UNPACK_SEALED_FRAMED: &str = concat!(
+    merge_functions!(),
+    unframe_function!(),
+    r#"mkdir -p -- "$1" || exit 3
+if knotless_unframe | tar -x -p -o -f - -C "$1" && [ -f "$1/$3" ] && [ ! -L "$1/$3" ]; then
+  rm -f -- "$1/$3" && check "$1" "$2" && merge "$1" "$2" || { rm -rf -- "$1"; exit 4; }
+else
+  echo "the upload into $2 did not arrive whole" >&2; rm -rf -- "$1"; exit 3
+fi"#
+);
+
+/// [`crate::sdk::stdin_frames::UNFRAME`], for `concat!`.
+macro_rules! unframe_function {
+    () => {
+        r#"knotless_dd=count_bytes,fullblock
+dd if=/dev/null of=/dev/null count=0 iflag=$knotless_dd 2>/dev/null || knotless_dd=count_bytes
+knotless_unframe() {
+  while IFS= read -r knotless_n; do
+    case $knotless_n in
+      0) return 0 ;;
+      ''|*[!0-9]*) echo "the stream was cut ($knotless_n)" >&2; return 1 ;;
+    esac
+    dd bs=65536 count="$knotless_n" iflag="$knotless_dd" 2>/dev/null || return 1
+  done
+  echo "the stream ended before its end" >&2
+  return 1
+}
+"#
+    };
+}
+pub(crate) use unframe_function;
+
 /// The exit code of [`UNPACK_SEALED`] when the upload did not unpack whole.
 pub const UNPACK_CUT: i32 = 3;
 
@@ -221,6 +259,23 @@ where
     feed(data, Closing::Async(tokio_util::io::SyncIoBridge::new(stdin)), path, Some(seal.to_string())).await
 }
 
+/// Feeds an upload as [`feed_vetted_sealed`] does, framed for [`UNPACK_SEALED_FRAMED`]
+/// ([`crate::sdk::stdin_frames::FrameWriter`]): the stream ends inside itself, whole after the
+/// seal or cut after a refusal or a break, and `stdin` is left open (its transport ends it with
+/// the command).
+pub async fn feed_vetted_sealed_framed<W>(
+    data: crate::sdk::UploadStream,
+    stdin: W,
+    path: &str,
+    seal: &str,
+) -> Result<(), ExecutorError>
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let framed = crate::sdk::stdin_frames::FrameWriter::new(tokio_util::io::SyncIoBridge::new(stdin));
+    feed(data, Closing::Framed(framed), path, Some(seal.to_string())).await
+}
+
 /// [`feed_vetted`] into the stdin of a local process (`docker cp -`, `docker exec -i`), written
 /// as a plain blocking pipe of [`PIPE_SIZE`] from the copying thread, without a round through
 /// the runtime each time the pipe fills.
@@ -264,6 +319,8 @@ enum Closing<W: AsyncWrite + Unpin> {
     Async(tokio_util::io::SyncIoBridge<W>),
     /// A blocking pipe; closed.
     Pipe(std::fs::File),
+    /// An asynchronous stream that is never closed: framed, and ended inside the stream.
+    Framed(crate::sdk::stdin_frames::FrameWriter<tokio_util::io::SyncIoBridge<W>>),
 }
 
 impl<W: AsyncWrite + Unpin> std::io::Write for Closing<W> {
@@ -271,6 +328,7 @@ impl<W: AsyncWrite + Unpin> std::io::Write for Closing<W> {
         match self {
             Closing::Async(bridge) => bridge.write(bytes),
             Closing::Pipe(pipe) => pipe.write(bytes),
+            Closing::Framed(framed) => framed.write(bytes),
         }
     }
 
@@ -278,14 +336,26 @@ impl<W: AsyncWrite + Unpin> std::io::Write for Closing<W> {
         match self {
             Closing::Async(bridge) => bridge.flush(),
             Closing::Pipe(pipe) => pipe.flush(),
+            Closing::Framed(framed) => framed.flush(),
         }
     }
 }
 
 impl<W: AsyncWrite + Unpin> Closing<W> {
-    fn close(self) {
-        if let Closing::Async(mut bridge) = self {
-            let _ = bridge.shutdown();
+    /// Ends the stream: `whole` when everything was copied. A framed stream is ended inside
+    /// itself, whole or cut, and an error doing so is the copy's.
+    fn close(self, whole: bool) -> std::io::Result<()> {
+        match self {
+            Closing::Async(mut bridge) => {
+                let _ = bridge.shutdown();
+                Ok(())
+            }
+            Closing::Pipe(_) => Ok(()),
+            Closing::Framed(mut framed) if whole => framed.finish(),
+            Closing::Framed(mut framed) => {
+                let _ = framed.cut();
+                Ok(())
+            }
         }
     }
 }
@@ -308,8 +378,12 @@ where
             Some(seal) => crate::tarball::copy_vetted_sealed(&mut input, &mut output, seal),
             None => crate::tarball::copy_vetted(&mut input, &mut output),
         };
-        output.close();
-        copied
+        let whole = copied.is_ok();
+        let closed = output.close(whole);
+        match (copied, closed) {
+            (Ok(_), Err(error)) => Err(UnpackError::Io(error)),
+            (copied, _) => copied,
+        }
     })
     .await;
     match fed {

@@ -238,7 +238,7 @@ fn discovery(app: &Shared, info: &RequestInfo) -> Result<Response, ApiError> {
     let path = info.path.trim_end_matches('/');
     let server = app.server.lock().map(|s| s.clone()).unwrap_or_default();
     let body = match path {
-        "/version" => resources::version(),
+        "/version" => app.config.kubernetes_version.info(),
         "/api" => resources::core_versions(server.trim_start_matches("http://")),
         "/apis" => resources::group_list(),
         "/api/v1" => resources::resource_list("", "v1").ok_or_else(ApiError::not_found_path)?,

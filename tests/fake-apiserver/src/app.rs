@@ -16,6 +16,7 @@ use crate::store::Store;
 pub struct Config {
     pub dir: PathBuf,
     pub rootfs: PathBuf,
+    pub kubernetes_version: crate::version::KubeVersion,
     pub nodes: usize,
     pub node_cpu: String,
     pub node_memory: String,

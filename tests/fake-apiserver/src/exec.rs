@@ -1,7 +1,8 @@
 //! `pods/exec` over a websocket, as the API server's stream translator and the kubelet's
 //! streaming server answer it (staging/src/k8s.io/apiserver/pkg/util/wsstream/conn.go,
 //! pkg/kubelet/cri/streaming/remotecommand/websocket.go and httpstream.go): subprotocol
-//! `v5.channel.k8s.io` (preferred, with the CLOSE channel 255) or `v4.channel.k8s.io`; binary
+//! `v5.channel.k8s.io` (with the CLOSE channel 255) or `v4.channel.k8s.io`, the first of the
+//! client's that the modelled version speaks (`version.rs`: only v4 before 1.30); binary
 //! frames whose first byte is the channel (0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize);
 //! an empty frame on the lowest writable channel once connected; the `metav1.Status` on
 //! channel 3 at the end (`NonZeroExitCode` with the `ExitCode` cause). The errors before the
@@ -66,21 +67,29 @@ pub async fn handle(app: Shared, info: RequestInfo, mut parts: Parts, query: Vec
     match prepare(&app, &info, &query) {
         Err(error) => error.into_response(),
         Ok(mut session) => {
+            // In the order the client wrote them (the extractor keeps them sorted).
+            let requested: Vec<String> = parts
+                .headers
+                .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+                .iter()
+                .filter_map(|protocols| protocols.to_str().ok())
+                .flat_map(|protocols| protocols.split(',').map(str::to_string).collect::<Vec<_>>())
+                .collect();
             let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
                 Ok(upgrade) => upgrade,
                 Err(_) => return ApiError::bad_request("Upgrade request required").into_response(),
             };
-            let upgrade = upgrade.protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"]);
-            session.v5 = match upgrade.selected_protocol().and_then(|p| p.to_str().ok()) {
-                Some("v5.channel.k8s.io") => true,
-                Some(_) => false,
-                None => {
-                    return ApiError::bad_request(
-                        "websocket: no supported subprotocol (v5.channel.k8s.io, v4.channel.k8s.io)",
-                    )
-                    .into_response();
-                }
+            // The first of the client's protocols the server speaks, as of its version.
+            let version = app.config.kubernetes_version;
+            let Some(protocol) = version.negotiate(requested.iter().map(String::as_str)) else {
+                return ApiError::bad_request(format!(
+                    "websocket: no supported subprotocol ({})",
+                    version.exec_protocols().join(", ")
+                ))
+                .into_response();
             };
+            let upgrade = upgrade.protocols([protocol]);
+            session.v5 = protocol == crate::version::V5;
             if let Some(error) = session.unreachable.take() {
                 let timeout = app.config.exec_dial_timeout;
                 return upgrade.on_upgrade(move |socket| unreachable(socket, error, timeout)).into_response();

@@ -26,6 +26,7 @@ mod store;
 mod strict;
 mod util;
 mod validation;
+mod version;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -53,6 +54,10 @@ struct Cli {
     /// The root filesystem every image runs (tests/support/rootfs.sh builds it).
     #[arg(long)]
     rootfs: PathBuf,
+    /// The Kubernetes version the server reports and models: its exec speaks
+    /// `v5.channel.k8s.io` from 1.30, and only `v4.channel.k8s.io` before.
+    #[arg(long, default_value = version::DEFAULT, value_parser = version::KubeVersion::parse)]
+    kubernetes_version: version::KubeVersion,
     /// Nodes at start.
     #[arg(long, default_value_t = 1)]
     nodes: usize,
@@ -120,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
     let config = Config {
         dir: dir.clone(),
         rootfs,
+        kubernetes_version: cli.kubernetes_version,
         nodes: cli.nodes,
         node_cpu: cli.node_cpu,
         node_memory: cli.node_memory,

@@ -166,14 +166,6 @@ fn groups() -> Vec<&'static str> {
     groups
 }
 
-/// `GET /version`.
-pub fn version() -> Value {
-    json!({"major": "1", "minor": "35", "emulationMajor": "1", "emulationMinor": "35",
-           "minCompatibilityMajor": "1", "minCompatibilityMinor": "34",
-           "gitVersion": "v1.35.0", "gitCommit": "fake", "gitTreeState": "clean",
-           "buildDate": "2025-12-17T00:00:00Z", "goVersion": "go1.25.5", "compiler": "gc", "platform": "linux/amd64"})
-}
-
 /// `GET /api`.
 pub fn core_versions(server: &str) -> Value {
     json!({"kind": "APIVersions", "versions": ["v1"],
