@@ -52,6 +52,9 @@ pub async fn wait_healthy(
         let container = names::service_container(&service.name);
         let timeout = Duration::from_millis(service.health_timeout_ms);
         let deadline = (Instant::now() + timeout).min(hard);
+        // The last run of the health command that ended of itself, for the error: a run the
+        // deadline cut short says less.
+        let mut ended_last: Option<(Option<i32>, String)> = None;
         loop {
             let now = seen.borrow_and_update().clone();
             if let Some(error) = failed(client, pod, &now).await {
@@ -60,8 +63,12 @@ pub async fn wait_healthy(
             let left = deadline.saturating_duration_since(Instant::now());
             let health = health(client, namespace, pod, &container, command);
             let (code, said) = match tokio::time::timeout(left.min(HEALTH_CALL), health).await {
-                Ok(Ok(ran)) => ran,
+                Ok(Ok(ran)) => {
+                    ended_last = Some(ran.clone());
+                    ran
+                }
                 Ok(Err(error)) => (None, error.message),
+                Err(_) if left < HEALTH_CALL && ended_last.is_some() => ended_last.clone().unwrap_or_default(),
                 Err(_) => (None, format!("it did not end within {} ms", left.min(HEALTH_CALL).as_millis())),
             };
             if code == Some(0) {
