@@ -21,8 +21,13 @@ lint:
 unit: build
 	$(CARGO) test --workspace
 
+# The shell executor through the suite; then the suite's own test: each fake executor mode that
+# breaks a MUST of the reference must fail the case naming it (the count is printed).
 conformance: build
 	$(BIN)/knotless-run plugin check $(BIN)/knotless-executor-shell
+	$(CARGO) test -p knotless-tests --test e2e -- --ignored --nocapture every_mode_that_breaks_a_must \
+		> $(TARGET_DIR)/mutations.log 2>&1 || { cat $(TARGET_DIR)/mutations.log; exit 1; }
+	grep '^conformance suite: ' $(TARGET_DIR)/mutations.log
 
 # The Kubernetes executor through the conformance suite and the demo, on the fake API server.
 conformance-kubernetes: build

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 pub use connection::{Closed, Connection, Reply, SessionEvent, decode};
 pub use locate::{PluginSearch, is_executable};
 pub use options::executor_option_flag;
-pub use process::{ExecutorProcess, INHERITED_VARIABLES, ProcessSpec, StderrTail, describe_status};
+pub use process::{ExecutorProcess, INHERITED_VARIABLES, ProcessSpec, StderrTail, StderrWatch, describe_status};
 pub use session::Session;
 
 /// How the host runs its executor.

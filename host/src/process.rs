@@ -45,6 +45,9 @@ pub struct ProcessSpec {
     pub pass_env: Vec<String>,
 }
 
+/// Sees each line an executor writes to stderr (the conformance suite looks for secrets there).
+pub type StderrWatch = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// The last lines an executor wrote to stderr.
 #[derive(Clone, Default)]
 pub struct StderrTail(Arc<Mutex<VecDeque<String>>>);
@@ -81,6 +84,15 @@ pub struct ExecutorProcess {
 impl ExecutorProcess {
     /// Spawns the executor with piped stdin and stdout.
     pub fn spawn(spec: &ProcessSpec) -> anyhow::Result<(ExecutorProcess, ChildStdin, ChildStdout)> {
+        ExecutorProcess::spawn_watched(spec, None)
+    }
+
+    /// Spawns the executor as [`ExecutorProcess::spawn`] does, and shows `watch` every line it
+    /// writes to stderr, whole (up to [`MAX_STDERR_LINE`] bytes), not only those of the tail.
+    pub fn spawn_watched(
+        spec: &ProcessSpec,
+        watch: Option<StderrWatch>,
+    ) -> anyhow::Result<(ExecutorProcess, ChildStdin, ChildStdout)> {
         let mut command = Command::new(&spec.path);
         command.env_clear();
         for name in INHERITED_VARIABLES.iter().copied().chain(spec.pass_env.iter().map(String::as_str)) {
@@ -109,6 +121,9 @@ impl ExecutorProcess {
         let stderr_done = tokio::spawn(async move {
             read_lines(stderr, MAX_STDERR_LINE, |line| {
                 tracing::info!(target: "knotless_run::executor", executor = %name, "[{name}] {line}");
+                if let Some(watch) = &watch {
+                    watch(&line);
+                }
                 forward_tail.push(line.chars().take(TAIL_LINE_CHARS).collect());
             })
             .await;

@@ -9,6 +9,7 @@ docs/guide/writing-an-executor.md.
 """
 
 import base64
+import ctypes
 import json
 import os
 import selectors
@@ -30,6 +31,7 @@ CHUNK = 64 * 1024  # the most output bytes in one `output` notification
 GRACE = 2.0  # seconds between SIGTERM and SIGKILL
 SETTLE = 0.2  # seconds to read on after a step's shell exited, while its pipes stay open
 MARKER = "KNOTLESS_PYTHON_SESSION"  # in every step's environment: <runner-id>/<session>
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2): orphans of our descendants come back to us, not to init
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL = -32700, -32600, -32601, -32602, -32603
 INFRASTRUCTURE, CONFIGURATION, CANCELLED, TIMEOUT, UNSUPPORTED_VERSION = -32001, -32002, -32003, -32004, -32005
@@ -102,6 +104,40 @@ def safe_name(name):
 # --- Processes: found in /proc by process tree, process group or marker variable, killed in two steps
 
 
+def become_subreaper():
+    """Makes every orphan of our steps (after `setsid` or a double fork) our child instead of
+    init's, so that what a step left can be found however it left the step's tree (Linux)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        diag(f"cannot become a child subreaper: {os.strerror(ctypes.get_errno())}")
+
+
+def started_at(pid):
+    """When a process started, in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reap_orphans(shells):
+    """Waits for our orphans that ended, so that none stays a zombie; `shells` are the live step
+    shells, which subprocess waits for itself."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in shells:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            state, ppid = stat[stat.rindex(b")") + 2 :].split()[:2]
+            if state == b"Z" and int(ppid) == os.getpid():
+                os.waitpid(int(entry), os.WNOHANG)
+        except (OSError, ValueError):
+            continue
+
+
 def scan_processes():
     """Every live process of this user but us, as (pid, parent, process group, marker or None)."""
     found = []
@@ -129,16 +165,25 @@ def marked(marker):
     return lambda processes: [pid for pid, _, _, found in processes if found == marker]
 
 
-def step_processes(shell, group):
+def step_processes(shell, group, since=None, shells=frozenset):
     """Picks a step's processes: its process group, and every descendant of its shell, even one
-    that left the group (`setsid`). A descendant found once stays picked after its parent died
-    and it was given to init."""
+    that left the group (`setsid`). A descendant found once stays picked after its parent died.
+    Once the shell has ended, its orphans are our children (we are a subreaper): with `since`
+    (the shell's start time), every child of ours that is not a live step shell (`shells()`) and
+    started since is picked too, with its descendants. (Told apart by start time, a step of
+    another session running meanwhile may lose its leftovers too: an executor that runs steps
+    side by side gives each its own reaper, as the shell executor does.)"""
     tree = {shell}
 
     def select(processes):
         children = {}
         for pid, ppid, _, _ in processes:
             children.setdefault(ppid, []).append(pid)
+        if since is not None:
+            live = shells()
+            for pid, ppid, _, _ in processes:
+                if ppid == os.getpid() and pid not in live and (started_at(pid) or 0) >= since:
+                    tree.add(pid)
         todo = list(tree)
         while todo:
             for child in children.get(todo.pop(), []):
@@ -396,6 +441,7 @@ class Executor:
         self.config = None  # set by a successful initialize
         self.sessions = {}  # session id -> Session
         self.in_flight = {}  # request id -> (Request, thread)
+        self.shells = set()  # the pids of the steps' shells still running
 
     # --- Handshake and version negotiation -------------------------------------------------
 
@@ -527,17 +573,32 @@ class Executor:
         step_env[MARKER] = session.marker
         started = time.monotonic()
         try:
-            shell = subprocess.Popen(
-                ["/bin/sh", "-ec", script],  # the script on argv; secrets only in the environment
-                cwd=workdir,
-                env=step_env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own process group (and session), which we kill as one
-            )
+            with self.lock:  # known as a step's shell before a sweep can take it for an orphan
+                shell = subprocess.Popen(
+                    ["/bin/sh", "-ec", script],  # the script on argv; secrets only in the environment
+                    cwd=workdir,
+                    env=step_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own process group (and session), which we kill as one
+                )
+                self.shells.add(shell.pid)
+                shell.started_at = started_at(shell.pid) or 0
         except (OSError, ValueError) as error:
             raise RpcError(INFRASTRUCTURE, f"cannot start /bin/sh for step {name}: {error}")
+        try:
+            return self.run_step(request, session, name, step, secrets, shell, started)
+        finally:
+            with self.lock:
+                self.shells.discard(shell.pid)
+                reap_orphans(self.shells)
+
+    def live_shells(self):
+        with self.lock:
+            return set(self.shells)
+
+    def run_step(self, request, session, name, step, secrets, shell, started):
         group = shell.pid
         pipes = selectors.DefaultSelector()
         pipes.register(shell.stdout, selectors.EVENT_READ, "stdout")
@@ -584,8 +645,8 @@ class Executor:
             self.log(session.id, "error" if ending.code == TIMEOUT else "info", f"step {name}: {ending.message}")
             raise ending
         killed = set()
-        if secrets:  # nothing that saw a secret may outlive the step
-            killed = terminate(processes)
+        if secrets:  # nothing that saw a secret may outlive the step, however it left its tree
+            killed = terminate(step_processes(shell.pid, group, shell.started_at, self.live_shells))
             if killed:
                 self.log(session.id, "warn", f"step {name} left {len(killed)} process(es) running: killed them")
         drain()  # every output notification is written before the response
@@ -721,4 +782,5 @@ METHODS = {"initialize", "ping", "start", "command", "stop", "cleanup", "upload"
 TIMED = {"start", "command", "stop", "cleanup", "upload", "download"}  # requests with a timeout_ms
 
 if __name__ == "__main__":
+    become_subreaper()
     Executor().serve()

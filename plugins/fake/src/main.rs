@@ -2,6 +2,7 @@
 //! before the handshake, and the exit code.
 
 mod mode;
+mod orphans;
 mod server;
 mod sessions;
 mod step;
@@ -62,6 +63,7 @@ fn main() {
 }
 
 fn serve(mode: Option<Mode>) -> anyhow::Result<()> {
+    orphans::become_subreaper();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -63,6 +63,32 @@ pub enum Mode {
     BreakDownload,
     /// `download` writes half of its stream, then nothing until the request is cancelled.
     StallDownload,
+    /// `ping` is answered before `initialize`.
+    PingBeforeInitialize,
+    /// `initialize` accepts options it does not know.
+    AcceptUnknownOptions,
+    /// A request of an unknown method is answered with a result.
+    AnswerUnknownMethods,
+    /// Step output is decoded as UTF-8 (invalid bytes replaced) and encoded again.
+    LossyOutput,
+    /// A step ended by a signal is answered with exit code 0.
+    SignalAsZero,
+    /// A step's secrets are on its shell's command line.
+    SecretOnCommandLine,
+    /// A step's secrets are written to the fake's stderr.
+    SecretOnStderr,
+    /// A step's secrets are written to a file in its session's folder.
+    SecretInFile,
+    /// A step's secrets are sent in a `log` notification.
+    SecretInLog,
+    /// Processes a step given secrets left running are not killed.
+    LeaveProcessesAfterSecrets,
+    /// `upload` and `download` ignore `timeout_ms`.
+    NoTransferDeadline,
+    /// `download` writes the whole folder whatever its `max_bytes`.
+    DownloadPastMax,
+    /// `upload` keeps setuid, setgid and sticky bits.
+    KeepModeBits,
 }
 
 /// Every mode with its name and a one-line description, in the order of the usage text.
@@ -94,6 +120,19 @@ pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::LeaveSessionsAtEof, "leave-sessions-at-eof", "at the end of stdin exit without stopping the sessions"),
     (Mode::BreakDownload, "break-download", "answer download with an error halfway, send the rest at stop"),
     (Mode::StallDownload, "stall-download", "send half of a download, then nothing until cancelled"),
+    (Mode::PingBeforeInitialize, "ping-before-initialize", "answer ping before initialize"),
+    (Mode::AcceptUnknownOptions, "accept-unknown-options", "accept options it does not know at initialize"),
+    (Mode::AnswerUnknownMethods, "answer-unknown-methods", "answer a request of an unknown method with a result"),
+    (Mode::LossyOutput, "lossy-output", "decode step output as UTF-8 and encode it again"),
+    (Mode::SignalAsZero, "signal-as-zero", "answer a step ended by a signal with exit code 0"),
+    (Mode::SecretOnCommandLine, "secret-on-command-line", "put a step's secrets on its shell's command line"),
+    (Mode::SecretOnStderr, "secret-on-stderr", "write a step's secrets to stderr"),
+    (Mode::SecretInFile, "secret-in-file", "write a step's secrets to a file in its session's folder"),
+    (Mode::SecretInLog, "secret-in-log", "send a step's secrets in a log notification"),
+    (Mode::LeaveProcessesAfterSecrets, "leave-processes-after-secrets", "leave what a step given secrets left"),
+    (Mode::NoTransferDeadline, "no-transfer-deadline", "ignore timeout_ms in upload and download"),
+    (Mode::DownloadPastMax, "download-past-max", "write a whole download whatever its max_bytes"),
+    (Mode::KeepModeBits, "keep-mode-bits", "keep setuid, setgid and sticky bits in an upload"),
 ];
 
 impl Mode {
@@ -104,7 +143,10 @@ impl Mode {
 
     /// Whether the mode acts before the handshake, so that only `--mode` can choose it.
     pub fn before_handshake(self) -> bool {
-        matches!(self, Mode::ExitBeforeHandshake | Mode::GarbageAtStart)
+        matches!(
+            self,
+            Mode::ExitBeforeHandshake | Mode::GarbageAtStart | Mode::PingBeforeInitialize | Mode::AcceptUnknownOptions
+        )
     }
 
     /// Whether `cancel` notifications are ignored.

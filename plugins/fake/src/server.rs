@@ -114,7 +114,10 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
                 shared.out.reply(id, outcome).await;
             }
             method::PING => {
-                let outcome = setup(&shared).map(|_| json!({}));
+                let outcome = match cli_mode {
+                    Some(Mode::PingBeforeInitialize) => Ok(json!({})),
+                    _ => setup(&shared).map(|_| json!({})),
+                };
                 shared.out.reply(id, outcome).await;
             }
             method::SHUTDOWN => {
@@ -134,8 +137,14 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
                 }
             }
             other => {
-                let fault = Fault::new(rpc::METHOD_NOT_FOUND, format!("unknown method {other}"));
-                shared.out.reply(id, Err(fault)).await;
+                let answers = shared.setup.get().is_some_and(|setup| setup.mode == Mode::AnswerUnknownMethods);
+                let outcome = if answers {
+                    eprintln!("fake: answering the unknown method {other} with a result (simulated)");
+                    Ok(json!({}))
+                } else {
+                    Err(Fault::new(rpc::METHOD_NOT_FOUND, format!("unknown method {other}")))
+                };
+                shared.out.reply(id, outcome).await;
             }
         }
     }
@@ -237,14 +246,25 @@ async fn handle(
         method::COMMAND => result(&step::command(shared, setup, params(raw)?, token, request).await?),
         method::UPLOAD => {
             let params: TransferParams = params(raw)?;
-            guarded(&token, params.timeout_ms, "upload", transfer::upload(setup, &params)).await
+            let timeout_ms = transfer_deadline(setup, &params);
+            guarded(&token, timeout_ms, "upload", transfer::upload(setup, &params)).await
         }
         method::DOWNLOAD => {
             let params: TransferParams = params(raw)?;
-            guarded(&token, params.timeout_ms, "download", transfer::download(setup, &params)).await
+            let timeout_ms = transfer_deadline(setup, &params);
+            guarded(&token, timeout_ms, "download", transfer::download(setup, &params)).await
         }
         other => Err(Fault::new(rpc::METHOD_NOT_FOUND, format!("unknown method {other}"))),
     }
+}
+
+/// A transfer's deadline: its `timeout_ms`, or a day (`no-transfer-deadline`).
+fn transfer_deadline(setup: &Setup, params: &TransferParams) -> u64 {
+    if setup.mode == Mode::NoTransferDeadline {
+        eprintln!("fake: ignoring the transfer's timeout of {} ms (simulated)", params.timeout_ms);
+        return 86_400_000;
+    }
+    params.timeout_ms
 }
 
 /// Races an operation against its deadline and its cancellation.
@@ -270,7 +290,9 @@ fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> R
     let params: InitializeParams = params(raw)?;
     let config = &params.config;
     const KEYS: [&str; 6] = ["work-dir", "ledger", "mode", "isolation", "secrets", "outputs"];
-    if let Some(key) = config.keys().find(|key| !KEYS.contains(&key.as_str())) {
+    if cli_mode == Some(Mode::AcceptUnknownOptions) {
+        eprintln!("fake: accepting every option (simulated)");
+    } else if let Some(key) = config.keys().find(|key| !KEYS.contains(&key.as_str())) {
         return Err(Fault::configuration(format!("unknown option --{key}; the fake takes {}", KEYS.join(", "))));
     }
     let declared = |key: &str| -> Result<bool, Fault> {

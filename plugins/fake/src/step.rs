@@ -56,6 +56,14 @@ struct Behaviour {
     sweep_at_timeout: bool,
     /// Kill what left the step's process group on a cancel.
     sweep_at_cancel: bool,
+    /// Decode output as UTF-8 and encode it again (`lossy-output`).
+    lossy: bool,
+    /// Answer a death by signal with exit code 0 (`signal-as-zero`).
+    signal_as_zero: bool,
+    /// Put the secrets on the shell's command line (`secret-on-command-line`).
+    secrets_on_command_line: bool,
+    /// Kill what a step given secrets left (all but `leave-processes-after-secrets`).
+    sweep_after_secrets: bool,
 }
 
 /// Runs one step according to the mode. `request` is the id of its request: output a mode
@@ -72,6 +80,10 @@ pub async fn command(
         timeout: Some(Duration::from_millis(params.timeout_ms)),
         sweep_at_timeout: setup.mode != Mode::LeaveProcessesAtTimeout,
         sweep_at_cancel: setup.mode != Mode::LeaveProcessesAtCancel,
+        lossy: setup.mode == Mode::LossyOutput,
+        signal_as_zero: setup.mode == Mode::SignalAsZero,
+        secrets_on_command_line: setup.mode == Mode::SecretOnCommandLine,
+        sweep_after_secrets: setup.mode != Mode::LeaveProcessesAfterSecrets,
     };
     match setup.mode {
         Mode::LoseSession => return Err(Fault::unknown_session(&params.session)),
@@ -91,6 +103,7 @@ pub async fn command(
         _ => {}
     }
     let dir = setup.sessions.dir(&params.session)?;
+    leak_secrets(shared, setup, &params, &dir).await;
     let work = if setup.mode == Mode::WrongWorkdir { dir.clone() } else { dir.join("work") };
     let workdir = match &params.workdir {
         Some(workdir) => work.join(workdir),
@@ -115,6 +128,31 @@ pub async fn command(
             Ok(CommandResult { exit_code: 0, duration_ms: 1, killed_processes: 0 })
         }
         other => other,
+    }
+}
+
+/// Puts the step's secrets where the modes that leak them put them: stderr, a file in the
+/// session's folder, a `log` line.
+async fn leak_secrets(shared: &Shared, setup: &Setup, params: &CommandParams, dir: &Path) {
+    if params.secrets.is_empty() {
+        return;
+    }
+    let pairs: Vec<String> = params.secrets.iter().map(|(name, value)| format!("{name}={value}")).collect();
+    match setup.mode {
+        Mode::SecretOnStderr => eprintln!("fake: step {} runs with {} (simulated)", params.step, pairs.join(" ")),
+        Mode::SecretInFile => {
+            let file = dir.join("step.env");
+            if let Err(error) = std::fs::write(&file, pairs.join("\n")) {
+                eprintln!("fake: cannot write {}: {error}", file.display());
+            }
+        }
+        Mode::SecretInLog => {
+            let message = format!("step {} runs with {}", params.step, pairs.join(" "));
+            if let Err(error) = shared.out.log(&params.session, &message).await {
+                eprintln!("fake: cannot send a log line: {error}");
+            }
+        }
+        _ => {}
     }
 }
 
@@ -156,9 +194,12 @@ async fn run(
 ) -> Result<CommandResult, Fault> {
     let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.to_string());
     let mut command = tokio::process::Command::new("sh");
+    command.arg("-ec").arg(&params.script);
+    if behaviour.secrets_on_command_line {
+        eprintln!("fake: putting the step's secrets on its command line (simulated)");
+        command.arg("fake-step").args(params.secrets.iter().map(|(name, value)| format!("{name}={value}")));
+    }
     command
-        .arg("-ec")
-        .arg(&params.script)
         .current_dir(workdir)
         .env_clear()
         .env("PATH", path)
@@ -170,10 +211,14 @@ async fn run(
         .process_group(0)
         .kill_on_drop(true);
     let started = Instant::now();
-    let mut child = command
-        .spawn()
-        .map_err(|error| Fault::infrastructure(format!("cannot start sh in {}: {error}", workdir.display())))?;
+    let (mut child, shell) = crate::orphans::spawn_shell(|| {
+        let child = command.spawn()?;
+        let pid = child.id();
+        Ok((child, pid))
+    })
+    .map_err(|error| Fault::infrastructure(format!("cannot start sh in {}: {error}", workdir.display())))?;
     let pid = child.id().ok_or_else(|| Fault::infrastructure("the step ended before it started"))?;
+    let shell_started = shell.as_ref().map_or(0, |shell| shell.started);
     let mut group = Group { pgid: Pid::from_raw(pid as i32), armed: true };
     let (sink, writer) = match &behaviour.sink {
         Sink::DropWhenFull(out) => {
@@ -191,8 +236,8 @@ async fn run(
         other => (other.clone(), None),
     };
     let pumps = [
-        child.stdout.take().map(|stdout| pump(stdout, sink.clone(), params, Stream::Stdout)),
-        child.stderr.take().map(|stderr| pump(stderr, sink.clone(), params, Stream::Stderr)),
+        child.stdout.take().map(|stdout| pump(stdout, sink.clone(), params, Stream::Stdout, behaviour.lossy)),
+        child.stderr.take().map(|stderr| pump(stderr, sink.clone(), params, Stream::Stderr, behaviour.lossy)),
     ];
     drop(sink);
     // Every chunk queued is written before the answer.
@@ -228,27 +273,42 @@ async fn run(
         }
     };
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let killed_processes = leftovers(pid);
+    let mut killed_processes = leftovers(pid);
     if killed_processes > 0 {
         group.kill();
     }
     group.armed = false;
+    if !params.secrets.is_empty() {
+        if behaviour.sweep_after_secrets {
+            killed_processes += crate::orphans::kill_after(shell_started);
+        } else {
+            eprintln!("fake: leaving what the step given secrets left running (simulated)");
+        }
+    }
+    drop(shell);
+    crate::orphans::reap();
     drain(pumps).await;
-    Ok(CommandResult { exit_code: exit_code(status), duration_ms, killed_processes })
+    Ok(CommandResult { exit_code: exit_code(status, behaviour.signal_as_zero), duration_ms, killed_processes })
 }
 
-/// The exit code, or 128 + the signal that ended the step.
-fn exit_code(status: std::process::ExitStatus) -> i32 {
+/// The exit code, or 128 + the signal that ended the step (0 with `signal_as_zero`).
+fn exit_code(status: std::process::ExitStatus, signal_as_zero: bool) -> i32 {
     use std::os::unix::process::ExitStatusExt as _;
+    if signal_as_zero && status.signal().is_some() {
+        eprintln!("fake: answering a step ended by a signal with exit code 0 (simulated)");
+        return status.code().unwrap_or(0);
+    }
     status.code().or_else(|| status.signal().map(|signal| 128 + signal)).unwrap_or(-1)
 }
 
-/// Reads one stream to its end, each chunk to the sink.
+/// Reads one stream to its end, each chunk to the sink; with `lossy`, each chunk decoded as
+/// UTF-8 and encoded again, as a careless executor would.
 fn pump(
     mut reader: impl AsyncRead + Unpin + Send + 'static,
     sink: Sink,
     params: &CommandParams,
     stream: Stream,
+    lossy: bool,
 ) -> JoinHandle<()> {
     let session = params.session.clone();
     let step = params.step;
@@ -280,7 +340,11 @@ fn pump(
                     continue;
                 }
             };
-            if let Err(error) = out.output(&session, step, stream, &buffer[..read]).await {
+            let bytes = match lossy {
+                true => String::from_utf8_lossy(&buffer[..read]).into_owned().into_bytes(),
+                false => buffer[..read].to_vec(),
+            };
+            if let Err(error) = out.output(&session, step, stream, &bytes).await {
                 eprintln!("fake: cannot send output: {error}");
             }
         }

@@ -27,10 +27,18 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
     let handle = tokio::runtime::Handle::current();
     let slow_upload = setup.mode == Mode::SlowUpload;
     let special = setup.mode == Mode::AcceptSpecialUploads;
+    let keep_mode_bits = setup.mode == Mode::KeepModeBits;
     let bytes = blocking(move || {
         let stream = SyncIoBridge::new_with_handle(stream, handle);
         let mut input = Counting { inner: Paced { inner: stream, slow: slow_upload }, bytes: 0 };
-        let unpacked = if special {
+        let unpacked = if keep_mode_bits {
+            read_whole(&mut input, max_bytes).and_then(|archive| {
+                let unpacked = tarball::unpack_vetted(archive.as_slice(), &dest, max_bytes)
+                    .map_err(|error| Fault::new(code::TOO_LARGE, error.to_string()))?;
+                restore_mode_bits(&archive, &dest)?;
+                Ok(unpacked)
+            })
+        } else if special {
             without_special_files(&mut input, max_bytes).and_then(|archive| {
                 tarball::unpack_vetted(archive.as_slice(), &dest, max_bytes).map_err(|error| match error {
                     UnpackError::Io(error) => Fault::infrastructure(format!("cannot unpack: {error}")),
@@ -45,7 +53,7 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
                 UnpackError::Io(_) => Fault::infrastructure(error.to_string()),
             })
         };
-        unpacked?;
+        let _unpacked = unpacked?;
         // Whatever follows the archive is part of the stream the runner counted.
         io::copy(&mut input, &mut io::sink()).map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
         if input.bytes > max_bytes {
@@ -67,7 +75,13 @@ pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, F
     if matches!(setup.mode, Mode::BreakDownload | Mode::StallDownload) {
         return broken_download(setup, params, source, stream).await;
     }
-    let max_bytes = params.max_bytes;
+    let max_bytes = match setup.mode {
+        Mode::DownloadPastMax => {
+            eprintln!("fake: ignoring the download's max_bytes of {} (simulated)", params.max_bytes);
+            u64::MAX
+        }
+        _ => params.max_bytes,
+    };
     let handle = tokio::runtime::Handle::current();
     let special = setup.mode == Mode::ArchiveSpecialFiles;
     let bytes =
@@ -190,6 +204,42 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Fault> + S
     tokio::task::spawn_blocking(work)
         .await
         .unwrap_or_else(|error| Err(Fault::infrastructure(format!("the transfer failed: {error}"))))
+}
+
+/// The whole tar stream, up to `max_bytes`.
+fn read_whole(input: &mut impl Read, max_bytes: u64) -> Result<Vec<u8>, Fault> {
+    let mut archive = Vec::new();
+    input
+        .take(max_bytes.saturating_add(1))
+        .read_to_end(&mut archive)
+        .map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
+    if archive.len() as u64 > max_bytes {
+        return Err(too_large(max_bytes));
+    }
+    Ok(archive)
+}
+
+/// Gives every file and folder of `archive` unpacked in `dest` its mode from the archive, setuid,
+/// setgid and sticky bits included, as a careless executor would (`keep-mode-bits`).
+fn restore_mode_bits(archive: &[u8], dest: &std::path::Path) -> Result<(), Fault> {
+    use std::os::unix::fs::PermissionsExt as _;
+    eprintln!("fake: keeping the upload's setuid, setgid and sticky bits (simulated)");
+    let mut entries = tar::Archive::new(archive);
+    let entries = entries.entries().map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
+    for entry in entries {
+        let entry = entry.map_err(|error| Fault::infrastructure(format!("tar stream: {error}")))?;
+        let (Ok(path), Ok(mode)) = (entry.path(), entry.header().mode()) else {
+            continue;
+        };
+        let kind = entry.header().entry_type();
+        if kind.is_file() || kind.is_dir() {
+            let target = dest.join(path);
+            if let Err(error) = std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode & 0o7777)) {
+                eprintln!("fake: cannot set the mode of {}: {error}", target.display());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Packs every entry under `root`, special files and links that leave it included, links never

@@ -142,6 +142,12 @@ impl Out {
         self.line(&output_frame(session, step, stream, bytes)?).await
     }
 
+    /// Sends a `log` line for a session.
+    pub async fn log(&self, session: &str, message: &str) -> anyhow::Result<()> {
+        let frame = json!({"jsonrpc": "2.0", "method": method::LOG, "params": {"session": session, "level": "info", "message": message}});
+        self.line(&serde_json::to_vec(&frame)?).await
+    }
+
     /// Whether stdout is full: the runner does not read it as fast as the fake writes
     /// (`drop-output-when-slow`).
     pub fn is_full(&self) -> bool {

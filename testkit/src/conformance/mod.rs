@@ -9,10 +9,13 @@
 
 mod processes;
 mod raw;
+mod rules;
+mod secrets;
 mod sessions;
 mod steps;
 mod suite;
 mod transfers;
+mod wire;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -32,6 +35,12 @@ pub mod case {
     pub const HANDSHAKE: &str = "handshake";
     /// A version the executor does not speak is refused.
     pub const VERSION_REFUSAL: &str = "version refusal";
+    /// Requests before `initialize` are refused with NOT_INITIALIZED (§4).
+    pub const BEFORE_INITIALIZE: &str = "requests before initialize";
+    /// An unknown option is refused, named (§5.1).
+    pub const UNKNOWN_OPTION: &str = "unknown option";
+    /// Frames that are not JSON, not requests, of an unknown method or with bad params (§2).
+    pub const MALFORMED: &str = "malformed and unknown requests";
     /// `ping` is answered.
     pub const PING: &str = "ping";
     /// The sweep a runner sends when it starts.
@@ -48,6 +57,10 @@ pub mod case {
     pub const OUTPUT_BEFORE_RESULT: &str = "output before the result";
     /// A non-zero exit is a result.
     pub const NON_ZERO_EXIT: &str = "non-zero exit";
+    /// Every byte value of output comes back as written (§5.5).
+    pub const EVERY_BYTE: &str = "every byte of output";
+    /// A step ended by a signal has exit code 128 + N (§6).
+    pub const SIGNAL: &str = "death by signal";
     /// Variables arrive verbatim; a secret reaches only its own step.
     pub const VARIABLES: &str = "variables and secrets";
     /// Steps run in the work folder.
@@ -60,16 +73,26 @@ pub mod case {
     pub const CANCELLATION: &str = "cancellation";
     /// No process of a cancelled step outlives the answer.
     pub const LEFT_AFTER_CANCEL: &str = "processes left after a cancel";
+    /// No process of a step given secrets outlives the answer (§7).
+    pub const LEFT_AFTER_SECRETS: &str = "processes left after a step given secrets";
     /// A tree comes back as it went.
     pub const ROUND_TRIP: &str = "upload and download";
     /// Hostile uploads are refused.
     pub const UPLOAD_REFUSALS: &str = "upload refusals";
+    /// An upload drops setuid, setgid and sticky bits (§8).
+    pub const MODE_BITS: &str = "setuid, setgid and sticky bits";
     /// Special files stay out of a download.
     pub const SPECIAL_DOWNLOAD: &str = "special files in a download";
     /// A missing path is NOT_FOUND.
     pub const MISSING_DOWNLOAD: &str = "download of a missing path";
+    /// Transfers end by their deadline and at their cancel (§8, §5.7).
+    pub const TRANSFER_DEADLINES: &str = "transfer deadlines and cancel";
+    /// A download stops before its max_bytes (§8).
+    pub const DOWNLOAD_OVER_MAX: &str = "download over max_bytes";
     /// 1 MiB of output reaches a slow reader whole.
     pub const SLOW_READER: &str = "1 MiB of output with a slow reader";
+    /// A secret is on no command line, in no file, log line or stderr line (§7).
+    pub const SECRETS: &str = "secrets out of sight";
     /// A stopped session is gone.
     pub const STOP: &str = "stop";
     /// `cleanup` removes what is not kept and keeps what is.
@@ -84,6 +107,8 @@ pub mod case {
         OUTPUT_BEFORE_RESULT,
         OUTPUT_AND_EXIT,
         NON_ZERO_EXIT,
+        EVERY_BYTE,
+        SIGNAL,
         DUPLICATE_START,
         UNKNOWN_SESSIONS,
         VARIABLES,
@@ -92,18 +117,23 @@ pub mod case {
         LEFT_AFTER_TIMEOUT,
         CANCELLATION,
         LEFT_AFTER_CANCEL,
+        LEFT_AFTER_SECRETS,
         ROUND_TRIP,
         UPLOAD_REFUSALS,
+        MODE_BITS,
         SPECIAL_DOWNLOAD,
         MISSING_DOWNLOAD,
+        TRANSFER_DEADLINES,
+        DOWNLOAD_OVER_MAX,
     ];
 
     /// The cases before the session of [`IN_SESSION`] starts, in order.
-    pub const BEFORE_SESSION: &[&str] = &[HANDSHAKE, VERSION_REFUSAL, PING, CLEANUP_AT_START, START];
+    pub const BEFORE_SESSION: &[&str] =
+        &[HANDSHAKE, VERSION_REFUSAL, BEFORE_INITIALIZE, UNKNOWN_OPTION, MALFORMED, PING, CLEANUP_AT_START, START];
 
     /// The cases after it, in order.
     /// Each holds one session at a time: on Kubernetes, a runner's runs never share a node.
-    pub const AFTER_SESSION: &[&str] = &[STOP, SLOW_READER, CLEANUP, END_OF_STDIN, SHUTDOWN];
+    pub const AFTER_SESSION: &[&str] = &[STOP, SLOW_READER, SECRETS, CLEANUP, END_OF_STDIN, SHUTDOWN];
 
     /// Every case, in order.
     pub fn all() -> impl Iterator<Item = &'static str> {
@@ -159,6 +189,9 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
     record.case(case::HANDSHAKE, handshake(&host)).await;
     let suite = Suite::new(host.clone(), config.clone());
     record.case(case::VERSION_REFUSAL, raw::version_refusal(&config)).await;
+    record.case(case::BEFORE_INITIALIZE, wire::before_initialize(&config, suite.start_params("never"))).await;
+    record.case(case::UNKNOWN_OPTION, wire::unknown_option(&config)).await;
+    record.case(case::MALFORMED, wire::malformed(&config)).await;
     record.case(case::PING, ping(&host)).await;
     record.case(case::CLEANUP_AT_START, suite.cleanup_at_start()).await;
     let session = record
@@ -173,6 +206,8 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
             record.case(case::OUTPUT_BEFORE_RESULT, suite.output_before_result(session)).await;
             record.case(case::OUTPUT_AND_EXIT, suite.output_and_exit(session)).await;
             record.case(case::NON_ZERO_EXIT, suite.non_zero(session)).await;
+            record.case(case::EVERY_BYTE, suite.every_byte(session)).await;
+            record.case(case::SIGNAL, suite.signal(session)).await;
             record.case(case::DUPLICATE_START, suite.duplicate_start(session)).await;
             record.case(case::UNKNOWN_SESSIONS, suite.unknown_sessions()).await;
             record.case(case::VARIABLES, suite.variables(session)).await;
@@ -181,10 +216,14 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
             record.case(case::LEFT_AFTER_TIMEOUT, suite.left_after_timeout(session)).await;
             record.case(case::CANCELLATION, suite.cancellation(session)).await;
             record.case(case::LEFT_AFTER_CANCEL, suite.left_after_cancel(session)).await;
+            record.case(case::LEFT_AFTER_SECRETS, suite.left_after_secrets(session)).await;
             record.case(case::ROUND_TRIP, suite.round_trip(session)).await;
             record.case(case::UPLOAD_REFUSALS, suite.upload_refusals(session)).await;
+            record.case(case::MODE_BITS, suite.mode_bits(session)).await;
             record.case(case::SPECIAL_DOWNLOAD, suite.special_download(session)).await;
             record.case(case::MISSING_DOWNLOAD, suite.missing(session)).await;
+            record.case(case::TRANSFER_DEADLINES, suite.transfer_deadlines(session)).await;
+            record.case(case::DOWNLOAD_OVER_MAX, suite.download_over_max(session)).await;
         }
         None => {
             for name in case::IN_SESSION {
@@ -199,6 +238,7 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
     // After `stop`: no case holds two sessions at once, so the suite runs where an executor
     // gives each run a machine of its own and there is one (a Kubernetes node).
     record.case(case::SLOW_READER, raw::slow_reader(&config, suite.start_params("slow-reader"))).await;
+    record.case(case::SECRETS, secrets::out_of_sight(&config, suite.start_params("secrets"), &suite.nonce)).await;
     record.case(case::CLEANUP, suite.cleanup()).await;
     record.case(case::END_OF_STDIN, suite.end_of_stdin()).await;
     if record.blocked.is_some() {
@@ -399,8 +439,9 @@ mod tests {
     fn a_failed_or_unrun_case_is_named_and_a_full_pass_is_not() {
         let mut checks: Vec<Check> = case::all().map(|name| check(name, Verdict::Passed("fine".into()))).collect();
         assert_eq!(not_passed(&checks), None);
-        checks[2].verdict = Verdict::Failed("no answer".into());
-        checks[3] = Check { name: checks[3].name, verdict: Verdict::NotRun("gone".into()), took: None };
+        let ping = checks.iter().position(|check| check.name == case::PING).expect("ping");
+        checks[ping].verdict = Verdict::Failed("no answer".into());
+        checks[ping + 1] = Check { name: checks[ping + 1].name, verdict: Verdict::NotRun("gone".into()), took: None };
         assert_eq!(
             not_passed(&checks).as_deref(),
             Some("  FAIL     ping (3 ms): no answer\n  not run  cleanup at start: gone")

@@ -2,6 +2,7 @@
 //! processes it started (one in the background, one in a session of its own after `setsid`) that
 //! must be gone once the executor answered.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use knotless_protocol::ErrorKind;
@@ -19,18 +20,24 @@ const LEFTOVERS_TIMEOUT_MS: u64 = 3_000;
 /// tenth of a second.
 const WATCH: &str = "30";
 
-/// How a step is ended from outside.
+/// How a step is ended: from outside, or by itself after it was given a secret.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Ending {
     Timeout,
     Cancel,
+    Secrets,
 }
 
+/// The rule a step given secrets whose processes outlive it breaks.
+const SECRETS_RULE: &str = "§7: after a step that was given secrets, processes the step left running MUST be \
+                            killed before the executor answers";
+
 impl Ending {
-    fn kind(self) -> ErrorKind {
+    fn kind(self) -> Option<ErrorKind> {
         match self {
-            Ending::Timeout => ErrorKind::Timeout,
-            Ending::Cancel => ErrorKind::Cancelled,
+            Ending::Timeout => Some(ErrorKind::Timeout),
+            Ending::Cancel => Some(ErrorKind::Cancelled),
+            Ending::Secrets => None,
         }
     }
 
@@ -38,6 +45,15 @@ impl Ending {
         match self {
             Ending::Timeout => "-32004 (TIMEOUT)",
             Ending::Cancel => "-32003 (CANCELLED)",
+            Ending::Secrets => "exit code 0",
+        }
+    }
+
+    fn folder(self) -> &'static str {
+        match self {
+            Ending::Timeout => "timeout",
+            Ending::Cancel => "cancel",
+            Ending::Secrets => "secrets",
         }
     }
 }
@@ -70,16 +86,17 @@ impl Suite {
         self.left_after(session, Ending::Cancel).await
     }
 
+    /// A step given a secret starts the same processes and exits 0 at once.
+    pub async fn left_after_secrets(&self, session: &Session) -> Outcome {
+        self.left_after(session, Ending::Secrets).await.map_err(|why| format!("{why}; {SECRETS_RULE}"))
+    }
+
     /// The step starts a process in the background and one in a session of its own (`setsid`),
     /// each polling for a `go` file, says `started` once both run, and sleeps. Once the executor
     /// answered the timeout or the cancel, a step of the same session makes `go` and watches
     /// for a while: a process of the first step still alive then writes its `survived` file.
     async fn left_after(&self, session: &Session, ending: Ending) -> Outcome {
-        let folder = format!(
-            "{}/leftovers-{}",
-            session.paths().work,
-            if ending == Ending::Timeout { "timeout" } else { "cancel" }
-        );
+        let folder = format!("{}/leftovers-{}", session.paths().work, ending.folder());
         let script = format!(
             "D={folder}\nmkdir -p \"$D\"\n\
              (touch \"$D/alive-background\"; while [ ! -e \"$D/go\" ]; do sleep 0.1; done; \
@@ -87,8 +104,9 @@ impl Suite {
              setsid sh -c 'touch \"$0/alive-setsid\"; while [ ! -e \"$0/go\" ]; do sleep 0.1; done; \
              touch \"$0/survived-setsid\"' \"$D\" </dev/null >/dev/null 2>&1 &\n\
              while [ ! -e \"$D/alive-background\" ] || [ ! -e \"$D/alive-setsid\" ]; do sleep 0.05; done\n\
-             echo started\nsleep 60\n",
-            folder = quoted(&folder)
+             echo started\n{rest}",
+            folder = quoted(&folder),
+            rest = if ending == Ending::Secrets { "" } else { "sleep 60\n" }
         );
         let (cancel, step) = match ending {
             Ending::Timeout => (cancelled_after(None), Step { timeout_ms: LEFTOVERS_TIMEOUT_MS, ..Step::new(&script) }),
@@ -96,9 +114,19 @@ impl Suite {
                 cancelled_after(Some(Duration::from_secs(20))),
                 Step { timeout_ms: 120_000, cancel_on_output: Some("started"), ..Step::new(&script) },
             ),
+            Ending::Secrets => (
+                cancelled_after(None),
+                Step {
+                    secrets: BTreeMap::from([("CHECK_LEFTOVER_SECRET".to_string(), format!("s3cr3t-{}", self.nonce))]),
+                    ..Step::new(&script)
+                },
+            ),
         };
         let ran = self.run_step(session, step, &cancel).await;
-        answered(&ran, ending)?;
+        match ending {
+            Ending::Secrets => exited(&ran, 0)?,
+            _ => answered(&ran, ending)?,
+        }
         let watch = format!(
             "D={folder}\n\
              if [ ! -e \"$D/alive-background\" ] || [ ! -e \"$D/alive-setsid\" ]; then \
@@ -152,10 +180,12 @@ fn cancelled_after(after: Option<Duration>) -> CancellationToken {
 /// The step was answered with the error of `ending`.
 fn answered(ran: &Ran, ending: Ending) -> Result<(), String> {
     match &ran.result {
-        Err(HostError::Answered { error, .. }) if error.kind == ending.kind() => Ok(()),
+        Err(HostError::Answered { error, .. }) if Some(error.kind) == ending.kind() => Ok(()),
         Ok(result) => Err(match ending {
             Ending::Timeout => format!("the step ran to its end (exit code {}) past its timeout", result.exit_code),
-            Ending::Cancel => format!("the step ran to its end (exit code {}) after a cancel", result.exit_code),
+            Ending::Cancel | Ending::Secrets => {
+                format!("the step ran to its end (exit code {}) after a cancel", result.exit_code)
+            }
         }),
         Err(error) => Err(format!("expected {}, got: {error}", ending.answer())),
     }

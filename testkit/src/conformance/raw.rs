@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use super::Outcome;
 use super::suite::command_params;
-use crate::host::{Closed, Connection, ExecutorProcess, HostConfig, Reply, SessionEvent, describe_status};
+use crate::host::{Closed, Connection, ExecutorProcess, HostConfig, Reply, SessionEvent, StderrWatch, describe_status};
 
 /// How many bytes of output the slow reader's step writes.
 const SLOW_OUTPUT: usize = 1 << 20;
@@ -30,17 +30,28 @@ const PACE_PAUSE: Duration = Duration::from_millis(20);
 const EXIT_BOUND: Duration = Duration::from_secs(30);
 
 /// An executor process of a case's own.
-struct Raw {
-    process: ExecutorProcess,
-    connection: Arc<Connection>,
+pub(super) struct Raw {
+    pub process: ExecutorProcess,
+    pub connection: Arc<Connection>,
     name: String,
 }
 
 impl Raw {
     /// Spawns the executor; `paced` reads its stdout slowly.
     fn spawn(config: &HostConfig, paced: bool) -> Result<Raw, String> {
-        let (process, stdin, stdout) = ExecutorProcess::spawn(&config.process).map_err(|error| format!("{error:#}"))?;
-        let (unrouted, _logs) = mpsc::unbounded_channel();
+        Raw::spawn_watched(config, paced, None, mpsc::unbounded_channel().0)
+    }
+
+    /// Spawns the executor as [`Raw::spawn`] does; `watch` sees every line of its stderr and
+    /// `unrouted` gets its `log` lines that name no session.
+    pub fn spawn_watched(
+        config: &HostConfig,
+        paced: bool,
+        watch: Option<StderrWatch>,
+        unrouted: mpsc::UnboundedSender<LogParams>,
+    ) -> Result<Raw, String> {
+        let (process, stdin, stdout) =
+            ExecutorProcess::spawn_watched(&config.process, watch).map_err(|error| format!("{error:#}"))?;
         let connection = if paced {
             Connection::new(Paced { inner: stdout, pause: None }, stdin, unrouted)
         } else {
@@ -55,16 +66,27 @@ impl Raw {
         config: &HostConfig,
         start: &StartParams,
     ) -> Result<(String, tokio::sync::mpsc::Receiver<SessionEvent>), String> {
+        let (session, events, _) = self.open_with_paths(config, start).await?;
+        Ok((session, events))
+    }
+
+    /// As [`Raw::open`], with the session's folders.
+    pub async fn open_with_paths(
+        &self,
+        config: &HostConfig,
+        start: &StartParams,
+    ) -> Result<(String, tokio::sync::mpsc::Receiver<SessionEvent>, SessionPaths), String> {
         self.initialize(config, config.offer_versions.clone()).await.map_err(|why| self.failed(why))?;
         let events = self.connection.subscribe(&start.session);
-        self.request::<rpc::Start>(start, Duration::from_millis(start.timeout_ms))
+        let started = self
+            .request::<rpc::Start>(start, Duration::from_millis(start.timeout_ms))
             .await
             .map_err(|why| self.failed(why))?;
-        Ok((start.session.clone(), events))
+        Ok((start.session.clone(), events, started.paths))
     }
 
     /// Sends a request and waits `within` for its answer.
-    async fn request<M: Method>(&self, params: &M::Params, within: Duration) -> Result<M::Result, String> {
+    pub async fn request<M: Method>(&self, params: &M::Params, within: Duration) -> Result<M::Result, String> {
         let method = M::NAME;
         let (_, answer) = self.connection.send(method, params).await;
         match tokio::time::timeout(within, answer).await {
@@ -88,7 +110,7 @@ impl Raw {
     }
 
     /// Asks the executor to shut down, then makes sure it is gone.
-    async fn end(self, grace: Duration) {
+    pub async fn end(self, grace: Duration) {
         let _ = self.request::<rpc::Shutdown>(&Empty {}, Duration::from_secs(60)).await;
         self.connection.close(Closed::ByRunner("check done".into()));
         if self.process.wait_exit(grace).await.is_none() {
@@ -97,7 +119,7 @@ impl Raw {
     }
 
     /// Adds the stderr tail to a failure.
-    fn failed(&self, why: String) -> String {
+    pub fn failed(&self, why: String) -> String {
         format!("{why}; {}", self.process.tail().render())
     }
 }

@@ -9,12 +9,17 @@ use knotless_tests::{Ran, fake_executor, knotless_run, ran};
 const CASES: &[&str] = &[
     "handshake",
     "version refusal",
+    "requests before initialize",
+    "unknown option",
+    "malformed and unknown requests",
     "ping",
     "cleanup at start",
     "start",
     "output before the result",
     "step output and exit code",
     "non-zero exit",
+    "every byte of output",
+    "death by signal",
     "duplicate start",
     "unknown sessions",
     "variables and secrets",
@@ -23,12 +28,17 @@ const CASES: &[&str] = &[
     "processes left after a timeout",
     "cancellation",
     "processes left after a cancel",
+    "processes left after a step given secrets",
     "upload and download",
     "upload refusals",
+    "setuid, setgid and sticky bits",
     "special files in a download",
     "download of a missing path",
+    "transfer deadlines and cancel",
+    "download over max_bytes",
     "stop",
     "1 MiB of output with a slow reader",
+    "secrets out of sight",
     "cleanup of sessions not in flight",
     "end of stdin",
     "shutdown",
@@ -139,14 +149,16 @@ fn an_executor_that_writes_garbage_fails_its_first_step_once() {
 fn a_crash_is_reported_once_in_its_case_and_every_later_case_is_not_run() {
     let run = fails_only("crash-mid-step", "output before the result");
     let lines = report(&run);
-    let (_, _, fault) = &lines[5];
+    let at = CASES.iter().position(|name| *name == "output before the result").expect("the case");
+    let (_, _, fault) = &lines[at];
     assert!(fault.contains("closed its stdout during command (exit status 101)"), "{}", run.both());
     assert!(fault.contains("crashing mid-step"), "the fault carries the stderr tail\n{}", run.both());
-    for (verdict, name, rest) in &lines[6..] {
+    for (verdict, name, rest) in &lines[at + 1..] {
         assert_eq!(verdict, "not run", "{name}\n{}", run.both());
         assert_eq!(rest, ": the executor was gone in `output before the result`", "{name}\n{}", run.both());
     }
-    assert!(run.stdout.ends_with("5 passed, 1 failed, 19 not run\n"), "{}", run.both());
+    let summary = format!("{at} passed, 1 failed, {} not run\n", CASES.len() - at - 1);
+    assert!(run.stdout.ends_with(&summary), "{}", run.both());
     assert_eq!(run.stdout.matches("exit status 101").count(), 1, "the fault is said once\n{}", run.both());
 }
 
@@ -204,4 +216,63 @@ fn an_executor_that_leaves_a_setsid_process_at_a_cancel_fails_that_case() {
 fn an_executor_that_leaves_its_sessions_at_the_end_of_stdin_fails_that_case() {
     let run = fails_only("leave-sessions-at-eof", "end of stdin");
     assert!(run.stdout.contains("exited without stopping session"), "{}", run.both());
+}
+
+/// The fake's modes that each break one MUST of the reference, the case that must fail for it,
+/// and the words of the rule its failure must quote.
+const BREAKS_A_MUST: &[(&str, &str, &str)] = &[
+    ("secret-on-command-line", "secrets out of sight", "MUST NOT put a secret on any command line"),
+    ("secret-on-stderr", "secrets out of sight", "MUST NOT put a secret in its own environment"),
+    ("secret-in-file", "secrets out of sight", "in a file (in the environment or on the host)"),
+    ("secret-in-log", "secrets out of sight", "in a `log` notification"),
+    ("leave-processes-after-secrets", "processes left after a step given secrets", "MUST be killed before"),
+    ("ping-before-initialize", "requests before initialize", "MUST answer every request but `shutdown`"),
+    ("accept-unknown-options", "unknown option", "MUST refuse an unknown option"),
+    ("answer-unknown-methods", "malformed and unknown requests", "MUST be answered -32601"),
+    ("lossy-output", "every byte of output", "MUST NOT decode, re-encode"),
+    ("signal-as-zero", "death by signal", "MUST be 128 + N"),
+    ("no-transfer-deadline", "transfer deadlines and cancel", "MUST end within `timeout_ms`"),
+    ("download-past-max", "download over max_bytes", "MUST stop writing before `max_bytes`"),
+    ("keep-mode-bits", "setuid, setgid and sticky bits", "MUST drop setuid, setgid and sticky bits"),
+];
+
+/// Mutation testing of the suite: each of the fake's modes that breaks one MUST fails the case
+/// of that MUST alone, quoting it. They run side by side, each a `plugin check` of its own.
+/// `make conformance` runs it and prints how many modes were caught.
+#[test]
+#[ignore = "run by `make conformance`, which prints the count of modes caught"]
+fn every_mode_that_breaks_a_must_fails_the_case_that_names_it() {
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let runs: Vec<(&str, &str, &str, Ran)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = BREAKS_A_MUST
+            .iter()
+            .map(|&(mode, case, rule)| {
+                let wrapper = fake_executor(scratch.path(), mode);
+                scope.spawn(move || {
+                    let path = wrapper.display().to_string();
+                    (mode, case, rule, ran(knotless_run(&["plugin", "check", &path, "--executor-grace", "1"])))
+                })
+            })
+            .collect();
+        threads.into_iter().map(|thread| thread.join().expect("a plugin check thread")).collect()
+    });
+    let mut missed = Vec::new();
+    for (mode, case, rule, run) in &runs {
+        let lines = report(run);
+        let failed: Vec<&(String, String, String)> = lines.iter().filter(|(verdict, _, _)| verdict == "FAIL").collect();
+        let caught = run.code == Some(1)
+            && lines.len() == CASES.len()
+            && failed.len() == 1
+            && failed[0].1 == *case
+            && failed[0].2.contains(rule);
+        if !caught {
+            missed.push(format!("{mode} (expected `{case}` to fail quoting {rule:?}):\n{}", run.both()));
+        }
+    }
+    eprintln!(
+        "conformance suite: {} of {} fake executor modes that each break a MUST were caught",
+        runs.len() - missed.len(),
+        runs.len()
+    );
+    assert!(missed.is_empty(), "modes not caught as expected:\n{}", missed.join("\n"));
 }
