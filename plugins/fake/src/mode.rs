@@ -89,6 +89,15 @@ pub enum Mode {
     DownloadPastMax,
     /// `upload` keeps setuid, setgid and sticky bits.
     KeepModeBits,
+    /// Requests run one at a time: nothing is read while one runs.
+    SerialRequests,
+    /// `shutdown` is answered and the fake exits without answering the requests in flight or
+    /// stopping its sessions.
+    ShutdownDropsRequests,
+    /// `upload` names entries by their tar header alone, ignoring GNU long names and pax paths.
+    IgnoreLongNames,
+    /// `upload` writes each entry at its path, through whatever links the destination holds.
+    WriteThroughLinks,
 }
 
 /// Every mode with its name and a one-line description, in the order of the usage text.
@@ -133,6 +142,10 @@ pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::NoTransferDeadline, "no-transfer-deadline", "ignore timeout_ms in upload and download"),
     (Mode::DownloadPastMax, "download-past-max", "write a whole download whatever its max_bytes"),
     (Mode::KeepModeBits, "keep-mode-bits", "keep setuid, setgid and sticky bits in an upload"),
+    (Mode::SerialRequests, "serial-requests", "run requests one at a time, reading nothing meanwhile"),
+    (Mode::ShutdownDropsRequests, "shutdown-drops-requests", "answer shutdown and exit, leaving what is in flight"),
+    (Mode::IgnoreLongNames, "ignore-long-names", "name upload entries by their header alone (no long names)"),
+    (Mode::WriteThroughLinks, "write-through-links", "write upload entries through links in the destination"),
 ];
 
 impl Mode {

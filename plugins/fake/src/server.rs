@@ -42,6 +42,13 @@ pub struct Shared {
     in_flight: Mutex<HashMap<String, CancellationToken>>,
     /// Lines to write right after the answer to a request, by its id (`late-output`).
     after_answer: Mutex<HashMap<String, Vec<Vec<u8>>>>,
+    /// Held by the request that runs (`serial-requests`).
+    serial: tokio::sync::Mutex<()>,
+}
+
+/// Whether requests run one at a time (`serial-requests`).
+fn serial(shared: &Shared) -> bool {
+    shared.setup.get().is_some_and(|setup| setup.mode == Mode::SerialRequests)
 }
 
 impl Shared {
@@ -67,6 +74,7 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
         garbage_written: AtomicBool::new(false),
         in_flight: Mutex::new(HashMap::new()),
         after_answer: Mutex::new(HashMap::new()),
+        serial: tokio::sync::Mutex::new(()),
     });
     if cli_mode == Some(Mode::GarbageAtStart) {
         shared.out.line(b"HELLO I AM NOT JSON").await?;
@@ -113,6 +121,14 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
                 let outcome = initialize(&shared, cli_mode, params);
                 shared.out.reply(id, outcome).await;
             }
+            method::PING if serial(&shared) => {
+                // Answered only once no other request runs.
+                let shared = shared.clone();
+                tasks.spawn(async move {
+                    let _turn = shared.serial.lock().await;
+                    shared.out.reply(id, Ok(json!({}))).await;
+                });
+            }
             method::PING => {
                 let outcome = match cli_mode {
                     Some(Mode::PingBeforeInitialize) => Ok(json!({})),
@@ -121,6 +137,11 @@ pub async fn run(cli_mode: Option<Mode>) -> anyhow::Result<()> {
                 shared.out.reply(id, outcome).await;
             }
             method::SHUTDOWN => {
+                if shared.setup.get().is_some_and(|setup| setup.mode == Mode::ShutdownDropsRequests) {
+                    eprintln!("fake: answering shutdown, leaving what is in flight (simulated)");
+                    shared.out.reply(id, Ok(json!({}))).await;
+                    std::process::exit(0);
+                }
                 wind_down(&shared, &mut tasks, true).await;
                 shared.out.reply(id, Ok(json!({}))).await;
                 return Ok(());
@@ -202,6 +223,10 @@ fn spawn(shared: &Arc<Shared>, tasks: &mut JoinSet<()>, id: Value, name: String,
     let shared = shared.clone();
     tasks.spawn(async move {
         let request = id.to_string();
+        let _turn = match serial(&shared) {
+            true => Some(shared.serial.lock().await),
+            false => None,
+        };
         let outcome = match setup(&shared) {
             Ok(setup) => handle(&shared, setup, &name, params.as_ref(), token, &request).await,
             Err(fault) => Err(fault),

@@ -28,10 +28,17 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
     let slow_upload = setup.mode == Mode::SlowUpload;
     let special = setup.mode == Mode::AcceptSpecialUploads;
     let keep_mode_bits = setup.mode == Mode::KeepModeBits;
+    let careless = match setup.mode {
+        Mode::IgnoreLongNames => Some(Careless::HeaderNames),
+        Mode::WriteThroughLinks => Some(Careless::ThroughLinks),
+        _ => None,
+    };
     let bytes = blocking(move || {
         let stream = SyncIoBridge::new_with_handle(stream, handle);
         let mut input = Counting { inner: Paced { inner: stream, slow: slow_upload }, bytes: 0 };
-        let unpacked = if keep_mode_bits {
+        let unpacked = if let Some(careless) = careless {
+            read_whole(&mut input, max_bytes).and_then(|archive| unpack_carelessly(&archive, &dest, careless))
+        } else if keep_mode_bits {
             read_whole(&mut input, max_bytes).and_then(|archive| {
                 let unpacked = tarball::unpack_vetted(archive.as_slice(), &dest, max_bytes)
                     .map_err(|error| Fault::new(code::TOO_LARGE, error.to_string()))?;
@@ -204,6 +211,62 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, Fault> + S
     tokio::task::spawn_blocking(work)
         .await
         .unwrap_or_else(|error| Err(Fault::infrastructure(format!("the transfer failed: {error}"))))
+}
+
+/// What a careless reader does besides the vetted unpacking.
+#[derive(Clone, Copy)]
+enum Careless {
+    /// Moves each file with a GNU long name or a pax path to the name of its own header, as a
+    /// reader that knows neither would have written it (`ignore-long-names`).
+    HeaderNames,
+    /// Writes each file whose folder in the destination is a link through that link first
+    /// (`write-through-links`).
+    ThroughLinks,
+}
+
+/// Unpacks `archive` vetted, with what `careless` does wrong before or after.
+fn unpack_carelessly(archive: &[u8], dest: &std::path::Path, careless: Careless) -> Result<tarball::Unpacked, Fault> {
+    let broken = |error: io::Error| Fault::infrastructure(format!("tar stream: {error}"));
+    let files = || -> io::Result<Vec<(PathBuf, PathBuf, Vec<u8>)>> {
+        let mut files = Vec::new();
+        for entry in tar::Archive::new(archive).entries()? {
+            let mut entry = entry?;
+            if entry.header().entry_type().is_file() {
+                let (whole, header) = (entry.path()?.into_owned(), entry.header().path()?.into_owned());
+                let mut data = Vec::new();
+                entry.read_to_end(&mut data)?;
+                files.push((whole, header, data));
+            }
+        }
+        Ok(files)
+    };
+    let files = files().map_err(broken)?;
+    if let Careless::ThroughLinks = careless {
+        for (whole, _, data) in &files {
+            let target = dest.join(whole);
+            if target.parent().is_some_and(|parent| parent.is_symlink()) {
+                eprintln!("fake: writing {} through a link in the destination (simulated)", whole.display());
+                std::fs::write(&target, data).map_err(broken)?;
+            }
+        }
+    }
+    let unpacked = tarball::unpack_vetted(archive, dest, u64::MAX).map_err(|error| match error {
+        UnpackError::Io(error) => broken(error),
+        refused => Fault::new(code::TOO_LARGE, refused.to_string()),
+    })?;
+    if let Careless::HeaderNames = careless {
+        for (whole, header, _) in &files {
+            if whole != header {
+                eprintln!("fake: unpacking {} at its header's name (simulated)", whole.display());
+                let target = dest.join(header);
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent).map_err(broken)?;
+                }
+                std::fs::rename(dest.join(whole), &target).map_err(broken)?;
+            }
+        }
+    }
+    Ok(unpacked)
 }
 
 /// The whole tar stream, up to `max_bytes`.

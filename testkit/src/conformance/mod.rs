@@ -61,6 +61,8 @@ pub mod case {
     pub const EVERY_BYTE: &str = "every byte of output";
     /// A step ended by a signal has exit code 128 + N (§6).
     pub const SIGNAL: &str = "death by signal";
+    /// A `ping` during a step is answered at once (§2).
+    pub const PING_DURING_STEP: &str = "ping during a step";
     /// Variables arrive verbatim; a secret reaches only its own step.
     pub const VARIABLES: &str = "variables and secrets";
     /// Steps run in the work folder.
@@ -81,6 +83,10 @@ pub mod case {
     pub const UPLOAD_REFUSALS: &str = "upload refusals";
     /// An upload drops setuid, setgid and sticky bits (§8).
     pub const MODE_BITS: &str = "setuid, setgid and sticky bits";
+    /// GNU long names and pax paths in an upload (§8).
+    pub const LONG_NAMES: &str = "long names in an upload";
+    /// An upload never writes through a link already in its destination (§8).
+    pub const THROUGH_LINKS: &str = "a link already in an upload's destination";
     /// Special files stay out of a download.
     pub const SPECIAL_DOWNLOAD: &str = "special files in a download";
     /// A missing path is NOT_FOUND.
@@ -93,6 +99,8 @@ pub mod case {
     pub const SLOW_READER: &str = "1 MiB of output with a slow reader";
     /// A secret is on no command line, in no file, log line or stderr line (§7).
     pub const SECRETS: &str = "secrets out of sight";
+    /// `shutdown` with a step in flight answers both and exits (§5.12).
+    pub const SHUTDOWN_IN_FLIGHT: &str = "shutdown with a step in flight";
     /// A stopped session is gone.
     pub const STOP: &str = "stop";
     /// `cleanup` removes what is not kept and keeps what is.
@@ -109,6 +117,7 @@ pub mod case {
         NON_ZERO_EXIT,
         EVERY_BYTE,
         SIGNAL,
+        PING_DURING_STEP,
         DUPLICATE_START,
         UNKNOWN_SESSIONS,
         VARIABLES,
@@ -121,6 +130,8 @@ pub mod case {
         ROUND_TRIP,
         UPLOAD_REFUSALS,
         MODE_BITS,
+        LONG_NAMES,
+        THROUGH_LINKS,
         SPECIAL_DOWNLOAD,
         MISSING_DOWNLOAD,
         TRANSFER_DEADLINES,
@@ -133,7 +144,8 @@ pub mod case {
 
     /// The cases after it, in order.
     /// Each holds one session at a time: on Kubernetes, a runner's runs never share a node.
-    pub const AFTER_SESSION: &[&str] = &[STOP, SLOW_READER, SECRETS, CLEANUP, END_OF_STDIN, SHUTDOWN];
+    pub const AFTER_SESSION: &[&str] =
+        &[STOP, SLOW_READER, SECRETS, SHUTDOWN_IN_FLIGHT, CLEANUP, END_OF_STDIN, SHUTDOWN];
 
     /// Every case, in order.
     pub fn all() -> impl Iterator<Item = &'static str> {
@@ -208,6 +220,7 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
             record.case(case::NON_ZERO_EXIT, suite.non_zero(session)).await;
             record.case(case::EVERY_BYTE, suite.every_byte(session)).await;
             record.case(case::SIGNAL, suite.signal(session)).await;
+            record.case(case::PING_DURING_STEP, suite.ping_during_step(session)).await;
             record.case(case::DUPLICATE_START, suite.duplicate_start(session)).await;
             record.case(case::UNKNOWN_SESSIONS, suite.unknown_sessions()).await;
             record.case(case::VARIABLES, suite.variables(session)).await;
@@ -220,6 +233,8 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
             record.case(case::ROUND_TRIP, suite.round_trip(session)).await;
             record.case(case::UPLOAD_REFUSALS, suite.upload_refusals(session)).await;
             record.case(case::MODE_BITS, suite.mode_bits(session)).await;
+            record.case(case::LONG_NAMES, suite.long_names(session)).await;
+            record.case(case::THROUGH_LINKS, suite.through_links(session)).await;
             record.case(case::SPECIAL_DOWNLOAD, suite.special_download(session)).await;
             record.case(case::MISSING_DOWNLOAD, suite.missing(session)).await;
             record.case(case::TRANSFER_DEADLINES, suite.transfer_deadlines(session)).await;
@@ -239,6 +254,7 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
     // gives each run a machine of its own and there is one (a Kubernetes node).
     record.case(case::SLOW_READER, raw::slow_reader(&config, suite.start_params("slow-reader"))).await;
     record.case(case::SECRETS, secrets::out_of_sight(&config, suite.start_params("secrets"), &suite.nonce)).await;
+    record.case(case::SHUTDOWN_IN_FLIGHT, raw::shutdown_in_flight(&config, suite.start_params("shutdown"))).await;
     record.case(case::CLEANUP, suite.cleanup()).await;
     record.case(case::END_OF_STDIN, suite.end_of_stdin()).await;
     if record.blocked.is_some() {

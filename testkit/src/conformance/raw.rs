@@ -323,3 +323,66 @@ mod tests {
         assert!(started.elapsed() >= PACE_PAUSE * 3, "{:?}", started.elapsed());
     }
 }
+
+/// The rule a `shutdown` that leaves a request unanswered breaks.
+const SHUTDOWN_RULE: &str = "§5.12: `shutdown` cancels every request in flight, and the requests it cancelled are \
+                             still answered -32003 (CANCELLED) (or with their result, when they ended first)";
+
+/// Starts a session and a step that sleeps on an executor of its own, sends `shutdown` once the
+/// step runs, and expects both answered and the executor gone by itself.
+pub(super) async fn shutdown_in_flight(config: &HostConfig, start: StartParams) -> Outcome {
+    let raw = Raw::spawn(config, false)?;
+    let outcome = shut_down_with_a_step(&raw, config, start).await;
+    raw.connection.close(Closed::ByRunner("check done".into()));
+    raw.process.terminate(config.grace).await;
+    outcome
+}
+
+async fn shut_down_with_a_step(raw: &Raw, config: &HostConfig, start: StartParams) -> Outcome {
+    let (session, mut events) = raw.open(config, &start).await?;
+    let params = CommandParams { timeout_ms: 600_000, ..command_params(&session, "echo started; sleep 120") };
+    raw.connection.set_running(&session, Some(params.step));
+    let (_, step) = raw.connection.send(method::COMMAND, &params).await;
+    let started = async {
+        let mut output = Vec::new();
+        while let Some(event) = events.recv().await {
+            if let SessionEvent::Output { bytes, .. } = event {
+                output.extend_from_slice(&bytes);
+                if output.starts_with(b"started") {
+                    return true;
+                }
+            }
+        }
+        false
+    };
+    match tokio::time::timeout(Duration::from_secs(20), started).await {
+        Ok(true) => {}
+        Ok(false) => return Err(raw.failed("the executor went away before its step said `started`".into())),
+        Err(_) => return Err(raw.failed("the step did not say `started` within 20 s".into())),
+    }
+    let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let began = Instant::now();
+    let shutdown = raw.request::<rpc::Shutdown>(&Empty {}, EXIT_BOUND);
+    let step = async {
+        match tokio::time::timeout(EXIT_BOUND, step).await {
+            Ok(Ok(Ok(_))) => Ok("a result".to_string()),
+            Ok(Ok(Err(Reply::Error(error)))) if error.kind == ErrorKind::Cancelled => Ok("-32003".to_string()),
+            Ok(Ok(Err(Reply::Error(error)))) => Ok(format!("{} ({})", error.kind.code(), error.message)),
+            Ok(Ok(Err(Reply::Lost(cause)))) => Err(format!("the step in flight was never answered: executor {cause}")),
+            Ok(Err(_)) => Err("the step in flight was never answered".to_string()),
+            Err(_) => Err(format!("the step in flight was not answered within {EXIT_BOUND:?}")),
+        }
+    };
+    let (shutdown, step) = tokio::join!(shutdown, step);
+    let status = raw.process.wait_exit(EXIT_BOUND).await;
+    drain.abort();
+    let step = step.map_err(|why| format!("{why}; {SHUTDOWN_RULE}"))?;
+    shutdown.map_err(|why| raw.failed(format!("shutdown: {why}")))?;
+    if status.is_none() {
+        return Err(raw.failed(format!("did not exit within {EXIT_BOUND:?} of answering shutdown")));
+    }
+    Ok(format!(
+        "the step in flight answered {step}, shutdown answered, exited by itself {} ms after shutdown",
+        began.elapsed().as_millis()
+    ))
+}

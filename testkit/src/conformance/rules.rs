@@ -314,3 +314,123 @@ mod tests {
         assert_eq!(first_difference(&[1], &[1, 2]), "1 bytes came back, 2 were sent");
     }
 }
+
+const CONCURRENCY_RULE: &str =
+    "§2: an executor MUST handle requests concurrently: a long `command` MUST NOT delay a `ping`";
+const LONG_NAMES_RULE: &str =
+    "§8: readers MUST accept POSIX ustar, GNU tar and pax, including pax extended headers and GNU long names";
+const THROUGH_LINKS_RULE: &str = "§8: an executor that unpacks an upload MUST apply the runner's refusals, and never \
+                                  write through a link already in the destination";
+
+/// How long a `ping` may take while a step runs.
+const PING_BOUND: Duration = Duration::from_secs(1);
+
+/// A path longer than the 100 bytes of a ustar name: `long-names/aaa…/file`.
+fn long_path(kind: &str) -> String {
+    format!("{kind}-{}/{}", "d".repeat(90), "f".repeat(60))
+}
+
+/// An archive holding a file under a GNU long name and one under a pax `path` record.
+fn long_names() -> std::io::Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    // The tar crate writes a GNU long-name entry for a path over 100 bytes in a GNU header.
+    let mut gnu = tar::Header::new_gnu();
+    gnu.set_mode(0o644);
+    gnu.set_mtime(0);
+    gnu.set_size(4);
+    builder.append_data(&mut gnu, long_path("gnu"), &b"gnu\n"[..])?;
+    // A pax extended header whose `path` record names the next entry.
+    builder.append_pax_extensions([("path", long_path("pax").as_bytes())])?;
+    let mut pax = tar::Header::new_ustar();
+    pax.set_mode(0o644);
+    pax.set_mtime(0);
+    pax.set_size(4);
+    pax.set_path("pax-short-name")?;
+    pax.set_cksum();
+    builder.append(&pax, &b"pax\n"[..])?;
+    builder.into_inner()
+}
+
+/// An archive whose one file goes through `link/`, which the destination already holds.
+fn through_link() -> std::io::Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_size(8);
+    builder.append_data(&mut header, "link/escaped", &b"escaped\n"[..])?;
+    builder.into_inner()
+}
+
+impl Suite {
+    /// A `ping` sent while a step sleeps is answered at once.
+    pub async fn ping_during_step(&self, session: &Session) -> Outcome {
+        let never = CancellationToken::new();
+        let step = self.step(session, "sleep 3");
+        let ping = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let started = Instant::now();
+            let answer = self.host.call::<rpc::Ping>(&Empty {}, Duration::from_secs(10), &never).await;
+            (answer, started.elapsed())
+        };
+        let (ran, (answer, took)) = tokio::join!(step, ping);
+        exited(&ran, 0).map_err(|why| format!("the step: {why}"))?;
+        answer.map_err(|error| format!("a `ping` during a step: {error}"))?;
+        if took > PING_BOUND || took >= ran.elapsed.saturating_sub(Duration::from_millis(500)) {
+            return Err(format!(
+                "a `ping` sent 500 ms into a step of 3 s was answered {} ms later, the step after {} ms; \
+                 {CONCURRENCY_RULE}",
+                took.as_millis(),
+                ran.elapsed.as_millis()
+            ));
+        }
+        Ok(format!("answered in {} ms while the step ran", took.as_millis()))
+    }
+
+    /// A file under a GNU long name and one under a pax `path` record land at their long names.
+    pub async fn long_names(&self, session: &Session) -> Outcome {
+        let folder = format!("{}/long-names", session.paths().work);
+        let archive = long_names().map_err(|error| format!("cannot make the archive: {error}"))?;
+        let never = CancellationToken::new();
+        session
+            .upload(&folder, archive.as_slice(), 1 << 20, Duration::from_secs(60), &never)
+            .await
+            .map_err(|error| format!("an upload with a GNU long name and a pax path: {error}; {LONG_NAMES_RULE}"))?;
+        let (gnu, pax) = (long_path("gnu"), long_path("pax"));
+        let script = format!("cd {}\ncat {} {}", quoted(&folder), quoted(&gnu), quoted(&pax));
+        let ran = self.step(session, &script).await;
+        if exited(&ran, 0).is_err() || ran.stdout != b"gnu\npax\n" {
+            let listing = self.step(session, &format!("cd {}\nfind . -type f", quoted(&folder))).await;
+            return Err(format!(
+                "the files did not land at their long names (found: {}); {LONG_NAMES_RULE}",
+                String::from_utf8_lossy(&listing.stdout).trim().replace('\n', ", ")
+            ));
+        }
+        Ok("a GNU long name and a pax path of 151 bytes each unpacked at their names".into())
+    }
+
+    /// An upload into a folder whose `link` leads out of it writes nothing where the link leads.
+    pub async fn through_links(&self, session: &Session) -> Outcome {
+        let work = session.paths().work.clone();
+        let (dest, outside) = (format!("{work}/through-link"), format!("{work}/through-link-target"));
+        let script = format!("mkdir -p {0} {1}\nln -s {1} {0}/link", quoted(&dest), quoted(&outside));
+        let ran = self.step(session, &script).await;
+        exited(&ran, 0).map_err(|why| format!("making the link: {why}"))?;
+        let archive = through_link().map_err(|error| format!("cannot make the archive: {error}"))?;
+        let never = CancellationToken::new();
+        // Refused, or unpacked without following the link: either keeps the rule.
+        let answer = session.upload(&dest, archive.as_slice(), 1 << 20, Duration::from_secs(60), &never).await;
+        let ran = self.step(session, &format!("if [ -e {}/escaped ]; then echo written; fi", quoted(&outside))).await;
+        exited(&ran, 0).map_err(|why| format!("looking where the link leads: {why}"))?;
+        if ran.stdout.starts_with(b"written") {
+            return Err(format!(
+                "an upload of link/escaped into a folder whose `link` leads to {outside} wrote {outside}/escaped; \
+                 {THROUGH_LINKS_RULE}"
+            ));
+        }
+        Ok(match answer {
+            Ok(_) => "taken, and nothing written through the link".into(),
+            Err(error) => format!("refused ({error}), nothing written through the link"),
+        })
+    }
+}
