@@ -3,6 +3,7 @@
 //! bring the outputs back, and end the session whatever happened.
 
 mod cache;
+mod capabilities;
 mod report;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ use crate::checkout::Checkout;
 use crate::host::{ExecutorHost, HostError, Session, SessionEvent};
 use crate::mask::Masker;
 use crate::workflow::{Event, Workflow};
+use capabilities::{refusal, start_image, usable_caches};
 use report::RunLog;
 
 /// Bounds and deadlines of a run's operations.
@@ -153,6 +155,8 @@ pub async fn execute(
         plan.event.as_str(),
         host.name()
     ));
+    // What the executor declared in its handshake decides what the run may ask of it.
+    let capabilities = host.info().await.ok().map(|info| info.capabilities);
     let start = StartParams {
         session: plan.run_id.clone(),
         run: RunInfo {
@@ -162,7 +166,7 @@ pub async fn execute(
             workflow: workflow.name.clone(),
             check_key: plan.check_key.clone(),
         },
-        image: workflow.image.clone(),
+        image: start_image(workflow, capabilities.as_ref(), host.name(), &mut log),
         resources: Resources { cpu: workflow.resources.cpu.clone(), memory: workflow.resources.memory.clone() },
         network: workflow.network,
         run_timeout_ms: Some(workflow.timeout.as_millis() as u64),
@@ -171,8 +175,7 @@ pub async fn execute(
         services: workflow.services.clone(),
     };
     let mut outputs = Vec::new();
-    // What the executor declared in its handshake decides what the run may ask of it.
-    let capabilities = host.info().await.ok().map(|info| info.capabilities);
+    let caches = usable_caches(&plan.caches, capabilities.as_ref(), host.name(), &mut log);
     let refused = capabilities.as_ref().and_then(|capabilities| refusal(plan, capabilities, host.name()));
     let ended = match refused {
         Some(refused) => Some(refused),
@@ -183,9 +186,9 @@ pub async fn execute(
                     log.note(format!("environment: {description}"));
                 }
                 notes(&mut log, session.drain_events().await);
-                let mut ended = in_session(&session, plan, &mut log, &mut steps, cancel, started).await.err();
-                if ended.is_none() && session.is_alive() && !plan.caches.is_empty() {
-                    cache::save(&session, plan, &mut log).await;
+                let mut ended = in_session(&session, plan, caches, &mut log, &mut steps, cancel, started).await.err();
+                if ended.is_none() && session.is_alive() && !caches.is_empty() {
+                    cache::save(&session, plan, caches, &mut log).await;
                 }
                 let no_outputs = capabilities.as_ref().is_some_and(|capabilities| !capabilities.outputs);
                 if no_outputs && plan.outputs_dir.is_some() {
@@ -250,36 +253,6 @@ pub async fn execute(
     }
 }
 
-/// Why the run cannot go through an executor with `capabilities`, if it cannot: services when
-/// the executor declares `services: false`, and a step that asks for a secret when it declares
-/// `secrets: false` (it cannot keep a secret to one step), are configuration errors, found
-/// before any environment starts.
-fn refusal(plan: &RunPlan, capabilities: &Capabilities, executor: &str) -> Option<Ended> {
-    if let (false, Some(service)) = (capabilities.services, plan.workflow.services.first()) {
-        return Some(Ended {
-            status: RunStatus::Error,
-            cause: format!(
-                "workflow {} has services ({} first), but executor {executor} declares services: false, so it runs \
-                 none: run the workflow with an executor that runs services (docker, kubernetes)",
-                plan.workflow.name, service.name
-            ),
-        });
-    }
-    if capabilities.secrets {
-        return None;
-    }
-    let step = plan.workflow.steps.iter().find(|step| !step.secrets.is_empty())?;
-    Some(Ended {
-        status: RunStatus::Error,
-        cause: format!(
-            "step {} asks for secrets ({}), but executor {executor} declares secrets: false, so no secret goes \
-             through it: run the workflow with an executor that keeps secrets, or drop the step's secrets",
-            step.name,
-            step.secrets.join(", ")
-        ),
-    })
-}
-
 fn removed(result: &StopResult) -> String {
     if result.removed.is_empty() {
         return String::new();
@@ -300,13 +273,14 @@ fn notes(log: &mut RunLog<'_>, events: Vec<SessionEvent>) {
 async fn in_session(
     session: &Session,
     plan: &RunPlan,
+    caches: &[CacheLease],
     log: &mut RunLog<'_>,
     steps: &mut [StepReport],
     cancel: &CancellationToken,
     started: Instant,
 ) -> Result<(), Ended> {
     upload_checkout(session, plan, log, cancel).await?;
-    cache::restore(session, plan, log, cancel).await?;
+    cache::restore(session, plan, caches, log, cancel).await?;
     let scripts = step_scripts(session, plan, cancel).await?;
     let workflow = &plan.workflow;
     let base = run_env(plan, session.paths());
