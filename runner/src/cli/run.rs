@@ -330,6 +330,9 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
         secrets.insert(name.clone(), value);
     }
+    for name in crate::secrets::values::too_short(&secrets) {
+        crate::say_err!("{}", crate::secrets::values::too_short_warning(&printable::name(name)));
+    }
     let jobs = args.jobs.map(usize::from).or(defaults.jobs).unwrap_or(1);
     let mut executor = args.executor.clone();
     if executor.executor.is_none() && executor.executor_plugin.is_none() {

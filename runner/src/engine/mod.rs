@@ -23,6 +23,7 @@ pub use report::{
 use crate::checkout::Checkout;
 use crate::host::{ExecutorHost, HostError, Session, SessionEvent};
 use crate::mask::Masker;
+use crate::secrets;
 use crate::workflow::{Event, Workflow};
 use capabilities::{refusal, start_image, usable_caches};
 use report::RunLog;
@@ -116,7 +117,7 @@ pub async fn execute(
     cancel: &CancellationToken,
 ) -> RunReport {
     let started = Instant::now();
-    let masker = match Masker::new(plan.secrets.values()) {
+    let masker = match Masker::new(secrets::values::masked(plan.secrets.values())) {
         Ok(masker) => masker,
         Err(error) => {
             let cause = format!("cannot build the masker of the run's secrets: {error}");
@@ -134,6 +135,9 @@ pub async fn execute(
         }
     };
     let mut log = RunLog::new(masker, sink);
+    for name in secrets::values::too_short(&plan.secrets) {
+        log.note(secrets::values::too_short_warning(name));
+    }
     let workflow = &plan.workflow;
     let mut steps: Vec<StepReport> = workflow
         .steps
@@ -176,7 +180,8 @@ pub async fn execute(
     };
     let mut outputs = Vec::new();
     let caches = usable_caches(&plan.caches, capabilities.as_ref(), host.name(), &mut log);
-    let refused = capabilities.as_ref().and_then(|capabilities| refusal(plan, capabilities, host.name()));
+    let refused = environment_refusal(plan)
+        .or_else(|| capabilities.as_ref().and_then(|capabilities| refusal(plan, capabilities, host.name())));
     let ended = match refused {
         Some(refused) => Some(refused),
         None => match host.open(start, cancel).await {
@@ -251,6 +256,25 @@ pub async fn execute(
         log_truncated: log.truncated(),
         log: log.take_text(),
     }
+}
+
+/// Why a step could not start with the secrets it asks for in its environment, if one could
+/// not: found before any environment starts. The run's variables are counted with empty
+/// session paths, which only the session's start gives.
+fn environment_refusal(plan: &RunPlan) -> Option<Ended> {
+    let unstarted = SessionPaths { work: String::new(), steps: String::new(), outputs: String::new() };
+    let base = run_env(plan, &unstarted);
+    plan.workflow.steps.iter().find_map(|step| {
+        let secrets = step
+            .secrets
+            .iter()
+            .filter_map(|name| Some((name.clone(), plan.secrets.get(name)?.clone())))
+            .collect::<BTreeMap<_, _>>();
+        let mut env = base.clone();
+        env.extend(step.env.clone());
+        let cause = secrets::values::environment_refusal(&step.name, &env, &secrets)?;
+        Some(Ended { status: RunStatus::Error, cause })
+    })
 }
 
 fn removed(result: &StopResult) -> String {
