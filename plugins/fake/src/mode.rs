@@ -195,7 +195,8 @@ pub fn usage() -> String {
          Without --mode, the `mode` config key of initialize chooses the mode (modes that act\n\
          before the handshake need --mode). Config keys: work-dir (default $TMPDIR/knotless-fake),\n\
          ledger (a file rewritten with the live session ids after every start, stop and cleanup),\n\
-         mode.\n\nmodes:\n",
+         mode, and the capabilities it declares: isolation (none, container or vm), secrets,\n\
+         outputs and caches (true unless false), images (false unless true).\n\nmodes:\n",
     );
     for (_, name, description) in MODES {
         text.push_str(&format!("  {name:<28}{description}\n"));

@@ -314,15 +314,16 @@ fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> R
     }
     let params: InitializeParams = params(raw)?;
     let config = &params.config;
-    const KEYS: [&str; 6] = ["work-dir", "ledger", "mode", "isolation", "secrets", "outputs"];
+    const KEYS: [&str; 8] = ["work-dir", "ledger", "mode", "isolation", "secrets", "outputs", "caches", "images"];
     if cli_mode == Some(Mode::AcceptUnknownOptions) {
         eprintln!("fake: accepting every option (simulated)");
     } else if let Some(key) = config.keys().find(|key| !KEYS.contains(&key.as_str())) {
         return Err(Fault::configuration(format!("unknown option --{key}; the fake takes {}", KEYS.join(", "))));
     }
-    let declared = |key: &str| -> Result<bool, Fault> {
+    let declared_or = |key: &str, default: bool| -> Result<bool, Fault> {
         match config.get(key).map(String::as_str) {
-            None | Some("true") => Ok(true),
+            None => Ok(default),
+            Some("true") => Ok(true),
             Some("false") => Ok(false),
             Some(other) => Err(Fault::configuration(format!("--{key} {other:?}: true or false"))),
         }
@@ -333,7 +334,9 @@ fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> R
         Some("vm") => Isolation::Vm,
         Some(other) => return Err(Fault::configuration(format!("--isolation {other:?}: none, container or vm"))),
     };
-    let (secrets, outputs) = (declared("secrets")?, declared("outputs")?);
+    let declared = |key: &str| declared_or(key, true);
+    let (secrets, outputs, caches) = (declared("secrets")?, declared("outputs")?, declared("caches")?);
+    let images = declared_or("images", false)?;
     let mode = match (cli_mode, config.get("mode")) {
         (Some(mode), _) => mode,
         (None, None) => Mode::Ok,
@@ -367,9 +370,10 @@ fn initialize(shared: &Shared, cli_mode: Option<Mode>, raw: Option<&Value>) -> R
     if mode != Mode::Ok {
         eprintln!("fake: running in mode {mode}");
     }
-    // What it declares is what the options say (default: no isolation, secrets and outputs);
-    // it behaves the same whatever it declares, so that tests see what the runner does with it.
-    let capabilities = Capabilities { isolation, outputs, caches: true, secrets, ..Capabilities::default() };
+    // What it declares is what the options say (default: no isolation, secrets, outputs and
+    // caches, no images); it behaves the same whatever it declares, so that tests see what the
+    // runner does with it.
+    let capabilities = Capabilities { isolation, outputs, caches, secrets, images, ..Capabilities::default() };
     result(&InitializeResult {
         protocol_version: if mode == Mode::WrongVersion { 99 } else { version },
         executor: ExecutorInfo { name: "fake".to_string(), version: env!("CARGO_PKG_VERSION").to_string() },

@@ -59,7 +59,9 @@ impl Sessions {
             fs::create_dir_all(folder)
                 .map_err(|error| Fault::infrastructure(format!("cannot create {folder}: {error}")))?;
         }
-        let description = Some(format!("folder {}", dir.display()));
+        // The image it was given, which it ignores, is named so that tests see what it was sent.
+        let image = params.image.as_ref().map(|image| format!(", image {image}")).unwrap_or_default();
+        let description = Some(format!("folder {}{image}", dir.display()));
         live.insert(params.session.clone(), dir);
         self.write_ledger(&live);
         Ok(StartResult { paths, description })

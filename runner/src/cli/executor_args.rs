@@ -155,3 +155,60 @@ impl ExecutorArgs {
         Ok(config)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::ExecutorArgs;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        executor: ExecutorArgs,
+    }
+
+    fn options(args: &[&str]) -> Vec<(String, String)> {
+        let flags = Flags::try_parse_from(["knotless-run"].iter().chain(args)).expect("the flags parse");
+        flags.executor.options().expect("the options").into_iter().collect()
+    }
+
+    #[test]
+    fn only_the_flags_given_become_options_and_the_reference_lists_each() {
+        assert_eq!(options(&[]), []);
+        let all = options(&[
+            "--image=i",
+            "--kubeconfig=/k",
+            "--context=c",
+            "--namespace=n",
+            "--cpu-request=1",
+            "--memory-request=1Mi",
+            "--service-account=s",
+            "--node-selector=a=b",
+            "--node-selector=c=d",
+            "--executor-option=work-dir=/w",
+            "--executor-option=namespace=over",
+        ]);
+        let expected = [
+            ("context", "c"),
+            ("cpu-request", "1"),
+            ("image", "i"),
+            ("kubeconfig", "/k"),
+            ("memory-request", "1Mi"),
+            ("namespace", "over"),
+            ("node-selector", "a=b,c=d"),
+            ("service-account", "s"),
+            ("work-dir", "/w"),
+        ];
+        let expected: Vec<_> = expected.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect();
+        assert_eq!(all, expected);
+        let reference = include_str!("../../../docs/reference/cli.md");
+        let section = reference
+            .split_once("\n## Executor options\n")
+            .and_then(|(_, rest)| rest.split("\n## ").next())
+            .expect("docs/reference/cli.md has a section Executor options");
+        for (key, _) in all.iter().filter(|(key, _)| key != "work-dir") {
+            assert!(section.contains(&format!("| `{key}` |")), "the section Executor options lacks {key}");
+        }
+    }
+}

@@ -330,14 +330,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
         secrets.insert(name.clone(), value);
     }
+    for name in crate::secrets::values::too_short(&secrets) {
+        crate::say_err!("{}", crate::secrets::values::too_short_warning(&printable::name(name)));
+    }
     let jobs = args.jobs.map(usize::from).or(defaults.jobs).unwrap_or(1);
-    let mut executor = args.executor.clone();
-    if executor.executor.is_none() && executor.executor_plugin.is_none() {
-        executor.executor = defaults.executor.clone();
-    }
-    if executor.image.is_none() {
-        executor.image = defaults.image.clone();
-    }
+    let executor = executor_flags(&args.executor, &defaults);
     let paint = Paint(args.color.enabled());
     let runner_id = local_runner_id();
     let config = executor.host_config("shell", &runner_id)?;
@@ -907,13 +904,48 @@ fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[StepTai
     }
 }
 
+/// The executor flags a run goes by: its own, and a defaults file's `executor` and `image`
+/// where it gives none. Only these become executor options: nothing the operator did not give.
+fn executor_flags(given: &ExecutorArgs, defaults: &defaults::Defaults) -> ExecutorArgs {
+    let mut executor = given.clone();
+    if executor.executor.is_none() && executor.executor_plugin.is_none() {
+        executor.executor = defaults.executor.clone();
+    }
+    if executor.image.is_none() {
+        executor.image = defaults.image.clone();
+    }
+    executor
+}
+
 fn millis(ms: u64) -> String {
     if ms < 1000 { format!("{ms} ms") } else { format!("{:.1} s", ms as f64 / 1000.0) }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::repository_folder;
+    use clap::Parser as _;
+
+    use super::{executor_flags, repository_folder};
+    use crate::cli::{Cli, Command};
+
+    /// The executor options of `knotless-run run ARGS...` with `defaults`.
+    fn options(args: &[&str], defaults: &super::defaults::Defaults) -> Vec<(String, String)> {
+        let cli = Cli::try_parse_from(["knotless-run", "run"].iter().chain(args)).expect("the flags parse");
+        let Some(Command::Run(run)) = cli.command else { panic!("not a run") };
+        executor_flags(&run.executor, defaults).options().expect("the options").into_iter().collect()
+    }
+
+    #[test]
+    fn a_run_with_no_executor_flags_passes_no_executor_option() {
+        let none = super::defaults::Defaults::default();
+        assert_eq!(options(&[], &none), []);
+        // Flags that are not executor options pass none either.
+        assert_eq!(options(&["--keep", "--runner-id", "r", "--executor-grace", "3", "--jobs", "2"], &none), []);
+        // A defaults file's image is the operator's own, as --image is.
+        let image = super::defaults::Defaults { image: Some("rust:1.95".into()), ..Default::default() };
+        assert_eq!(options(&[], &image), [("image".to_string(), "rust:1.95".to_string())]);
+        assert_eq!(options(&["--image", "alpine"], &image), [("image".to_string(), "alpine".to_string())]);
+    }
 
     #[test]
     fn each_repository_has_an_outputs_folder_of_its_own_and_a_safe_name() {

@@ -57,15 +57,16 @@ pub fn resolve(paths: &SessionPaths, path: &str) -> String {
     }
 }
 
-/// Streams each lease's base in. A base that cannot be read or streamed is logged and the path
+/// Streams each of `caches`' bases in. A base that cannot be read or streamed is logged and the path
 /// starts cold: a broken cache never fails a run.
 pub(super) async fn restore(
     session: &Session,
     plan: &RunPlan,
+    caches: &[CacheLease],
     log: &mut RunLog<'_>,
     cancel: &CancellationToken,
 ) -> Result<(), Ended> {
-    for lease in &plan.caches {
+    for lease in caches {
         let target = resolve(session.paths(), &lease.path);
         let Some(base) = &lease.base else {
             log.note(format!("cache {}: cold", lease.path));
@@ -93,9 +94,9 @@ pub(super) async fn restore(
 /// that came back whole. A path the steps did not leave is an empty layer; a failed transfer
 /// is not recorded and its folder is removed (the download has ended whatever it wrote: no
 /// task of it writes on), so nothing of it is promoted.
-pub(super) async fn save(session: &Session, plan: &RunPlan, log: &mut RunLog<'_>) {
+pub(super) async fn save(session: &Session, plan: &RunPlan, caches: &[CacheLease], log: &mut RunLog<'_>) {
     let never = CancellationToken::new();
-    for lease in &plan.caches {
+    for lease in caches {
         let Some(upper) = &lease.upper else { continue };
         let source = resolve(session.paths(), &lease.path);
         let fresh = upper.clone();

@@ -3,6 +3,7 @@
 //! bring the outputs back, and end the session whatever happened.
 
 mod cache;
+mod capabilities;
 mod report;
 
 use std::collections::BTreeMap;
@@ -22,7 +23,9 @@ pub use report::{
 use crate::checkout::Checkout;
 use crate::host::{ExecutorHost, HostError, Session, SessionEvent};
 use crate::mask::Masker;
+use crate::secrets;
 use crate::workflow::{Event, Workflow};
+use capabilities::{refusal, start_image, usable_caches};
 use report::RunLog;
 
 /// Bounds and deadlines of a run's operations.
@@ -114,7 +117,7 @@ pub async fn execute(
     cancel: &CancellationToken,
 ) -> RunReport {
     let started = Instant::now();
-    let masker = match Masker::new(plan.secrets.values()) {
+    let masker = match Masker::new(secrets::values::masked(plan.secrets.values())) {
         Ok(masker) => masker,
         Err(error) => {
             let cause = format!("cannot build the masker of the run's secrets: {error}");
@@ -132,6 +135,9 @@ pub async fn execute(
         }
     };
     let mut log = RunLog::new(masker, sink);
+    for name in secrets::values::too_short(&plan.secrets) {
+        log.note(secrets::values::too_short_warning(name));
+    }
     let workflow = &plan.workflow;
     let mut steps: Vec<StepReport> = workflow
         .steps
@@ -153,6 +159,8 @@ pub async fn execute(
         plan.event.as_str(),
         host.name()
     ));
+    // What the executor declared in its handshake decides what the run may ask of it.
+    let capabilities = host.info().await.ok().map(|info| info.capabilities);
     let start = StartParams {
         session: plan.run_id.clone(),
         run: RunInfo {
@@ -162,7 +170,7 @@ pub async fn execute(
             workflow: workflow.name.clone(),
             check_key: plan.check_key.clone(),
         },
-        image: workflow.image.clone(),
+        image: start_image(workflow, capabilities.as_ref(), host.name(), &mut log),
         resources: Resources { cpu: workflow.resources.cpu.clone(), memory: workflow.resources.memory.clone() },
         network: workflow.network,
         run_timeout_ms: Some(workflow.timeout.as_millis() as u64),
@@ -171,9 +179,9 @@ pub async fn execute(
         services: workflow.services.clone(),
     };
     let mut outputs = Vec::new();
-    // What the executor declared in its handshake decides what the run may ask of it.
-    let capabilities = host.info().await.ok().map(|info| info.capabilities);
-    let refused = capabilities.as_ref().and_then(|capabilities| refusal(plan, capabilities, host.name()));
+    let caches = usable_caches(&plan.caches, capabilities.as_ref(), host.name(), &mut log);
+    let refused = environment_refusal(plan)
+        .or_else(|| capabilities.as_ref().and_then(|capabilities| refusal(plan, capabilities, host.name())));
     let ended = match refused {
         Some(refused) => Some(refused),
         None => match host.open(start, cancel).await {
@@ -183,9 +191,9 @@ pub async fn execute(
                     log.note(format!("environment: {description}"));
                 }
                 notes(&mut log, session.drain_events().await);
-                let mut ended = in_session(&session, plan, &mut log, &mut steps, cancel, started).await.err();
-                if ended.is_none() && session.is_alive() && !plan.caches.is_empty() {
-                    cache::save(&session, plan, &mut log).await;
+                let mut ended = in_session(&session, plan, caches, &mut log, &mut steps, cancel, started).await.err();
+                if ended.is_none() && session.is_alive() && !caches.is_empty() {
+                    cache::save(&session, plan, caches, &mut log).await;
                 }
                 let no_outputs = capabilities.as_ref().is_some_and(|capabilities| !capabilities.outputs);
                 if no_outputs && plan.outputs_dir.is_some() {
@@ -250,33 +258,22 @@ pub async fn execute(
     }
 }
 
-/// Why the run cannot go through an executor with `capabilities`, if it cannot: services when
-/// the executor declares `services: false`, and a step that asks for a secret when it declares
-/// `secrets: false` (it cannot keep a secret to one step), are configuration errors, found
-/// before any environment starts.
-fn refusal(plan: &RunPlan, capabilities: &Capabilities, executor: &str) -> Option<Ended> {
-    if let (false, Some(service)) = (capabilities.services, plan.workflow.services.first()) {
-        return Some(Ended {
-            status: RunStatus::Error,
-            cause: format!(
-                "workflow {} has services ({} first), but executor {executor} declares services: false, so it runs \
-                 none: run the workflow with an executor that runs services (docker, kubernetes)",
-                plan.workflow.name, service.name
-            ),
-        });
-    }
-    if capabilities.secrets {
-        return None;
-    }
-    let step = plan.workflow.steps.iter().find(|step| !step.secrets.is_empty())?;
-    Some(Ended {
-        status: RunStatus::Error,
-        cause: format!(
-            "step {} asks for secrets ({}), but executor {executor} declares secrets: false, so no secret goes \
-             through it: run the workflow with an executor that keeps secrets, or drop the step's secrets",
-            step.name,
-            step.secrets.join(", ")
-        ),
+/// Why a step could not start with the secrets it asks for in its environment, if one could
+/// not: found before any environment starts. The run's variables are counted with empty
+/// session paths, which only the session's start gives.
+fn environment_refusal(plan: &RunPlan) -> Option<Ended> {
+    let unstarted = SessionPaths { work: String::new(), steps: String::new(), outputs: String::new() };
+    let base = run_env(plan, &unstarted);
+    plan.workflow.steps.iter().find_map(|step| {
+        let secrets = step
+            .secrets
+            .iter()
+            .filter_map(|name| Some((name.clone(), plan.secrets.get(name)?.clone())))
+            .collect::<BTreeMap<_, _>>();
+        let mut env = base.clone();
+        env.extend(step.env.clone());
+        let cause = secrets::values::environment_refusal(&step.name, &env, &secrets)?;
+        Some(Ended { status: RunStatus::Error, cause })
     })
 }
 
@@ -300,13 +297,14 @@ fn notes(log: &mut RunLog<'_>, events: Vec<SessionEvent>) {
 async fn in_session(
     session: &Session,
     plan: &RunPlan,
+    caches: &[CacheLease],
     log: &mut RunLog<'_>,
     steps: &mut [StepReport],
     cancel: &CancellationToken,
     started: Instant,
 ) -> Result<(), Ended> {
     upload_checkout(session, plan, log, cancel).await?;
-    cache::restore(session, plan, log, cancel).await?;
+    cache::restore(session, plan, caches, log, cancel).await?;
     let scripts = step_scripts(session, plan, cancel).await?;
     let workflow = &plan.workflow;
     let base = run_env(plan, session.paths());

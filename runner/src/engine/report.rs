@@ -380,12 +380,12 @@ impl<'a> RunLog<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Keeps every line a sink sees.
     #[derive(Default)]
-    struct Lines(Vec<String>);
+    pub(crate) struct Lines(pub(crate) Vec<String>);
 
     impl LogSink for Lines {
         fn line(&mut self, line: &LogLine<'_>) {

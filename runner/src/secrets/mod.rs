@@ -3,6 +3,7 @@
 //! default branch, and the operator's file of granted values, which takes precedence.
 
 mod operator;
+pub mod values;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt as _;

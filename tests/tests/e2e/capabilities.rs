@@ -1,6 +1,7 @@
 //! What an executor declares in its handshake decides what the runner asks of it: no secret
 //! through one that declares `secrets: false`, no outputs download from one that declares
-//! `outputs: false`, and pulls and merge queues only through one that isolates.
+//! `outputs: false`, no image to one that declares `images: false`, no cache transfer with one
+//! that declares `caches: false`, and pulls and merge queues only through one that isolates.
 
 use knotless_tests::{Repo, Runner, eventually, knotless_run, ran};
 
@@ -8,6 +9,11 @@ use crate::repo_with;
 
 /// `run` of `repo` through the fake executor declaring `declared` (`KEY=VALUE` options).
 fn run_fake(repo: &Repo, work: &std::path::Path, declared: &[&str]) -> knotless_tests::Ran {
+    ran(fake_run_command(repo, work, declared))
+}
+
+/// The command of [`run_fake`].
+fn fake_run_command(repo: &Repo, work: &std::path::Path, declared: &[&str]) -> std::process::Command {
     let fake = knotless_tests::bin("knotless-executor-fake").display().to_string();
     let path = repo.path().display().to_string();
     let work_dir = format!("work-dir={}", work.display());
@@ -15,7 +21,7 @@ fn run_fake(repo: &Repo, work: &std::path::Path, declared: &[&str]) -> knotless_
     for option in declared {
         args.extend(["--executor-option", option]);
     }
-    ran(knotless_run(&args))
+    knotless_run(&args)
 }
 
 #[test]
@@ -77,6 +83,59 @@ fn an_executor_that_declares_no_outputs_is_never_asked_for_them() {
     let with = run("outputs=true");
     assert_eq!(with.code, Some(0), "{}", with.both());
     assert!(outputs.path().join("report/report.txt").is_file(), "{}", with.both());
+}
+
+#[test]
+fn an_executor_that_takes_no_images_is_sent_none_and_the_run_says_the_image_is_ignored() {
+    let repo = Repo::new();
+    repo.workflow("built", "image: rust:1.95\nsteps:\n  - name: build\n    run: echo built\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    // The fake names in its environment's description the image `start` gave it.
+    let ignored = run_fake(&repo, work.path(), &["images=false"]);
+    assert_eq!(ignored.code, Some(0), "{}", ignored.both());
+    assert!(
+        ignored.stdout.contains("built ==> image rust:1.95 ignored: executor fake does not take images"),
+        "{}",
+        ignored.both()
+    );
+    assert!(!ignored.stdout.contains(", image rust:1.95"), "start named the image:\n{}", ignored.both());
+    assert!(ignored.stdout.contains("built/build | built"), "{}", ignored.both());
+
+    let taken = run_fake(&repo, work.path(), &["images=true"]);
+    assert_eq!(taken.code, Some(0), "{}", taken.both());
+    assert!(taken.stdout.contains(", image rust:1.95"), "start did not name the image:\n{}", taken.both());
+    assert!(!taken.stdout.contains("ignored"), "{}", taken.both());
+}
+
+#[test]
+fn an_executor_that_declares_no_caches_is_never_sent_a_cache_and_the_run_says_so_once() {
+    let repo = Repo::new();
+    repo.workflow(
+        "cached",
+        "cache: [c]\nsteps:\n  - name: fill\n    run: echo \"saw=[$(ls c 2>/dev/null)]\"; mkdir -p c && touch c/mark\n",
+    );
+    let (work, cache_home) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let run = |declared: &str| {
+        let mut command = fake_run_command(&repo, work.path(), &[declared]);
+        command.env("XDG_CACHE_HOME", cache_home.path());
+        ran(command)
+    };
+    for round in 0..2 {
+        let without = run("caches=false");
+        assert_eq!(without.code, Some(0), "round {round}: {}", without.both());
+        let said = without.stdout.matches("caches: not supported by executor fake").count();
+        assert_eq!(said, 1, "round {round}: {}", without.both());
+        assert!(!without.stdout.contains("==> cache c: "), "round {round}: a cache was streamed:\n{}", without.both());
+        assert!(without.stdout.contains("saw=[]"), "round {round}: {}", without.both());
+    }
+    // The same workflow through the same executor declaring caches keeps its cache.
+    for (round, seen) in [(0, "saw=[]"), (1, "saw=[mark]")] {
+        let with = run("caches=true");
+        assert_eq!(with.code, Some(0), "round {round}: {}", with.both());
+        assert!(with.stdout.contains("==> cache c: saved"), "round {round}: {}", with.both());
+        assert!(with.stdout.contains(seen), "round {round}: {}", with.both());
+        assert!(!with.stdout.contains("not supported"), "round {round}: {}", with.both());
+    }
 }
 
 #[test]

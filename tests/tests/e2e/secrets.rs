@@ -93,3 +93,94 @@ fn a_secret_in_an_output_file_name_or_a_step_name_is_masked_in_the_record_and_in
         assert!(!text.contains(value), "{what} holds the secret:\n{text}");
     }
 }
+
+/// `run` of `repo` through the fake executor, with `secrets` given by `--secret` from its
+/// environment.
+fn run_with_secrets(repo: &Repo, work: &std::path::Path, secrets: &[(&str, &str)]) -> knotless_tests::Ran {
+    let fake = bin("knotless-executor-fake").display().to_string();
+    let (path, work_dir) = (repo.path().display().to_string(), format!("work-dir={}", work.display()));
+    let mut args = vec!["run", path.as_str(), "--executor-plugin", fake.as_str(), "--executor-option", &work_dir];
+    for (name, _) in secrets {
+        args.extend(["--secret", name]);
+    }
+    let mut command = knotless_tests::knotless_run(&args);
+    command.envs(secrets.iter().copied());
+    knotless_tests::ran(command)
+}
+
+#[test]
+fn each_line_of_a_multi_line_secret_is_masked_where_a_step_prints_it_alone() {
+    let repo = Repo::new();
+    repo.workflow(
+        "key",
+        "steps:\n  - name: print\n    secrets: [KEY]\n    run: |\n      printf '%s\\n' \"$KEY\" | sed -n 2p\n      printf 'short: %s\\n' \"$(printf '%s\\n' \"$KEY\" | sed -n 3p)\"\n",
+    );
+    let work = tempfile::tempdir().expect("tempdir");
+    let run = run_with_secrets(&repo, work.path(), &[("KEY", "first-line-4f1a\r\nsecond-line-9c2e\r\nab")]);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    assert!(run.stdout.contains("key/print | ***"), "{}", run.both());
+    assert!(!run.stdout.contains("second-line-9c2e"), "a line of the secret leaked:\n{}", run.both());
+    // A line shorter than four characters is not masked on its own.
+    assert!(run.stdout.contains("key/print | short: ab"), "{}", run.both());
+}
+
+#[test]
+fn a_secret_too_short_to_mask_is_warned_about_by_name_on_stderr_and_in_the_log() {
+    let repo = Repo::new();
+    repo.workflow("pin", "steps:\n  - name: use\n    secrets: [PIN]\n    run: test \"$PIN\" = q7\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    let run = run_with_secrets(&repo, work.path(), &[("PIN", "q7"), ("TOKEN", "long-enough-8e0b")]);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    let warning = "warning: secret PIN is shorter than 4 characters: masking it masks every occurrence of those \
+                   characters in the log";
+    assert_eq!(run.stderr.matches(warning).count(), 1, "{}", run.both());
+    assert!(run.stdout.contains(&format!("pin ==> {warning}")), "{}", run.both());
+    assert!(!run.both().contains("secret TOKEN is shorter"), "{}", run.both());
+}
+
+#[test]
+fn a_secret_too_large_for_a_step_environment_fails_the_run_before_its_environment_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workflow = "steps:\n  - name: deploy\n    secrets: [BIG]\n    run: echo deployed\n";
+    let (repo, commit) = crate::repo_with(dir.path(), &[("big", workflow)]);
+    let operator = dir.path().join("operator");
+    // `BIG=` and the value, 131072 bytes: one more than an environment string may take. The
+    // value is a token's letters, not one byte repeated.
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let value: String = (0..131_068)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            char::from(b'a' + (state >> 59) as u8 % 26)
+        })
+        .collect();
+    std::fs::write(&operator, format!("BIG={value}\n")).expect("write");
+    std::fs::set_permissions(&operator, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (operator, url) = (operator.to_string_lossy().into_owned(), repo.url());
+    let fake = bin("knotless-executor-fake").display().to_string();
+    let work_dir = format!("work-dir={}", dir.path().join("work").display());
+    let runner = Runner::start(
+        &dir.path().join("state"),
+        &[
+            "--executor-plugin",
+            &fake,
+            "--executor-option",
+            &work_dir,
+            "--poll",
+            "3600",
+            "--disk-floor",
+            "0",
+            "--runner-id",
+            "e2e-big-secret",
+            "--secrets-file",
+            &operator,
+            &url,
+        ],
+    );
+    let checks = runner.final_checks(&url, &commit, 1);
+    assert_eq!(checks[0]["status"], "error", "{:#}", checks[0]);
+    let cause = checks[0]["cause"].as_str().expect("a cause");
+    assert!(cause.starts_with("secret BIG is 131068 bytes: step deploy could not start"), "{cause}");
+    assert!(cause.contains("at most 131071 bytes"), "{cause}");
+    let log = runner.run_log(checks[0]["run_id"].as_str().expect("id"));
+    assert!(!log.contains("environment: ") && !log.contains("deployed"), "an environment started:\n{log}");
+}
