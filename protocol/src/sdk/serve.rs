@@ -117,6 +117,7 @@ where
         };
         if method == method::SHUTDOWN {
             state.cancel_all();
+            settle(&mut tasks).await;
             state.executor.shutdown().await;
             let _ = frames.send(framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}}))).await;
             drop(input);
@@ -146,10 +147,20 @@ where
     }
     // The runner closed stdin: it is gone, so nothing it started may outlive it.
     state.cancel_all();
+    settle(&mut tasks).await;
     state.executor.shutdown().await;
     drop(module);
     drop(state);
     finish(tasks, frames, writer).await
+}
+
+/// How long the requests cancelled at `shutdown` or at the end of stdin get to end (and answer)
+/// before the executor stops its sessions: a step's cancellation kills its processes in the
+/// session, which stopping the session under it would turn into an error.
+const SETTLE_CANCELLED: Duration = Duration::from_secs(10);
+
+async fn settle(tasks: &mut tokio::task::JoinSet<()>) {
+    let _ = tokio::time::timeout(SETTLE_CANCELLED, async { while tasks.join_next().await.is_some() {} }).await;
 }
 
 async fn finish(

@@ -300,30 +300,6 @@ impl<R: AsyncRead + Unpin> AsyncRead for Paced<R> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_slow_readers_output_is_seq_cut_at_its_size() {
-        assert_eq!(counted_lines(6), b"1\n2\n3\n");
-        assert_eq!(counted_lines(5), b"1\n2\n3");
-        assert_eq!(counted_lines(SLOW_OUTPUT).len(), SLOW_OUTPUT);
-    }
-
-    #[tokio::test]
-    async fn a_paced_reader_gives_everything_a_little_at_a_time() {
-        use tokio::io::AsyncReadExt as _;
-        let data = vec![7u8; 3 * PACE_BYTES + 5];
-        let mut paced = Paced { inner: data.as_slice(), pause: None };
-        let started = Instant::now();
-        let mut read = Vec::new();
-        paced.read_to_end(&mut read).await.expect("read");
-        assert_eq!(read, data);
-        assert!(started.elapsed() >= PACE_PAUSE * 3, "{:?}", started.elapsed());
-    }
-}
-
 /// The rule a `shutdown` that leaves a request unanswered breaks.
 const SHUTDOWN_RULE: &str = "§5.12: `shutdown` cancels every request in flight, and the requests it cancelled are \
                              still answered -32003 (CANCELLED) (or with their result, when they ended first)";
@@ -367,7 +343,11 @@ async fn shut_down_with_a_step(raw: &Raw, config: &HostConfig, start: StartParam
         match tokio::time::timeout(EXIT_BOUND, step).await {
             Ok(Ok(Ok(_))) => Ok("a result".to_string()),
             Ok(Ok(Err(Reply::Error(error)))) if error.kind == ErrorKind::Cancelled => Ok("-32003".to_string()),
-            Ok(Ok(Err(Reply::Error(error)))) => Ok(format!("{} ({})", error.kind.code(), error.message)),
+            Ok(Ok(Err(Reply::Error(error)))) => Err(format!(
+                "the step in flight was answered {} ({}), neither -32003 nor a result",
+                error.kind.code(),
+                error.message
+            )),
             Ok(Ok(Err(Reply::Lost(cause)))) => Err(format!("the step in flight was never answered: executor {cause}")),
             Ok(Err(_)) => Err("the step in flight was never answered".to_string()),
             Err(_) => Err(format!("the step in flight was not answered within {EXIT_BOUND:?}")),
@@ -385,4 +365,28 @@ async fn shut_down_with_a_step(raw: &Raw, config: &HostConfig, start: StartParam
         "the step in flight answered {step}, shutdown answered, exited by itself {} ms after shutdown",
         began.elapsed().as_millis()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slow_readers_output_is_seq_cut_at_its_size() {
+        assert_eq!(counted_lines(6), b"1\n2\n3\n");
+        assert_eq!(counted_lines(5), b"1\n2\n3");
+        assert_eq!(counted_lines(SLOW_OUTPUT).len(), SLOW_OUTPUT);
+    }
+
+    #[tokio::test]
+    async fn a_paced_reader_gives_everything_a_little_at_a_time() {
+        use tokio::io::AsyncReadExt as _;
+        let data = vec![7u8; 3 * PACE_BYTES + 5];
+        let mut paced = Paced { inner: data.as_slice(), pause: None };
+        let started = Instant::now();
+        let mut read = Vec::new();
+        paced.read_to_end(&mut read).await.expect("read");
+        assert_eq!(read, data);
+        assert!(started.elapsed() >= PACE_PAUSE * 3, "{:?}", started.elapsed());
+    }
 }

@@ -301,20 +301,6 @@ fn expect_kind<T>(answer: &Result<T, HostError>, kind: ErrorKind, what: &str, ru
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_byte_is_written_by_its_octal_escape() {
-        let (bytes, format) = every_byte();
-        assert_eq!(bytes.len(), 256);
-        assert!(format.starts_with("\\000\\001") && format.ends_with("\\376\\377"), "{format}");
-        assert_eq!(first_difference(&[1, 2, 9], &[1, 2, 3]), "byte 2 was 0x09, sent 0x03");
-        assert_eq!(first_difference(&[1], &[1, 2]), "1 bytes came back, 2 were sent");
-    }
-}
-
 const CONCURRENCY_RULE: &str =
     "§2: an executor MUST handle requests concurrently: a long `command` MUST NOT delay a `ping`";
 const LONG_NAMES_RULE: &str =
@@ -432,5 +418,19 @@ impl Suite {
             Ok(_) => "taken, and nothing written through the link".into(),
             Err(error) => format!("refused ({error}), nothing written through the link"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_byte_is_written_by_its_octal_escape() {
+        let (bytes, format) = every_byte();
+        assert_eq!(bytes.len(), 256);
+        assert!(format.starts_with("\\000\\001") && format.ends_with("\\376\\377"), "{format}");
+        assert_eq!(first_difference(&[1, 2, 9], &[1, 2, 3]), "byte 2 was 0x09, sent 0x03");
+        assert_eq!(first_difference(&[1], &[1, 2]), "1 bytes came back, 2 were sent");
     }
 }

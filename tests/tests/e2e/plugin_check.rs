@@ -20,6 +20,7 @@ const CASES: &[&str] = &[
     "non-zero exit",
     "every byte of output",
     "death by signal",
+    "ping during a step",
     "duplicate start",
     "unknown sessions",
     "variables and secrets",
@@ -32,6 +33,8 @@ const CASES: &[&str] = &[
     "upload and download",
     "upload refusals",
     "setuid, setgid and sticky bits",
+    "long names in an upload",
+    "a link already in an upload's destination",
     "special files in a download",
     "download of a missing path",
     "transfer deadlines and cancel",
@@ -39,6 +42,7 @@ const CASES: &[&str] = &[
     "stop",
     "1 MiB of output with a slow reader",
     "secrets out of sight",
+    "shutdown with a step in flight",
     "cleanup of sessions not in flight",
     "end of stdin",
     "shutdown",
@@ -234,6 +238,10 @@ const BREAKS_A_MUST: &[(&str, &str, &str)] = &[
     ("no-transfer-deadline", "transfer deadlines and cancel", "MUST end within `timeout_ms`"),
     ("download-past-max", "download over max_bytes", "MUST stop writing before `max_bytes`"),
     ("keep-mode-bits", "setuid, setgid and sticky bits", "MUST drop setuid, setgid and sticky bits"),
+    ("serial-requests", "ping during a step", "MUST handle requests concurrently"),
+    ("shutdown-drops-requests", "shutdown with a step in flight", "are still answered -32003"),
+    ("ignore-long-names", "long names in an upload", "MUST accept POSIX ustar, GNU tar and pax"),
+    ("write-through-links", "a link already in an upload's destination", "never write through a link"),
 ];
 
 /// Mutation testing of the suite: each of the fake's modes that breaks one MUST fails the case
