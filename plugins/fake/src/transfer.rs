@@ -369,12 +369,19 @@ fn without_special_files(input: &mut impl Read, max_bytes: u64) -> Result<Vec<u8
     let mut builder = tar::Builder::new(Vec::new());
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
-        let header = entry.header().clone();
+        let mut header = entry.header().clone();
         if matches!(header.entry_type(), tar::EntryType::Fifo | tar::EntryType::Char | tar::EntryType::Block) {
             eprintln!("fake: skipping a special file in an upload (simulated)");
             continue;
         }
-        builder.append(&header, &mut entry).map_err(bad)?;
+        // A GNU long name or a pax path is written again as a long name; any other name as it
+        // came, hostile ones included, for the vetting to refuse.
+        let path = entry.path().map_err(bad)?.into_owned();
+        if header.path().map_err(bad)? == path {
+            builder.append(&header, &mut entry).map_err(bad)?;
+        } else {
+            builder.append_data(&mut header, &path, &mut entry).map_err(bad)?;
+        }
     }
     builder.into_inner().map_err(bad)
 }
