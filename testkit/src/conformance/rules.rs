@@ -128,7 +128,10 @@ impl Suite {
             .await;
         exited(&ran, 0).map_err(|why| format!("making the file to download: {why}"))?;
         let mut faults = Vec::new();
-        let (upload, took) = self.held_transfer::<rpc::Upload>(session, &format!("{folder}/up"), None).await?;
+        // Each upload has a folder of its own: an executor may go on unpacking an abandoned upload
+        // (and then remove its staging folder, beside its destination) while the download packs.
+        let (upload, took) =
+            self.held_transfer::<rpc::Upload>(session, &format!("{work}/deadline-upload/up"), None).await?;
         if let Some(fault) =
             expect_kind(&upload, ErrorKind::Timeout, "an upload whose stream never came", DEADLINE_RULE)
         {
@@ -141,7 +144,11 @@ impl Suite {
         }
         let download_took = took;
         let (cancelled, cancel_took) = self
-            .held_transfer::<rpc::Upload>(session, &format!("{folder}/cancelled"), Some(Duration::from_millis(500)))
+            .held_transfer::<rpc::Upload>(
+                session,
+                &format!("{work}/cancelled-upload/up"),
+                Some(Duration::from_millis(500)),
+            )
             .await?;
         if let Some(fault) =
             expect_kind(&cancelled, ErrorKind::Cancelled, "an upload cancelled while it waited", CANCEL_RULE)
