@@ -251,11 +251,14 @@ const BREAKS_A_MUST: &[(&str, &str, &str)] = &[
 #[ignore = "run by `make conformance`, which prints the count of modes caught"]
 fn every_mode_that_breaks_a_must_fails_the_case_that_names_it() {
     let scratch = tempfile::tempdir().expect("tempdir");
+    // Every wrapper is written before any is run: a script written while another thread forks
+    // can be held open for writing by that child, and its exec then fails (ETXTBSY).
+    let wrappers: Vec<_> = BREAKS_A_MUST.iter().map(|&(mode, _, _)| fake_executor(scratch.path(), mode)).collect();
     let runs: Vec<(&str, &str, &str, Ran)> = std::thread::scope(|scope| {
         let threads: Vec<_> = BREAKS_A_MUST
             .iter()
-            .map(|&(mode, case, rule)| {
-                let wrapper = fake_executor(scratch.path(), mode);
+            .zip(wrappers)
+            .map(|(&(mode, case, rule), wrapper)| {
                 scope.spawn(move || {
                     let path = wrapper.display().to_string();
                     (mode, case, rule, ran(knotless_run(&["plugin", "check", &path, "--executor-grace", "1"])))
