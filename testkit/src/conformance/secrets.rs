@@ -36,15 +36,16 @@ fn saw(sightings: &Sightings, place: String) {
 }
 
 /// The step that looks for the secret in `$CHECK_SECRET`, without ever putting it on a command
-/// line of its own: on every process's command line, and in every file under `folders`.
+/// line of its own: on every process's command line (naming the process by what its first word
+/// holds before the secret), and in every file under `folders`.
 fn probe(folders: &[String]) -> String {
     let folders: Vec<String> = folders.iter().map(|folder| quoted(folder)).collect();
     format!(
-        "set -f\necho {PROBING}\n\
+        "echo {PROBING}\n\
          for f in /proc/[0-9]*/cmdline; do\n\
            p=${{f#/proc/}}; p=${{p%/cmdline}}\n\
            c=$(tr '\\000' ' ' < \"$f\" 2>/dev/null) || continue\n\
-           case \"$c\" in *\"$CHECK_SECRET\"*) set -- $c; echo \"command line of process $p (${{1:-?}})\";; esac\n\
+           case \"$c\" in *\"$CHECK_SECRET\"*) set -f; set -- $c; set +f; echo \"command line of process $p (${{1%%\"$CHECK_SECRET\"*}})\";; esac\n\
          done\n\
          for d in {}; do\n\
            [ -d \"$d\" ] || continue\n\
@@ -86,9 +87,10 @@ fn host_sightings(secret: &[u8], executor: Option<u32>) -> Vec<String> {
             continue;
         };
         if contains(&cmdline, secret) {
+            // Named by its program, the secret itself left out.
             let program = cmdline.split(|byte| *byte == 0).next().unwrap_or_default();
-            found
-                .push(format!("the command line of process {pid} on this host ({})", String::from_utf8_lossy(program)));
+            let program = String::from_utf8_lossy(program).replace(&*String::from_utf8_lossy(secret), "***");
+            found.push(format!("the command line of process {pid} on this host ({program})"));
         }
     }
     if let Some(pid) = executor
