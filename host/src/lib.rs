@@ -26,7 +26,7 @@ use knotless_protocol::{ErrorKind, ExecutorError, FailureClass, SUPPORTED_VERSIO
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use connection::{Closed, Connection, Reply, SessionEvent, decode};
+pub use connection::{Answer, Closed, Connection, Reply, SessionEvent, decode};
 pub use locate::{PluginSearch, is_executable};
 pub use options::executor_option_flag;
 pub use process::{ExecutorProcess, INHERITED_VARIABLES, ProcessSpec, StderrTail, StderrWatch, describe_status};

@@ -14,7 +14,9 @@ use tokio::sync::mpsc;
 
 use super::Outcome;
 use super::suite::command_params;
-use crate::host::{Closed, Connection, ExecutorProcess, HostConfig, Reply, SessionEvent, StderrWatch, describe_status};
+use crate::host::{
+    Answer, Closed, Connection, ExecutorProcess, HostConfig, Reply, SessionEvent, StderrWatch, describe_status,
+};
 
 /// How many bytes of output the slow reader's step writes.
 const SLOW_OUTPUT: usize = 1 << 20;
@@ -83,6 +85,39 @@ impl Raw {
             .await
             .map_err(|why| self.failed(why))?;
         Ok((start.session.clone(), events, started.paths))
+    }
+
+    /// Starts `start`'s session and a step in it that says `started` and sleeps, and waits until
+    /// it said so: the receiver of the step's answer, and the task that takes the session's
+    /// events from then on (the answer to a cancelled step, log lines).
+    async fn sleeping_step(
+        &self,
+        config: &HostConfig,
+        start: &StartParams,
+    ) -> Result<(tokio::sync::oneshot::Receiver<Answer>, tokio::task::JoinHandle<()>), String> {
+        let (session, mut events) = self.open(config, start).await?;
+        let params = CommandParams { timeout_ms: 600_000, ..command_params(&session, "echo started; sleep 120") };
+        self.connection.set_running(&session, Some(params.step));
+        let (_, answer) = self.connection.send(method::COMMAND, &params).await;
+        let started = async {
+            let mut output = Vec::new();
+            while let Some(event) = events.recv().await {
+                if let SessionEvent::Output { bytes, .. } = event {
+                    output.extend_from_slice(&bytes);
+                    if output.starts_with(b"started") {
+                        return true;
+                    }
+                }
+            }
+            false
+        };
+        match tokio::time::timeout(Duration::from_secs(20), started).await {
+            Ok(true) => {}
+            Ok(false) => return Err(self.failed("the executor went away before its step said `started`".into())),
+            Err(_) => return Err(self.failed("the step did not say `started` within 20 s".into())),
+        }
+        let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
+        Ok((answer, drain))
     }
 
     /// Sends a request and waits `within` for its answer.
@@ -237,30 +272,8 @@ pub(super) async fn end_of_stdin(config: &HostConfig, start: StartParams) -> Res
 }
 
 async fn close_stdin(raw: &Raw, config: &HostConfig, start: StartParams) -> Result<String, String> {
-    let (session, mut events) = raw.open(config, &start).await?;
-    let params = CommandParams { timeout_ms: 600_000, ..command_params(&session, "echo started; sleep 120") };
-    raw.connection.set_running(&session, Some(params.step));
     // The step's answer comes after stdin ended, if at all: it is not waited for here.
-    let (_, _answer) = raw.connection.send(method::COMMAND, &params).await;
-    let started = async {
-        let mut output = Vec::new();
-        while let Some(event) = events.recv().await {
-            if let SessionEvent::Output { bytes, .. } = event {
-                output.extend_from_slice(&bytes);
-                if output.starts_with(b"started") {
-                    return true;
-                }
-            }
-        }
-        false
-    };
-    match tokio::time::timeout(Duration::from_secs(20), started).await {
-        Ok(true) => {}
-        Ok(false) => return Err(raw.failed("the executor went away before its step said `started`".into())),
-        Err(_) => return Err(raw.failed("the step did not say `started` within 20 s".into())),
-    }
-    // Events keep flowing (the answer to the cancelled step, log lines) while it winds down.
-    let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let (_answer, drain) = raw.sleeping_step(config, &start).await?;
     raw.connection.end_input().await;
     let ended = Instant::now();
     let status = raw.process.wait_exit(EXIT_BOUND).await;
@@ -315,28 +328,7 @@ pub(super) async fn shutdown_in_flight(config: &HostConfig, start: StartParams) 
 }
 
 async fn shut_down_with_a_step(raw: &Raw, config: &HostConfig, start: StartParams) -> Outcome {
-    let (session, mut events) = raw.open(config, &start).await?;
-    let params = CommandParams { timeout_ms: 600_000, ..command_params(&session, "echo started; sleep 120") };
-    raw.connection.set_running(&session, Some(params.step));
-    let (_, step) = raw.connection.send(method::COMMAND, &params).await;
-    let started = async {
-        let mut output = Vec::new();
-        while let Some(event) = events.recv().await {
-            if let SessionEvent::Output { bytes, .. } = event {
-                output.extend_from_slice(&bytes);
-                if output.starts_with(b"started") {
-                    return true;
-                }
-            }
-        }
-        false
-    };
-    match tokio::time::timeout(Duration::from_secs(20), started).await {
-        Ok(true) => {}
-        Ok(false) => return Err(raw.failed("the executor went away before its step said `started`".into())),
-        Err(_) => return Err(raw.failed("the step did not say `started` within 20 s".into())),
-    }
-    let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let (step, drain) = raw.sleeping_step(config, &start).await?;
     let began = Instant::now();
     let shutdown = raw.request::<rpc::Shutdown>(&Empty {}, EXIT_BOUND);
     let step = async {
