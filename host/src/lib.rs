@@ -391,7 +391,7 @@ impl ExecutorHost {
     }
 
     async fn sweep_after_crash(&self, live: &Arc<Live>) {
-        let params = CleanupParams { keep: Vec::new(), timeout_ms: 120_000 };
+        let params = CleanupParams { keep: Vec::new(), remove_kept: false, timeout_ms: 120_000 };
         let never = CancellationToken::new();
         match self.call_on::<rpc::Cleanup>(live, &params, Duration::from_secs(120), &never).await {
             Ok(result) => log_cleanup(self.name(), "after a crash", &result),
@@ -535,7 +535,11 @@ impl ExecutorHost {
 
     /// Sweeps everything this runner left, but the sessions in flight, and logs it.
     pub async fn cleanup(&self, timeout: Duration) -> Result<CleanupResult, HostError> {
-        let params = CleanupParams { keep: self.sessions_in_flight(), timeout_ms: timeout.as_millis() as u64 };
+        let params = CleanupParams {
+            keep: self.sessions_in_flight(),
+            remove_kept: false,
+            timeout_ms: timeout.as_millis() as u64,
+        };
         let result: CleanupResult = self.call::<rpc::Cleanup>(&params, timeout, &CancellationToken::new()).await?;
         log_cleanup(self.name(), "sweep", &result);
         Ok(result)

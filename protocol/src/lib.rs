@@ -8,6 +8,7 @@
 pub mod channel;
 pub mod error;
 pub mod framing;
+pub mod kept;
 pub mod messages;
 pub mod owner;
 pub mod schema;

@@ -471,6 +471,10 @@ pub struct CleanupParams {
     /// carrying this runner's id MUST be removed.
     #[serde(default)]
     pub keep: Vec<String>,
+    /// Also remove the environments of kept sessions (started or stopped with `keep`) whose
+    /// owner is gone or is this process, which a sweep otherwise leaves to the operator.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remove_kept: bool,
     /// How long `cleanup` may take.
     pub timeout_ms: u64,
 }

@@ -533,14 +533,18 @@ class Executor:
 
     def cleanup(self, request):
         """The orphan sweep: every session folder and marked process of this runner id that belongs
-        to no session in keep, including those a previous executor process left."""
+        to no session in keep, including those a previous executor process left; kept sessions
+        only with remove_kept."""
         keep = set(field(request.params, "keep", list, []))
+        remove_kept = field(request.params, "remove_kept", bool, False)
         runner_dir, prefix = self.config["runner_dir"], self.config["runner_id"] + "/"
         try:
             folders = {name for name in os.listdir(runner_dir) if os.path.isdir(os.path.join(runner_dir, name))}
         except OSError as error:
             raise RpcError(INFRASTRUCTURE, f"cannot list {runner_dir}: {error}")
         kept = {name for name in folders if os.path.exists(os.path.join(runner_dir, name, "kept"))}
+        if remove_kept:
+            kept = set()
         # A session's processes may outlive its folder: they carry its marker.
         alive = {marker[len(prefix) :] for *_, marker in scan_processes() if marker and marker.startswith(prefix)}
         removed, failures = [], []
@@ -735,6 +739,8 @@ class Executor:
             timeout_ms = field(params, "timeout_ms", int) if method in TIMED else None
         except RpcError as error:
             return self.wire.error(id, error.code, error.message)
+        if timeout_ms == 0 and method != "command":  # a deadline already passed: do nothing
+            return self.wire.error(id, TIMEOUT, f"{method} was given a timeout_ms of 0: its deadline has passed")
         request = Request(id, method, params, timeout_ms)
         thread = threading.Thread(target=self.handle, args=(request, handler), daemon=True)
         with self.lock:

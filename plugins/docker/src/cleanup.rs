@@ -4,10 +4,13 @@
 //! or it is this process (whose live sessions `keep` names); a container from before owners
 //! were labelled is swept too. Then every such network, by the same rule. What another live
 //! process owns (another `knotless-run`, whatever its cache folder), or an owner this process
-//! cannot check (another host's engine client), is left; containers and networks of other
-//! runners are never touched.
+//! cannot check (another host's engine client), is left, and so is a kept session's
+//! ([`knotless_protocol::kept`]) unless the sweep has `remove_kept`; containers and networks
+//! of other runners are never touched.
 
 use std::collections::BTreeSet;
+
+use knotless_protocol::kept;
 
 use knotless_protocol::sdk::Context;
 use knotless_protocol::*;
@@ -72,6 +75,9 @@ pub async fn cleanup(
 ) -> Result<CleanupResult, ExecutorError> {
     let config = executor.config.get()?;
     let keep: BTreeSet<&str> = params.keep.iter().map(String::as_str).collect();
+    let marked = kept::sessions(&config.runner_id);
+    let kept: BTreeSet<&str> =
+        if params.remove_kept { BTreeSet::new() } else { marked.iter().map(String::as_str).collect() };
     let stdout = config.docker.output(&argv::list(&config.runner_id), SHORT_CALL).await.map_err(|failure| {
         ExecutorError::infrastructure(format!(
             "cannot list the containers of runner {} on the docker engine at {}: {failure}",
@@ -80,8 +86,18 @@ pub async fn cleanup(
         ))
     })?;
     let mut result = CleanupResult::default();
+    // The sessions whose container stays: their networks stay too.
+    let mut staying = BTreeSet::new();
     for listed in parse_list(&String::from_utf8_lossy(&stdout)) {
+        if let Some(session) = listed.session.as_deref()
+            && kept.contains(session)
+        {
+            tracing::debug!(container = %listed.name, "left the container: session {session} is kept");
+            staying.insert(session.to_string());
+            continue;
+        }
         if let Some(why) = left_because(&listed, &keep) {
+            staying.extend(listed.session.clone());
             tracing::debug!(container = %listed.name, "left the container: {why}");
             continue;
         }
@@ -89,7 +105,14 @@ pub async fn cleanup(
             executor.sessions.lock().remove(session);
         }
         match remove_container(&config.docker, &listed.name, listed.session.as_deref()).await {
-            Ok(Some(resource)) => result.removed.push(resource),
+            Ok(Some(resource)) => {
+                if let Some(session) =
+                    listed.session.as_deref().filter(|session| marked.iter().any(|kept| kept == session))
+                {
+                    kept::unmark(&config.runner_id, session);
+                }
+                result.removed.push(resource)
+            }
             Ok(None) => {}
             Err(error) => result.failures.push(error.message),
         }
@@ -98,6 +121,10 @@ pub async fn cleanup(
     match config.docker.output(&argv::list_networks(&config.runner_id), SHORT_CALL).await {
         Ok(stdout) => {
             for listed in parse_list(&String::from_utf8_lossy(&stdout)) {
+                if listed.session.as_deref().is_some_and(|session| staying.contains(session)) {
+                    tracing::debug!(network = %listed.name, "left the network: its session's container stays");
+                    continue;
+                }
                 if let Some(why) = left_because(&listed, &keep) {
                     tracing::debug!(network = %listed.name, "left the network: {why}");
                     continue;

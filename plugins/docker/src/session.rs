@@ -123,6 +123,11 @@ pub async fn start(
         ))
     })?;
     spec.labels.push((argv::OWNER_LABEL.to_string(), owner.token().to_string()));
+    if params.keep {
+        // Before the container: no sweep ever finds it unmarked. A mark of a start that fails
+        // goes at the next sweep.
+        mark_kept(&config.runner_id, &params.session)?;
+    }
     let docker = &config.docker;
     let mut unwind = Unwind {
         docker: docker.clone(),
@@ -145,6 +150,10 @@ pub async fn start(
                 network: made.network,
                 pids,
             };
+            if !params.keep {
+                // A mark left of an earlier session of this id, which the operator removed by hand.
+                knotless_protocol::kept::unmark(&config.runner_id, &params.session);
+            }
             finish_start(executor, session, &spec, &context).await
         }
         Err(error) => {
@@ -306,8 +315,8 @@ async fn finish_start(
     Ok(StartResult { paths, description: Some(description) })
 }
 
-/// `stop`: removes the session's container, unless keeping (then the session is only
-/// forgotten).
+/// `stop`: removes the session's container, unless keeping (then the session is marked kept
+/// and forgotten).
 pub async fn stop(
     executor: &DockerExecutor,
     params: StopParams,
@@ -315,6 +324,9 @@ pub async fn stop(
 ) -> Result<StopResult, ExecutorError> {
     let config = executor.config.get()?;
     let session = executor.sessions.get(&params.session)?;
+    if params.keep || session.keep {
+        mark_kept(&config.runner_id, &session.id)?;
+    }
     executor.sessions.lock().remove(&params.session);
     if params.keep || session.keep {
         context.log(&session.id, LogLevel::Info, format!("kept the container {}", session.container)).await;
@@ -322,6 +334,13 @@ pub async fn stop(
     }
     let removed = remove_session(&config.docker, &session).await?;
     Ok(StopResult { removed })
+}
+
+/// Marks a session kept, so that a `cleanup` leaves its container unless asked to remove kept
+/// ones.
+fn mark_kept(runner_id: &str, session: &str) -> Result<(), ExecutorError> {
+    knotless_protocol::kept::mark(runner_id, session)
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot mark session {session} kept: {error}")))
 }
 
 /// `shutdown`: removes the container of every session this process started that is not kept.

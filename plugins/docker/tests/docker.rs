@@ -419,5 +419,7 @@ async fn the_end_of_stdin_ends_running_steps_and_removes_every_container_but_kep
     harness.close_input().await;
     let left = containers_of(harness.runner_id());
     assert_eq!(left, [harness.container("kept")], "only the kept container stays");
+    assert_eq!(knotless_protocol::kept::sessions(harness.runner_id()), ["kept"], "marked kept");
     docker(&["rm", "--force", &harness.container("kept")]);
+    knotless_protocol::kept::unmark(harness.runner_id(), "kept");
 }

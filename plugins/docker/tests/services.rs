@@ -94,7 +94,7 @@ async fn a_service_that_never_gets_healthy_or_stops_fails_the_start_and_leaves_n
 }
 
 #[tokio::test]
-async fn the_orphan_sweep_removes_the_services_and_network_of_a_dead_runner() {
+async fn the_orphan_sweep_removes_the_services_and_network_of_a_dead_runners_kept_session_only_when_asked() {
     let runner_id = format!("knotless-test-services-sweep-{}", std::process::id());
     let mut first = for_runner(&runner_id).await;
     let params = json!({"session": "left", "timeout_ms": 60_000, "keep": true, "services": [web(30_000)]});
@@ -104,8 +104,14 @@ async fn the_orphan_sweep_removes_the_services_and_network_of_a_dead_runner() {
     assert_eq!(networks_of(&runner_id).len(), 1);
     assert_eq!(containers_of(&runner_id).len(), 2);
     let second = for_runner(&runner_id).await;
-    let swept = second.request("cleanup", json!({"keep": [], "timeout_ms": 60_000})).await.expect("cleanup");
+    // Kept: a sweep leaves it, and one with `remove_kept` takes the whole of it.
+    let left = second.request("cleanup", json!({"keep": [], "timeout_ms": 60_000})).await.expect("cleanup");
+    assert_eq!(left["removed"], json!([]), "{left}");
+    assert_eq!((networks_of(&runner_id).len(), containers_of(&runner_id).len()), (1, 2));
+    let params = json!({"keep": [], "remove_kept": true, "timeout_ms": 60_000});
+    let swept = second.request("cleanup", params).await.expect("cleanup");
     assert_eq!(swept["removed"].as_array().map(Vec::len), Some(3), "{swept}");
+    assert_eq!(knotless_protocol::kept::sessions(&runner_id), Vec::<String>::new(), "the mark goes with it");
     assert_eq!(networks_of(&runner_id), Vec::<String>::new());
     second.finish().await;
 }

@@ -85,6 +85,12 @@ pub enum Mode {
     LeaveProcessesAfterSecrets,
     /// `upload` and `download` ignore `timeout_ms`.
     NoTransferDeadline,
+    /// `start`, `stop` and `cleanup` ignore `timeout_ms`.
+    NoSessionDeadline,
+    /// `stop` removes the session's folder even when asked to keep it.
+    IgnoreKeep,
+    /// `cleanup` removes kept sessions' folders even without `remove_kept`.
+    SweepKept,
     /// `download` writes the whole folder whatever its `max_bytes`.
     DownloadPastMax,
     /// `upload` keeps setuid, setgid and sticky bits.
@@ -140,6 +146,9 @@ pub const MODES: &[(Mode, &str, &str)] = &[
     (Mode::SecretInLog, "secret-in-log", "send a step's secrets in a log notification"),
     (Mode::LeaveProcessesAfterSecrets, "leave-processes-after-secrets", "leave what a step given secrets left"),
     (Mode::NoTransferDeadline, "no-transfer-deadline", "ignore timeout_ms in upload and download"),
+    (Mode::NoSessionDeadline, "no-session-deadline", "ignore timeout_ms in start, stop and cleanup"),
+    (Mode::IgnoreKeep, "ignore-keep", "remove a session's folder at stop even when asked to keep it"),
+    (Mode::SweepKept, "sweep-kept", "remove kept sessions' folders in every cleanup"),
     (Mode::DownloadPastMax, "download-past-max", "write a whole download whatever its max_bytes"),
     (Mode::KeepModeBits, "keep-mode-bits", "keep setuid, setgid and sticky bits in an upload"),
     (Mode::SerialRequests, "serial-requests", "run requests one at a time, reading nothing meanwhile"),

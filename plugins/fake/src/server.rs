@@ -250,7 +250,10 @@ async fn handle(
         method::START => {
             let params: StartParams = params(raw)?;
             let again = setup.mode == Mode::DuplicateStart;
-            guarded(&token, params.timeout_ms, "start", async { result(&sessions.start(&params, again)?) }).await
+            guarded(&token, session_deadline(setup, params.timeout_ms), "start", async {
+                result(&sessions.start(&params, again)?)
+            })
+            .await
         }
         method::STOP => {
             let params: StopParams = params(raw)?;
@@ -258,15 +261,18 @@ async fn handle(
                 eprintln!("fake: stopping session {}, which was never started (simulated)", params.session);
                 return result(&StopResult::default());
             }
-            guarded(&token, params.timeout_ms, "stop", async {
+            guarded(&token, session_deadline(setup, params.timeout_ms), "stop", async {
                 setup.held_downloads.send_rest(&params.session, Duration::from_millis(params.timeout_ms)).await;
-                result(&sessions.stop(&params)?)
+                result(&sessions.stop(&params, setup.mode == Mode::IgnoreKeep)?)
             })
             .await
         }
         method::CLEANUP => {
             let params: CleanupParams = params(raw)?;
-            guarded(&token, params.timeout_ms, "cleanup", async { result(&sessions.cleanup(&params)?) }).await
+            guarded(&token, session_deadline(setup, params.timeout_ms), "cleanup", async {
+                result(&sessions.cleanup(&params, setup.mode == Mode::SweepKept)?)
+            })
+            .await
         }
         method::COMMAND => result(&step::command(shared, setup, params(raw)?, token, request).await?),
         method::UPLOAD => {
@@ -292,13 +298,27 @@ fn transfer_deadline(setup: &Setup, params: &TransferParams) -> u64 {
     params.timeout_ms
 }
 
-/// Races an operation against its deadline and its cancellation.
+/// The deadline of `start`, `stop` or `cleanup`: its `timeout_ms`, or a day
+/// (`no-session-deadline`).
+fn session_deadline(setup: &Setup, timeout_ms: u64) -> u64 {
+    if setup.mode == Mode::NoSessionDeadline {
+        eprintln!("fake: ignoring a timeout of {timeout_ms} ms (simulated)");
+        return 86_400_000;
+    }
+    timeout_ms
+}
+
+/// Races an operation against its deadline and its cancellation. A `timeout_ms` of 0 is a
+/// deadline already passed: the operation is not begun.
 async fn guarded<T>(
     token: &CancellationToken,
     timeout_ms: u64,
     what: &str,
     operation: impl Future<Output = Result<T, Fault>>,
 ) -> Result<T, Fault> {
+    if timeout_ms == 0 {
+        return Err(Fault::new(code::TIMEOUT, format!("{what} was given a timeout_ms of 0: its deadline has passed")));
+    }
     tokio::select! {
         outcome = tokio::time::timeout(Duration::from_millis(timeout_ms), operation) => outcome.unwrap_or_else(|_| {
             Err(Fault::new(code::TIMEOUT, format!("{what} took longer than {timeout_ms} ms")))

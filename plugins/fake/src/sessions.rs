@@ -50,6 +50,13 @@ impl Sessions {
             return Err(Fault::configuration(format!("session {} is already started", params.session)));
         }
         let dir = self.root.join(&params.session);
+        if !live.contains_key(&params.session) && dir.exists() {
+            return Err(Fault::configuration(format!(
+                "session {}'s folder {} is still there (a kept session)",
+                params.session,
+                dir.display()
+            )));
+        }
         let paths = SessionPaths {
             work: dir.join("work").to_string_lossy().into_owned(),
             steps: dir.join("steps").to_string_lossy().into_owned(),
@@ -62,26 +69,38 @@ impl Sessions {
         // The image it was given, which it ignores, is named so that tests see what it was sent.
         let image = params.image.as_ref().map(|image| format!(", image {image}")).unwrap_or_default();
         let description = Some(format!("folder {}{image}", dir.display()));
+        if params.keep {
+            mark_kept(&dir)?;
+        }
         live.insert(params.session.clone(), dir);
         self.write_ledger(&live);
         Ok(StartResult { paths, description })
     }
 
-    /// Ends a session, removing its folder unless `keep`.
-    pub fn stop(&self, params: &StopParams) -> Result<StopResult, Fault> {
+    /// Ends a session, removing its folder unless it is kept (by this `keep` or its start's);
+    /// with `ignore_keep` (`ignore-keep`), removing it whatever.
+    pub fn stop(&self, params: &StopParams, ignore_keep: bool) -> Result<StopResult, Fault> {
         let mut live = self.lock();
         let Some(dir) = live.remove(&params.session) else {
             return Err(Fault::unknown_session(&params.session));
         };
+        let kept = params.keep || dir.join(KEPT).exists();
+        if kept && ignore_keep {
+            eprintln!("fake: removing the kept session {} (simulated)", params.session);
+        }
         let mut removed = Vec::new();
-        let outcome =
-            if params.keep { Ok(()) } else { remove(&dir).map(|()| removed.push(folder(&dir, &params.session))) };
+        let outcome = if kept && !ignore_keep {
+            mark_kept(&dir)
+        } else {
+            remove(&dir).map(|()| removed.push(folder(&dir, &params.session)))
+        };
         self.write_ledger(&live);
         outcome.map(|()| StopResult { removed })
     }
 
-    /// Removes every session folder of this runner not named in `keep`.
-    pub fn cleanup(&self, params: &CleanupParams) -> Result<CleanupResult, Fault> {
+    /// Removes every session folder of this runner not named in `keep` and not kept (unless
+    /// `remove_kept`, or `sweep_kept` (`sweep-kept`)).
+    pub fn cleanup(&self, params: &CleanupParams, sweep_kept: bool) -> Result<CleanupResult, Fault> {
         let keep: BTreeSet<&str> = params.keep.iter().map(String::as_str).collect();
         let mut live = self.lock();
         live.retain(|session, _| keep.contains(session.as_str()));
@@ -102,6 +121,12 @@ impl Sessions {
         names.sort();
         for name in names.into_iter().filter(|name| !keep.contains(name.as_str())) {
             let dir = self.root.join(&name);
+            if !params.remove_kept && dir.join(KEPT).exists() {
+                if !sweep_kept {
+                    continue;
+                }
+                eprintln!("fake: removing the kept session {name} (simulated)");
+            }
             match remove(&dir) {
                 Ok(()) => result.removed.push(folder(&dir, &name)),
                 Err(fault) => result.failures.push(fault.message),
@@ -115,6 +140,9 @@ impl Sessions {
     pub fn stop_all(&self) {
         let mut live = self.lock();
         for (session, dir) in std::mem::take(&mut *live) {
+            if dir.join(KEPT).exists() {
+                continue;
+            }
             if let Err(fault) = remove(&dir) {
                 eprintln!("fake: cannot stop session {session}: {}", fault.message);
             }
@@ -180,6 +208,14 @@ fn is_plain_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with('.')
         && name.chars().all(|char| char.is_ascii_alphanumeric() || matches!(char, '-' | '_' | '.'))
+}
+
+/// The file that marks a session's folder kept.
+const KEPT: &str = "kept";
+
+fn mark_kept(dir: &Path) -> Result<(), Fault> {
+    fs::write(dir.join(KEPT), b"")
+        .map_err(|error| Fault::infrastructure(format!("cannot mark {} kept: {error}", dir.display())))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! are provably dead, and only those.
 //!
 //! An object of this runner is swept when its session is not in `keep` (nor starting in this
-//! process) and its owner annotation (`dev.knotless.owner`, the token of the executor process
+//! process, nor kept ([`knotless_protocol::kept`]) unless the sweep has `remove_kept`) and its owner annotation (`dev.knotless.owner`, the token of the executor process
 //! that made it, [`knotless_protocol::owner`]) says its maker is gone: the token's lock is
 //! free or missing ([`Liveness::Dead`]), or it is this very process's token (a session this
 //! process started and no longer holds), or there is no token at all (an older executor made
@@ -24,6 +24,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use knotless_protocol::kept;
 use knotless_protocol::owner::{self, Liveness};
 use knotless_protocol::sdk::Context;
 use knotless_protocol::*;
@@ -79,7 +80,7 @@ pub enum Verdict {
 /// `keep` or starting, `own` this process's token, `liveness` asks a token's owner.
 pub fn verdict(found: &Found, held: &BTreeSet<String>, own: &str, liveness: impl Fn(&str) -> Liveness) -> Verdict {
     if held.contains(&found.run) {
-        return Verdict::Leave("its session is in flight");
+        return Verdict::Leave("its session is in flight, or kept");
     }
     let Some(token) = found.owner.as_deref() else {
         return Verdict::Sweep("it carries no owner (an older executor made it)");
@@ -129,6 +130,10 @@ pub async fn cleanup(
     let own = executor.owner.get()?;
     let client = executor.cluster.get()?.client().await?;
     let mut held: BTreeSet<String> = params.keep.iter().map(|session| names::label_value(session)).collect();
+    let marked = kept::sessions(&config.runner_id);
+    if !params.remove_kept {
+        held.extend(marked.iter().map(|session| names::label_value(session)));
+    }
     held.extend(knotless_protocol::sdk::lock(&executor.starting).iter().map(|session| names::label_value(session)));
     let runner = ListParams::default().labels(&format!("{RUNNER_LABEL}={}", names::label_value(&config.runner_id)));
     let namespace = config.namespace.as_str();
@@ -146,7 +151,14 @@ pub async fn cleanup(
     for job in dead("job", listed.items.iter().map(|job| &job.metadata), &held, own.token()) {
         let what = format!("delete the Job {}", job.name);
         match client.unless(&what, jobs.delete(&job.name, &foreground), Status::is_not_found).await {
-            Ok(_) => removed("job", &job),
+            Ok(_) => {
+                if let Some(session) =
+                    job.session.as_deref().filter(|session| marked.iter().any(|kept| kept == session))
+                {
+                    kept::unmark(&config.runner_id, session);
+                }
+                removed("job", &job)
+            }
             Err(error) => failures.push(error.message),
         }
     }
@@ -237,8 +249,8 @@ mod tests {
     #[test]
     fn only_what_is_provably_dead_is_swept() {
         let other = Some("bb:/tmp/knotless-owners-0/11.lock");
-        check("kept", Some(OWN), Liveness::Dead, Verdict::Leave("its session is in flight"));
-        check("kept", None, Liveness::Dead, Verdict::Leave("its session is in flight"));
+        check("kept", Some(OWN), Liveness::Dead, Verdict::Leave("its session is in flight, or kept"));
+        check("kept", None, Liveness::Dead, Verdict::Leave("its session is in flight, or kept"));
         check("old", None, Liveness::Unknown, Verdict::Sweep("it carries no owner (an older executor made it)"));
         check(
             "mine",

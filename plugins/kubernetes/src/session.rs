@@ -84,6 +84,11 @@ pub async fn start(
     let owner = executor.owner.get()?;
     Service::check_all(&params.services)?;
     let _starting = Starting::begin(executor, &params.session)?;
+    if params.keep {
+        // Before the Job: no sweep ever finds it unmarked. A mark of a start that fails goes
+        // at the next sweep.
+        mark_kept(executor, &params.session)?;
+    }
     let client = executor.cluster.get()?.client().await?;
     let image = params.image.clone().filter(|image| !image.is_empty()).unwrap_or_else(|| config.image.clone());
     let (memory_request, memory_limit) = config.memory_of(params.resources.memory.as_deref())?;
@@ -160,6 +165,10 @@ pub async fn start(
         keep: params.keep,
         pods,
     };
+    if !params.keep {
+        // A mark left of an earlier session of this id, which the operator removed by hand.
+        knotless_protocol::kept::unmark(&config.runner_id, &params.session);
+    }
     executor.sessions.lock().insert(params.session.clone(), std::sync::Arc::new(session));
     let paths = SessionPaths { work: "/work".into(), steps: "/steps".into(), outputs: "/outputs".into() };
     Ok(StartResult { paths, description: Some(description) })
@@ -285,17 +294,24 @@ pub async fn delete_job(
 /// How long a deleted pod's kubelet may take to finish it before it is deleted with no grace.
 const FORCE_AFTER: Duration = Duration::from_secs(15);
 
+/// Marks a session kept, so that a `cleanup` leaves its Job unless asked to remove kept ones.
+fn mark_kept(executor: &KubernetesExecutor, session: &str) -> Result<(), ExecutorError> {
+    let config = executor.config.get()?;
+    knotless_protocol::kept::mark(&config.runner_id, session)
+        .map_err(|error| ExecutorError::infrastructure(format!("cannot mark session {session} kept: {error}")))
+}
+
 /// `stop`.
 pub async fn stop(
     executor: &KubernetesExecutor,
     params: StopParams,
     _context: Context,
 ) -> Result<StopResult, ExecutorError> {
-    let session = executor
-        .sessions
-        .lock()
-        .remove(&params.session)
-        .ok_or_else(|| ExecutorError::unknown_session(&params.session))?;
+    let session = executor.sessions.get(&params.session)?;
+    if params.keep || session.keep {
+        mark_kept(executor, &session.id)?;
+    }
+    executor.sessions.lock().remove(&params.session);
     if params.keep || session.keep {
         tracing::info!(job = %session.job, namespace = %session.namespace, image = %session.image, "job kept");
         return Ok(StopResult::default());

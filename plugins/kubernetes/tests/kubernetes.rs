@@ -530,7 +530,7 @@ async fn a_timed_out_step_loses_every_process_however_it_hides() {
 }
 
 #[tokio::test]
-async fn the_end_of_stdin_deletes_every_job_but_kept_ones() {
+async fn the_end_of_stdin_and_sweeps_delete_every_job_but_kept_ones() {
     // Two sessions of one runner need two nodes: the required anti-affinity.
     let cluster = Cluster::with(&[FAST, &["--nodes", "2"]].concat());
     let runner = Cluster::runner_id();
@@ -557,7 +557,15 @@ async fn the_end_of_stdin_deletes_every_job_but_kept_ones() {
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     assert!(jobs[0].contains("kept"), "{jobs:?}");
     let host = cluster.host(&runner).await;
-    host.cleanup(Duration::from_secs(60)).await.expect("cleanup");
+    // A sweep leaves the kept Job; one with `remove_kept` takes it.
+    let swept = host.cleanup(Duration::from_secs(60)).await.expect("cleanup");
+    assert!(swept.removed.is_empty(), "{swept:?}");
+    assert_eq!(cluster.leftovers().iter().filter(|object| object.starts_with("Job/")).count(), 1);
+    let params = knotless_protocol::CleanupParams { keep: Vec::new(), remove_kept: true, timeout_ms: 60_000 };
+    let never = tokio_util::sync::CancellationToken::new();
+    let swept = host.call::<knotless_protocol::rpc::Cleanup>(&params, Duration::from_secs(60), &never).await;
+    let swept = swept.expect("cleanup with remove_kept");
+    assert!(swept.removed.iter().any(|resource| resource.kind == "job" && resource.name.contains("kept")), "{swept:?}");
     host.shutdown().await;
     cluster.wait_clean();
 }

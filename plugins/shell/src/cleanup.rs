@@ -4,7 +4,8 @@
 //! holds its lock, or it is this process (whose live sessions `keep` names); a folder from
 //! before owners were written has no owner file and is swept. A folder of another live process
 //! (another `knotless-run`, whatever its cache folder) or of an owner this process cannot
-//! check is left. Other runner ids are never touched. The processes of a session an earlier
+//! check is left, and so is a kept session ([`knotless_protocol::kept`]) unless the sweep
+//! has `remove_kept`. Other runner ids are never touched. The processes of a session an earlier
 //! executor started need no sweep: their reaper killed them when that executor ended.
 
 use std::collections::BTreeSet;
@@ -24,7 +25,11 @@ pub async fn cleanup(
     _context: Context,
 ) -> Result<CleanupResult, ExecutorError> {
     let config = executor.config.get()?;
-    let keep: BTreeSet<&str> = params.keep.iter().map(String::as_str).collect();
+    let kept = knotless_protocol::kept::sessions(&config.runner_id);
+    let mut keep: BTreeSet<&str> = params.keep.iter().map(String::as_str).collect();
+    if !params.remove_kept {
+        keep.extend(kept.iter().map(String::as_str));
+    }
     let runner_dir = config.runner_dir();
     let mut result = CleanupResult::default();
 
@@ -71,7 +76,12 @@ pub async fn cleanup(
             }
         };
         match removal {
-            Ok(removed) => result.removed.extend(removed),
+            Ok(removed) => {
+                if kept.contains(&session) {
+                    knotless_protocol::kept::unmark(&config.runner_id, &session);
+                }
+                result.removed.extend(removed)
+            }
             Err(error) => result.failures.push(error.message),
         }
     }

@@ -167,6 +167,13 @@ pub async fn start(
             }
         })?;
     }
+    if params.keep
+        && let Err(error) = knotless_protocol::kept::mark(&config.runner_id, &params.session)
+    {
+        let _ = std::fs::remove_dir(&root);
+        forget_owner(&runner_dir, &params.session);
+        return Err(ExecutorError::infrastructure(format!("cannot mark session {} kept: {error}", params.session)));
+    }
     let session = Session {
         id: params.session.clone(),
         root,
@@ -188,6 +195,10 @@ pub async fn start(
         steps: session.folder("steps").to_string_lossy().into_owned(),
         outputs: session.folder("outputs").to_string_lossy().into_owned(),
     };
+    if !params.keep {
+        // A mark left of an earlier session of this id, which the operator removed by hand.
+        knotless_protocol::kept::unmark(&config.runner_id, &params.session);
+    }
     let description = format!("folder {}", session.root.display());
     tracing::debug!(session = %session.id, root = %session.root.display(), "session started");
     executor.sessions.lock().insert(session.id.clone(), Arc::new(session));
@@ -195,10 +206,16 @@ pub async fn start(
 }
 
 /// `stop`: kills the session's processes and removes its folder, unless keeping (then the
-/// session is only forgotten, and nothing is removed).
+/// session is marked kept and forgotten, and nothing is removed).
 pub async fn stop(executor: &ShellExecutor, params: StopParams, context: Context) -> Result<StopResult, ExecutorError> {
     let session = executor.sessions.get(&params.session)?;
     let keep = params.keep || session.keep;
+    if keep {
+        let config = executor.config.get()?;
+        knotless_protocol::kept::mark(&config.runner_id, &session.id).map_err(|error| {
+            ExecutorError::infrastructure(format!("cannot mark session {} kept: {error}", session.id))
+        })?;
+    }
     executor.sessions.lock().remove(&params.session);
     if keep {
         context.log(&session.id, LogLevel::Info, format!("kept the session folder {}", session.root.display())).await;

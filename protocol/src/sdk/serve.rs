@@ -305,13 +305,17 @@ fn to_reply<T>(result: Result<T, ExecutorError>) -> Reply<T> {
     })
 }
 
-/// Races an operation against its deadline and its cancellation.
+/// Races an operation against its deadline and its cancellation. A `timeout_ms` of 0 is a
+/// deadline already passed: the operation is not begun.
 async fn guarded<T>(
     context: &Context,
     timeout_ms: u64,
     what: &str,
     operation: impl Future<Output = Result<T, ExecutorError>>,
 ) -> Result<T, ExecutorError> {
+    if timeout_ms == 0 {
+        return Err(ExecutorError::timeout(format!("{what} was given a timeout_ms of 0: its deadline has passed")));
+    }
     tokio::select! {
         result = tokio::time::timeout(Duration::from_millis(timeout_ms), operation) => {
             result.unwrap_or_else(|_| Err(ExecutorError::timeout(format!("{what} took longer than {timeout_ms} ms"))))

@@ -40,7 +40,9 @@ pub struct ExecutorArgs {
     /// what carries it.
     #[arg(long, value_name = "ID", help_heading = "Executor")]
     pub runner_id: Option<String>,
-    /// Keep environments after their runs, for debugging.
+    /// Keep environments after their runs, for debugging: each is marked kept, and later runs'
+    /// sweeps leave it until you remove it (`docker rm -f` the container, `kubectl delete job`
+    /// the Job, or remove the session folder); a Kubernetes Job still ends at its run's deadline.
     #[arg(long, help_heading = "Executor")]
     pub keep: bool,
     /// The default image of environments (workflows may name their own).

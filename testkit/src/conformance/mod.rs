@@ -101,6 +101,10 @@ pub mod case {
     pub const SECRETS: &str = "secrets out of sight";
     /// `shutdown` with a step in flight answers both and exits (§5.12).
     pub const SHUTDOWN_IN_FLIGHT: &str = "shutdown with a step in flight";
+    /// `start`, `stop` and `cleanup` given a `timeout_ms` of 0 answer TIMEOUT, doing nothing (§5).
+    pub const ZERO_DEADLINES: &str = "a deadline already passed";
+    /// `stop` with `keep` leaves the environment, and `cleanup` with `remove_kept` removes it (§5.8).
+    pub const KEEP: &str = "stop with keep";
     /// A stopped session is gone.
     pub const STOP: &str = "stop";
     /// `cleanup` removes what is not kept and keeps what is.
@@ -145,7 +149,7 @@ pub mod case {
     /// The cases after it, in order.
     /// Each holds one session at a time: on Kubernetes, a runner's runs never share a node.
     pub const AFTER_SESSION: &[&str] =
-        &[STOP, SLOW_READER, SECRETS, SHUTDOWN_IN_FLIGHT, CLEANUP, END_OF_STDIN, SHUTDOWN];
+        &[STOP, SLOW_READER, SECRETS, SHUTDOWN_IN_FLIGHT, ZERO_DEADLINES, KEEP, CLEANUP, END_OF_STDIN, SHUTDOWN];
 
     /// Every case, in order.
     pub fn all() -> impl Iterator<Item = &'static str> {
@@ -255,6 +259,8 @@ pub async fn run(mut config: HostConfig, report: impl FnMut(&Check)) -> Vec<Chec
     record.case(case::SLOW_READER, raw::slow_reader(&config, suite.start_params("slow-reader"))).await;
     record.case(case::SECRETS, secrets::out_of_sight(&config, suite.start_params("secrets"), &suite.nonce)).await;
     record.case(case::SHUTDOWN_IN_FLIGHT, raw::shutdown_in_flight(&config, suite.start_params("shutdown"))).await;
+    record.case(case::ZERO_DEADLINES, suite.zero_deadlines()).await;
+    record.case(case::KEEP, suite.keep()).await;
     record.case(case::CLEANUP, suite.cleanup()).await;
     record.case(case::END_OF_STDIN, suite.end_of_stdin()).await;
     if record.blocked.is_some() {

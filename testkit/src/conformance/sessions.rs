@@ -23,7 +23,7 @@ impl Suite {
     }
 
     async fn sweep(&self, keep: Vec<String>) -> Result<CleanupResult, HostError> {
-        let params = CleanupParams { keep, timeout_ms: 120_000 };
+        let params = CleanupParams { keep, remove_kept: false, timeout_ms: 120_000 };
         self.host.call::<rpc::Cleanup>(&params, Duration::from_secs(120), &CancellationToken::new()).await
     }
 
@@ -156,6 +156,112 @@ impl Suite {
         Ok("kept the session named".into())
     }
 
+    /// A `timeout_ms` of 0 is a deadline already passed (§5): `stop` of a live session, `start`
+    /// of a new one and `cleanup` are each answered TIMEOUT without doing their work, so the
+    /// live session still runs steps and the new one is unknown.
+    pub async fn zero_deadlines(&self) -> Outcome {
+        const RULE: &str = "§5: given a `timeout_ms` of 0, a deadline already passed, an executor MUST answer \
+                            -32004 (TIMEOUT) without beginning the work";
+        let never = CancellationToken::new();
+        let session = self.open("zero-deadline").await.map_err(|error| format!("start: {error}"))?;
+        let stop = StopParams { session: session.id().to_string(), keep: false, timeout_ms: 0 };
+        let stopped =
+            expect_timeout("stop", self.host.call::<rpc::Stop>(&stop, Duration::from_secs(120), &never).await);
+        let ran = self.step(&session, "true").await;
+        let gone = session.stop(false, Duration::from_secs(120)).await;
+        stopped.map_err(|why| format!("{RULE}: {why}"))?;
+        exited(&ran, 0)
+            .map_err(|why| format!("{RULE}: after a stop given 0 ms the session no longer runs steps: {why}"))?;
+        gone.map_err(|error| format!("stop: {error}"))?;
+
+        let start = StartParams { timeout_ms: 0, ..self.start_params("zero-deadline-start") };
+        let started = self.host.call::<rpc::Start>(&start, Duration::from_secs(300), &never).await;
+        if started.is_ok() {
+            let stop = StopParams { session: start.session.clone(), keep: false, timeout_ms: 120_000 };
+            let _ = self.host.call::<rpc::Stop>(&stop, Duration::from_secs(120), &never).await;
+        }
+        expect_timeout("start", started).map_err(|why| format!("{RULE}: {why}"))?;
+        self.expect_gone(&start.session).await.map_err(|why| format!("{RULE}: after a start given 0 ms: {why}"))?;
+
+        let cleanup = CleanupParams { keep: Vec::new(), remove_kept: false, timeout_ms: 0 };
+        let swept = self.host.call::<rpc::Cleanup>(&cleanup, Duration::from_secs(120), &never).await;
+        expect_timeout("cleanup", swept).map_err(|why| format!("{RULE}: {why}"))?;
+        Ok("stop, start and cleanup given 0 ms each answered TIMEOUT, and did nothing".into())
+    }
+
+    /// `stop` with `keep` leaves the environment in place (§5.8), and a `cleanup` leaves it too
+    /// (§5.9): a `start` of the same session is then refused, since its environment is still
+    /// there (§5.3); then `cleanup` with `remove_kept` removes it (§5.9), so that the suite
+    /// leaves nothing behind.
+    pub async fn keep(&self) -> Outcome {
+        let session = self.open("keep").await.map_err(|error| format!("start: {error}"))?;
+        let id = session.id().to_string();
+        let ran = self.step(&session, "echo kept > kept").await;
+        let stopped = session.stop(true, Duration::from_secs(120)).await;
+        let left = self.sweep(Vec::new()).await;
+        let refused = self.start_kept(&id).await;
+        let swept = self.sweep_kept().await;
+        exited(&ran, 0).map_err(|why| format!("a step before the stop: {why}"))?;
+        let stopped = stopped.map_err(|error| format!("stop with keep: {error}"))?;
+        if let Some(resource) = stopped.removed.first() {
+            return Err(format!(
+                "§5.8: with `keep`, `stop` MUST leave the environment in place; it answered removing {} {}",
+                resource.kind, resource.name
+            ));
+        }
+        let left = left.map_err(|error| format!("cleanup: {error}"))?;
+        if let Some(resource) = left.removed.iter().find(|resource| names(resource, &id)) {
+            return Err(format!(
+                "§5.9: `cleanup` without `remove_kept` MUST leave a kept session's environment; it removed {} {} of the \
+                 kept session {id}",
+                resource.kind, resource.name
+            ));
+        }
+        let refusal = refused?;
+        let swept = swept.map_err(|error| format!("cleanup with remove_kept: {error}"))?;
+        if !swept.removed.iter().any(|resource| names(resource, &id)) {
+            return Err(format!(
+                "§5.9: `cleanup` with `remove_kept` MUST remove a kept session whose owner is this process; it did not \
+                 name session {id}, which is left behind: {:?}",
+                swept.removed
+            ));
+        }
+        Ok(format!(
+            "kept through a stop and a cleanup: a second start was refused ({refusal}); cleanup with remove_kept \
+             removed it"
+        ))
+    }
+
+    /// A `start` of the kept session `id`, which must be refused with CONFIGURATION. A session
+    /// it starts all the same is stopped.
+    async fn start_kept(&self, id: &str) -> Outcome {
+        let never = CancellationToken::new();
+        let params = self.start_params("keep");
+        match self.host.call::<rpc::Start>(&params, Duration::from_secs(300), &never).await {
+            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Configuration => Ok(error.message),
+            Err(HostError::Answered { error, .. }) => Err(format!(
+                "a start of the kept session {id} answered {} ({}), expected -32002 (CONFIGURATION): its environment \
+                 is still there",
+                error.kind.code(),
+                error.message
+            )),
+            Err(error) => Err(format!("a start of the kept session {id}: {error}")),
+            Ok(_) => {
+                let stop = StopParams { session: id.to_string(), keep: false, timeout_ms: 120_000 };
+                let _ = self.host.call::<rpc::Stop>(&stop, Duration::from_secs(120), &never).await;
+                Err(format!(
+                    "§5.8: with `keep`, `stop` MUST leave the environment in place; a new start of session {id} was \
+                     accepted, so it was gone"
+                ))
+            }
+        }
+    }
+
+    async fn sweep_kept(&self) -> Result<CleanupResult, HostError> {
+        let params = CleanupParams { keep: Vec::new(), remove_kept: true, timeout_ms: 120_000 };
+        self.host.call::<rpc::Cleanup>(&params, Duration::from_secs(120), &CancellationToken::new()).await
+    }
+
     /// A second executor process, of this runner id, starts a session and a step that sleeps;
     /// then its stdin is closed. It must exit by itself within the bound, and leave nothing of
     /// the session: a `cleanup` of this executor (every session of the suite stopped by now)
@@ -180,4 +286,23 @@ impl Suite {
         }
         Ok(format!("{exited}, and left nothing of its session"))
     }
+}
+
+/// An answer that must be TIMEOUT.
+fn expect_timeout<T>(method: &str, answer: Result<T, HostError>) -> Result<(), String> {
+    match answer {
+        Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Timeout => Ok(()),
+        Err(HostError::Answered { error, .. }) => Err(format!(
+            "{method} given 0 ms answered {} ({}), expected -32004 (TIMEOUT)",
+            error.kind.code(),
+            error.message
+        )),
+        Err(error) => Err(format!("{method} given 0 ms: {error}")),
+        Ok(_) => Err(format!("{method} given 0 ms answered a result, expected -32004 (TIMEOUT)")),
+    }
+}
+
+/// Whether a removed resource names session `id`, in `session` or in its name.
+fn names(resource: &Resource, id: &str) -> bool {
+    resource.session.as_deref() == Some(id) || resource.name.contains(id)
 }

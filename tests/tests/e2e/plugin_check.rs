@@ -43,6 +43,8 @@ const CASES: &[&str] = &[
     "1 MiB of output with a slow reader",
     "secrets out of sight",
     "shutdown with a step in flight",
+    "a deadline already passed",
+    "stop with keep",
     "cleanup of sessions not in flight",
     "end of stdin",
     "shutdown",
@@ -242,6 +244,9 @@ const BREAKS_A_MUST: &[(&str, &str, &str)] = &[
     ("shutdown-drops-requests", "shutdown with a step in flight", "are still answered -32003"),
     ("ignore-long-names", "long names in an upload", "MUST accept POSIX ustar, GNU tar and pax"),
     ("write-through-links", "a link already in an upload's destination", "never write through a link"),
+    ("no-session-deadline", "a deadline already passed", "MUST answer -32004 (TIMEOUT) without beginning"),
+    ("ignore-keep", "stop with keep", "MUST leave the environment in place"),
+    ("sweep-kept", "stop with keep", "MUST leave a kept session's environment"),
 ];
 
 /// Mutation testing of the suite: each of the fake's modes that breaks one MUST fails the case

@@ -191,6 +191,40 @@ fn what_a_killed_run_left_is_swept_by_the_next_run_and_never_a_live_runs() {
     assert!(wait_until(Duration::from_secs(5), || !process_running("sleep 918275")), "the step outlived its run");
 }
 
+/// `--keep` keeps a run's environment through the sweeps of the runs after it, until the user
+/// removes it.
+#[test]
+fn a_kept_environment_outlives_the_sweep_of_the_next_run() {
+    let repo = Repo::new();
+    repo.workflow("quick", "steps:\n  - name: hi\n    run: echo hi > left-here\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let quick = |extra: &[&str]| {
+        let mut args = shell_args(&repo, work.path());
+        args.extend(["--workflow", "quick"].iter().chain(extra).map(|arg| arg.to_string()));
+        let mut command = knotless_run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        command.env("XDG_CACHE_HOME", cache.path());
+        ran(command)
+    };
+    let kept = quick(&["--keep"]);
+    assert_eq!(kept.code, Some(0), "{}", kept.both());
+    let left = walk(work.path());
+    assert_eq!(left.len(), 1, "the kept session's folder: {left:?}");
+    let folder = std::path::PathBuf::from(&left[0]);
+    assert_eq!(std::fs::read_to_string(folder.join("work/left-here")).expect("the step's file"), "hi\n");
+    let next = quick(&[]);
+    assert_eq!(next.code, Some(0), "{}", next.both());
+    assert!(!next.stderr.contains("swept"), "the next run swept the kept session: {}", next.both());
+    assert_eq!(walk(work.path()), left, "the kept session is still there, and the next run left nothing");
+    // The user removes it: the mark goes at the next start of its id, or here.
+    let runner = folder.parent().and_then(|runner| runner.file_name()).expect("runner folder");
+    let session = folder.file_name().expect("session folder");
+    let (runner, session) = (runner.to_str().expect("utf-8"), session.to_str().expect("utf-8"));
+    assert!(knotless_protocol::kept::sessions(runner).iter().any(|kept| kept == session), "marked kept");
+    std::fs::remove_dir_all(&folder).expect("remove");
+    knotless_protocol::kept::unmark(runner, session);
+}
+
 #[test]
 fn a_secret_is_in_no_command_line_and_masked_even_split_across_writes() {
     let repo = Repo::new();
