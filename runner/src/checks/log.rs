@@ -24,7 +24,13 @@ impl LiveLog {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        let file = File::create(path).with_context(|| format!("cannot create the log {}", path.display()))?;
+        // Readable by this user alone, from its creation: a log may quote what a step printed.
+        let file = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true),
+            0o600,
+        )
+        .open(path)
+        .with_context(|| format!("cannot create the log {}", path.display()))?;
         Ok(LiveLog { file: Some(BufWriter::with_capacity(64 << 10, file)), written: 0, cap, rendered: String::new() })
     }
 
@@ -64,6 +70,16 @@ impl LogSink for LiveLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_is_readable_by_its_user_alone_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("run.log");
+        LiveLog::create(&path, 10).expect("create");
+        let mode = std::fs::metadata(&path).expect("metadata").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+    }
 
     #[test]
     fn the_log_stops_at_its_cap() {

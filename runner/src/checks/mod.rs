@@ -227,23 +227,37 @@ impl CheckStore {
         keys
     }
 
-    /// Every record of a repository, oldest first.
+    /// Every record of a repository, oldest first; a record that cannot be read is logged and
+    /// passed over.
     pub fn list(&self, repository_key: &str) -> anyhow::Result<Vec<CheckRecord>> {
+        let (records, unreadable) = self.list_readable(repository_key)?;
+        for error in unreadable {
+            tracing::warn!("{error:#}");
+        }
+        Ok(records)
+    }
+
+    /// Every record of a repository that can be read, oldest first, and why each other could
+    /// not: one damaged record never hides the rest.
+    pub fn list_readable(&self, repository_key: &str) -> anyhow::Result<(Vec<CheckRecord>, Vec<anyhow::Error>)> {
         let dir = self.repository_dir(repository_key);
-        let mut records = Vec::new();
+        let (mut records, mut unreadable) = (Vec::new(), Vec::new());
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(records),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok((records, unreadable)),
             Err(error) => return Err(error).with_context(|| format!("cannot list {}", dir.display())),
         };
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|extension| extension == "json") {
-                records.push(read_record(&path)?);
+                match read_record(&path) {
+                    Ok(record) => records.push(record),
+                    Err(error) => unreadable.push(error),
+                }
             }
         }
         records.sort_by(|a, b| (a.queued_at, &a.run_id).cmp(&(b.queued_at, &b.run_id)));
-        Ok(records)
+        Ok((records, unreadable))
     }
 
     /// Finds a run's record by its id alone.
@@ -286,6 +300,22 @@ mod tests {
         let mut record = CheckRecord::queued(run_id.into(), ("/srv/demo", "demo-1"), "build", &target, true, "r");
         record.queued_at = queued_at;
         record
+    }
+
+    #[test]
+    fn a_damaged_record_is_named_and_never_hides_the_others() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckStore::new(dir.path());
+        store.put(&record("a", 1)).expect("put");
+        store.put(&record("c", 3)).expect("put");
+        let damaged = store.record_path("demo-1", "b");
+        std::fs::write(&damaged, b"{\"run_id\": \"b\", ").expect("write");
+        let (records, unreadable) = store.list_readable("demo-1").expect("list");
+        assert_eq!(records.iter().map(|record| record.run_id.as_str()).collect::<Vec<_>>(), ["a", "c"]);
+        assert_eq!(unreadable.len(), 1);
+        let why = format!("{:#}", unreadable[0]);
+        assert!(why.contains(&damaged.display().to_string()) && why.contains("not a check record"), "{why}");
+        assert_eq!(store.list("demo-1").expect("list").len(), 2);
     }
 
     #[test]

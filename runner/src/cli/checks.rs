@@ -107,7 +107,10 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let key = resolve_key(&store, &args.repository)?;
-    let mut records = store.list(&key)?;
+    let (mut records, unreadable) = store.list_readable(&key)?;
+    for error in &unreadable {
+        eprintln!("warning: skipped a check: {}", crate::printable::name(&format!("{error:#}")));
+    }
     if let Some(rev) = &args.rev {
         let commit = resolve_rev(&args.state.state, &key, rev).await;
         records.retain(|record| matches(record, rev, commit.as_deref()));

@@ -148,15 +148,14 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     let step_env = super::run::step_variables(&args.env, args.env_file.as_deref(), &Default::default())?;
     let web = args.http.config()?;
     let state = &args.state.state;
-    std::fs::create_dir_all(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;
+    create_private_dir(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;
     let state = std::fs::canonicalize(state).with_context(|| format!("--state {}", state.display()))?;
     // Before anything in the folder is touched: one daemon a state folder.
     let lock = crate::daemon::state::StateLock::take(&state)?;
     let name = args.executor.executor_name("kubernetes");
     if name == "shell" && !args.executor.executor_options.iter().any(|option| option.starts_with("work-dir=")) {
         args.executor.executor_options.push(format!("work-dir={}", state.join("work").display()));
-        std::fs::create_dir_all(state.join("work"))
-            .with_context(|| format!("cannot create {}/work", state.display()))?;
+        create_private_dir(&state.join("work")).with_context(|| format!("cannot create {}/work", state.display()))?;
     }
     let config = args.executor.host_config("kubernetes", &host_runner_id())?;
     let runner_id = config.runner.id.clone();
@@ -211,4 +210,31 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     let daemon = Daemon::new(daemon_config, forge, host, caches, lock)?;
     daemon.serve().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates `dir` and the folders above it that are missing, each readable by this user alone
+/// (mode 0700): the state folder holds logs, outputs and the runner's secret key. A folder that
+/// exists is left as its owner made it.
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn a_state_folder_the_daemon_makes_is_private_and_one_it_finds_is_left_as_it_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("a/b/state");
+        super::create_private_dir(&state).expect("create");
+        for made in [dir.path().join("a"), dir.path().join("a/b"), state.clone()] {
+            let mode = std::fs::metadata(&made).expect("metadata").permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}: {mode:o}", made.display());
+        }
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+        super::create_private_dir(&state).expect("exists already");
+        assert_eq!(std::fs::metadata(&state).expect("metadata").permissions().mode() & 0o777, 0o750);
+    }
 }

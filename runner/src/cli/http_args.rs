@@ -10,9 +10,9 @@ use crate::web::{TOKEN_VARIABLE, WebConfig};
 /// The status page's flags.
 #[derive(Debug, Clone, Args)]
 pub struct HttpArgs {
-    /// Serve a read-only status page at ADDR (e.g. 127.0.0.1:8080; port 0 picks a free port,
-    /// logged); loopback addresses only, unless --http-public.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve a read-only status page at ADDR (e.g. 127.0.0.1:8080 or localhost:8080; port 0
+    /// picks a free port, logged); loopback addresses only, unless --http-public.
+    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
     pub http: Option<SocketAddr>,
     /// Allow a non-loopback --http address; every request then needs the token of
     /// KNOTLESS_HTTP_TOKEN (the env file) or a session opened by a one-time link.
@@ -32,6 +32,26 @@ impl HttpArgs {
     }
 }
 
+/// An address to listen at: `IP:PORT`, or `HOST:PORT` resolved now (its first IPv4 address,
+/// else its first).
+fn listen_address(given: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = given.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    if given.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err()) {
+        return Err(format!("{given:?} is not HOST:PORT or IP:PORT (for example 127.0.0.1:8080 or localhost:8080)"));
+    }
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(given)
+        .map_err(|error| format!("cannot resolve {given:?}: {error}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{given:?} resolves to no address"))
+}
+
 /// What the runner page shows of this runner: its flags and its executor's handshake.
 pub async fn summary(args: &super::daemon::DaemonArgs, host: &crate::host::ExecutorHost) -> crate::web::RunnerSummary {
     let handshake = host.info().await.ok();
@@ -46,5 +66,24 @@ pub async fn summary(args: &super::daemon::DaemonArgs, host: &crate::host::Execu
         pulls: args.pulls,
         queue: args.queue,
         started_at: crate::checks::now_ms(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_is_an_ip_and_port_or_a_host_name_and_port() {
+        assert_eq!(listen_address("127.0.0.1:8080"), Ok("127.0.0.1:8080".parse().expect("addr")));
+        assert_eq!(listen_address("[::1]:0"), Ok("[::1]:0".parse().expect("addr")));
+        let localhost = listen_address("localhost:8080").expect("localhost resolves");
+        assert!(localhost.ip().is_loopback() && localhost.port() == 8080, "{localhost}");
+        for bad in ["localhost", "8080", ":8080", "localhost:http", "localhost:65536"] {
+            let error = listen_address(bad).expect_err(bad);
+            assert!(error.contains("HOST:PORT"), "{bad}: {error}");
+        }
+        let error = listen_address("no-such-host.invalid:8080").expect_err("unresolvable");
+        assert!(error.contains("cannot resolve \"no-such-host.invalid:8080\""), "{error}");
     }
 }

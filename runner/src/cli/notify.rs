@@ -21,6 +21,9 @@ pub struct NotifyArgs {
 /// Runs the subcommand.
 pub async fn main(args: NotifyArgs) -> anyhow::Result<ExitCode> {
     let repository = crate::forge::normalize_url(&args.repository);
-    crate::daemon::notify::send(&args.state.state, &repository).await?;
+    if let Err(why) = crate::daemon::notify::send(&args.state.state, &repository).await? {
+        crate::say_err!("knotless-run: {why}");
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,5 @@
-//! `knotless-run secrets public-key|seal NAME`: the runner's age recipient, and sealing a
-//! value to it for owners without the age CLI.
+//! `knotless-run secrets public-key|new-key|seal NAME`: the runner's age recipient, a new key
+//! made on purpose, and sealing a value to it for owners without the age CLI.
 
 use std::io::Read as _;
 use std::process::ExitCode;
@@ -20,6 +20,13 @@ pub enum SecretsCommand {
         #[command(flatten)]
         state: StateArgs,
     },
+    /// Make a new key where none is (the old one was lost) and print its recipient: every
+    /// secret sealed to the old key must be sealed again.
+    NewKey {
+        /// The state folder.
+        #[command(flatten)]
+        state: StateArgs,
+    },
     /// Read a value on stdin and print it sealed to this runner, ready for .knotless/secrets.yml.
     Seal {
         /// The secret's name.
@@ -35,6 +42,11 @@ pub async fn main(command: SecretsCommand) -> anyhow::Result<ExitCode> {
     match command {
         SecretsCommand::PublicKey { state } => {
             let key = RunnerKey::load_or_create(&state.state)?;
+            crate::say!("{}", key.recipient());
+        }
+        SecretsCommand::NewKey { state } => {
+            let key = RunnerKey::create_new(&state.state)?;
+            crate::say_err!("# a new key: seal every secret again to");
             crate::say!("{}", key.recipient());
         }
         SecretsCommand::Seal { name, state } => {

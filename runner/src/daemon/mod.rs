@@ -182,16 +182,35 @@ impl<F: Forge> Daemon<F> {
             daemon.config.state.display()
         );
         let mut only: Option<String> = None;
+        // A round of every repository is due at this time; a wake-up looks at its own
+        // repository at once and leaves the round's time as it was.
+        let mut round = tokio::time::Instant::now();
         loop {
             if !daemon.unwritten.is_empty() {
                 daemon.unwritten.retry(|check| daemon.forge.put_check(check));
             }
-            daemon.look(only.take().as_deref(), &mut tasks).await;
+            match only.take() {
+                Some(repository) => daemon.look(Some(&repository), &mut tasks).await,
+                None if tokio::time::Instant::now() >= round => {
+                    daemon.look(None, &mut tasks).await;
+                    round = tokio::time::Instant::now() + daemon.config.poll;
+                }
+                None => {}
+            }
             while tasks.try_join_next().is_some() {}
             tokio::select! {
-                () = tokio::time::sleep(daemon.config.poll) => {}
+                () = tokio::time::sleep_until(round) => {}
                 Some(request) = wake.recv() => match request {
-                    notify::Wake::Look(repository) => only = Some(repository),
+                    notify::Wake::Look(repository, reply) => match daemon.watched(&repository).await {
+                        Ok(found) => {
+                            let _ = reply.send(Ok(()));
+                            only = Some(found.url);
+                        }
+                        Err(why) => {
+                            tracing::warn!("refused a notification: {why}");
+                            let _ = reply.send(Err(why));
+                        }
+                    },
                     notify::Wake::Trigger(trigger, reply) => {
                         let _ = reply.send(daemon.trigger(&trigger, &mut tasks).await);
                         only = Some(trigger.repository);
@@ -209,6 +228,31 @@ impl<F: Forge> Daemon<F> {
         Ok(())
     }
 
+    /// The watched repository `name` spells (its URL or path as given to the daemon, that path
+    /// by another route or as a `file://` URL, or its key), or why there is none, naming how the
+    /// daemon spells the repositories it watches.
+    async fn watched(&self, name: &str) -> Result<Repository, String> {
+        let repositories =
+            self.forge.repositories().await.map_err(|error| format!("cannot list the repositories: {error:#}"))?;
+        if let Some(found) = find_watched(&repositories, name) {
+            return Ok(found.clone());
+        }
+        const SHOWN: usize = 5;
+        let mut watched: Vec<String> = repositories
+            .iter()
+            .take(SHOWN)
+            .map(|repository| crate::printable::name(&repository.url).into_owned())
+            .collect();
+        if repositories.len() > SHOWN {
+            watched.push(format!("and {} more", repositories.len() - SHOWN));
+        }
+        Err(format!(
+            "this runner does not watch {}; it watches {}",
+            crate::printable::name(name),
+            if watched.is_empty() { "nothing".to_string() } else { watched.join(", ") }
+        ))
+    }
+
     /// Queues a manual run of `trigger.workflow` (every combination of a matrix) on the head
     /// of its branch; the run ids, or why it cannot run, in words for the one who asked.
     async fn trigger(
@@ -217,14 +261,7 @@ impl<F: Forge> Daemon<F> {
         tasks: &mut JoinSet<()>,
     ) -> Result<Vec<String>, String> {
         use crate::printable;
-        let repositories =
-            self.forge.repositories().await.map_err(|error| format!("cannot list the repositories: {error:#}"))?;
-        let key = crate::forge::repository_key(&crate::forge::normalize_url(&trigger.repository));
-        let Some(repository) = repositories.iter().find(|repository| {
-            repository.url == trigger.repository || repository.key == trigger.repository || repository.key == key
-        }) else {
-            return Err(format!("this runner does not watch {}", printable::name(&trigger.repository)));
-        };
+        let repository = &self.watched(&trigger.repository).await?;
         let snapshot = self.forge.refresh(repository).await.map_err(|error| format!("{error:#}"))?;
         let branch = match (&trigger.branch, &snapshot.default_branch) {
             (Some(branch), _) => branch.trim_start_matches("refs/heads/").to_string(),
@@ -333,16 +370,7 @@ impl<F: Forge> Daemon<F> {
             }
         };
         let wanted: Vec<&Repository> = match only {
-            Some(name) => {
-                let normalized = crate::forge::repository_key(&crate::forge::normalize_url(name));
-                let matching: Vec<_> = repositories
-                    .iter()
-                    .filter(|repository| {
-                        repository.url == name || repository.key == name || repository.key == normalized
-                    })
-                    .collect();
-                if matching.is_empty() { repositories.iter().collect() } else { matching }
-            }
+            Some(name) => find_watched(&repositories, name).into_iter().collect(),
             None => repositories.iter().collect(),
         };
         for repository in wanted {
@@ -520,5 +548,66 @@ impl<F: Forge> Daemon<F> {
             .or_insert_with(|| Arc::new(Semaphore::new(limit)))
             .clone();
         Some((key, slots))
+    }
+}
+
+/// The repository of `repositories` that `name` spells: its URL or key, or the same path by
+/// another route (relative, through a link, with a trailing `/`) or as a `file://` URL.
+fn find_watched<'a>(repositories: &'a [Repository], name: &str) -> Option<&'a Repository> {
+    let path = name.strip_prefix("file://").unwrap_or(name);
+    let path = if path.len() > 1 { path.trim_end_matches('/') } else { path };
+    let mut spellings = vec![name.to_string(), path.to_string()];
+    if !path.contains("://") {
+        let canonical = crate::forge::normalize_url(path);
+        spellings.push(format!("file://{canonical}"));
+        spellings.push(canonical);
+    }
+    repositories.iter().find(|repository| {
+        spellings.iter().any(|spelling| {
+            repository.url == *spelling
+                || repository.key == *spelling
+                || repository.key == crate::forge::repository_key(spelling)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watching(url: &str) -> Repository {
+        Repository { key: crate::forge::repository_key(url), url: url.to_string() }
+    }
+
+    #[test]
+    fn a_watched_repository_is_found_by_every_spelling_and_nothing_else_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = std::fs::canonicalize(dir.path()).expect("canonical").join("demo");
+        std::fs::create_dir(&path).expect("mkdir");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        let path = path.display().to_string();
+        let other = "ssh://git.example/other.git";
+        let repositories = [watching(other), watching(&path)];
+        for spelling in [
+            path.clone(),
+            format!("{path}/"),
+            format!("file://{path}"),
+            format!("file://{path}/"),
+            link.display().to_string(),
+            repositories[1].key.clone(),
+        ] {
+            let found = find_watched(&repositories, &spelling).map(|repository| repository.url.as_str());
+            assert_eq!(found, Some(path.as_str()), "{spelling}");
+        }
+        assert_eq!(find_watched(&repositories, other).map(|repository| repository.url.as_str()), Some(other));
+        for stranger in
+            ["demo", "/", "", "..", "file://", &format!("{path}2"), "ssh://git.example/other", "/nonexistent"]
+        {
+            assert_eq!(find_watched(&repositories, stranger), None, "{stranger:?}");
+        }
+        // Watched as a `file://` URL: its path is a spelling too.
+        let by_url = [watching(&format!("file://{path}"))];
+        assert!(find_watched(&by_url, &path).is_some());
     }
 }

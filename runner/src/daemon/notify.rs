@@ -37,8 +37,8 @@ pub struct Trigger {
 /// What the socket asks of the daemon.
 #[derive(Debug)]
 pub enum Wake {
-    /// Look at this repository now.
-    Look(String),
+    /// Look at this repository now; the answer is whether the daemon watches it, or why not.
+    Look(String, oneshot::Sender<Result<(), String>>),
     /// Run a workflow by hand; the answer is its run ids, or why not.
     Trigger(Trigger, oneshot::Sender<Result<Vec<String>, String>>),
 }
@@ -66,8 +66,13 @@ pub fn listen(state: &Path, wake: mpsc::UnboundedSender<Wake>) -> anyhow::Result
                 }
                 let answer = match line.trim_start().starts_with('{') {
                     false => {
-                        let _ = wake.send(Wake::Look(line.trim().to_string()));
-                        "ok".to_string()
+                        let (reply, answer) = oneshot::channel();
+                        let _ = wake.send(Wake::Look(line.trim().to_string(), reply));
+                        match answer.await {
+                            Ok(Ok(())) => "ok".to_string(),
+                            Ok(Err(why)) => format!("error {}", why.replace('\n', " ")),
+                            Err(_) => "error the runner is stopping".to_string(),
+                        }
                     }
                     true => match serde_json::from_str::<Trigger>(line.trim()) {
                         Err(error) => format!("error the trigger is not understood: {error}"),
@@ -89,13 +94,15 @@ pub fn listen(state: &Path, wake: mpsc::UnboundedSender<Wake>) -> anyhow::Result
     Ok(())
 }
 
-/// Tells the daemon under `state` to look at `repository` now.
-pub async fn send(state: &Path, repository: &str) -> anyhow::Result<()> {
+/// Tells the daemon under `state` to look at `repository` now: `Ok(Err(why))` when it refuses
+/// (it does not watch that repository).
+pub async fn send(state: &Path, repository: &str) -> anyhow::Result<Result<(), String>> {
     let answer = ask(state, repository).await?;
-    if answer != "ok" {
-        bail!("the runner did not acknowledge the notification");
+    match answer.split_once(' ').unwrap_or((answer.as_str(), "")) {
+        ("ok", _) => Ok(Ok(())),
+        ("error", why) => Ok(Err(why.to_string())),
+        _ => bail!("the runner answered {answer:?}"),
     }
-    Ok(())
 }
 
 /// Asks the daemon under `state` for a manual run: its run ids, or why the daemon refused.

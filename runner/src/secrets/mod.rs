@@ -30,6 +30,11 @@ struct KeyFile {
     recipient: String,
 }
 
+/// Whether `<state>/checks` holds anything: the daemon ran checks there.
+fn has_checks(state: &Path) -> bool {
+    std::fs::read_dir(state.join("checks")).is_ok_and(|mut entries| entries.next().is_some())
+}
+
 /// The runner's key pair.
 pub struct RunnerKey {
     identity: age::x25519::Identity,
@@ -44,7 +49,9 @@ impl std::fmt::Debug for RunnerKey {
 }
 
 impl RunnerKey {
-    /// Reads `<state>/secrets-key.json`, creating it (mode 0600) when absent.
+    /// Reads `<state>/secrets-key.json`, creating it (mode 0600) when absent from a state
+    /// folder that never held a check. One missing where checks were run is refused: every
+    /// secret was sealed to the key that went with it, and a new key would silently open none.
     pub fn load_or_create(state: &Path) -> anyhow::Result<RunnerKey> {
         let path = state.join(KEY_FILE);
         match std::fs::read(&path) {
@@ -58,31 +65,53 @@ impl RunnerKey {
                 Ok(RunnerKey { identity, recipient })
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(state).with_context(|| format!("cannot create {}", state.display()))?;
-                let identity = age::x25519::Identity::generate();
-                let recipient = identity.to_public();
-                let file = KeyFile {
-                    identity: identity.to_string().expose_secret().to_string(),
-                    recipient: recipient.to_string(),
-                };
-                let bytes = serde_json::to_vec_pretty(&file).context("cannot encode the secrets key")?;
-                let temporary = path.with_extension("json.tmp");
-                let mut out = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(&temporary)
-                    .with_context(|| format!("cannot create {}", temporary.display()))?;
-                std::io::Write::write_all(&mut out, &bytes)
-                    .and_then(|()| out.sync_all())
-                    .with_context(|| format!("cannot write {}", temporary.display()))?;
-                std::fs::rename(&temporary, &path).with_context(|| format!("cannot create {}", path.display()))?;
-                tracing::info!("created the secrets key {} (recipient {recipient})", path.display());
-                Ok(RunnerKey { identity, recipient })
+                if has_checks(state) {
+                    bail!(
+                        "{} is missing, but {} holds checks of earlier runs: the repositories' secrets were sealed \
+                         to the key it held, and no other key opens them. Put the file back from a backup; or, to \
+                         make a new key on purpose, run `knotless-run secrets new-key --state {}` and seal every \
+                         secret again to the recipient it prints",
+                        path.display(),
+                        state.display(),
+                        state.display()
+                    );
+                }
+                RunnerKey::create(state, &path)
             }
             Err(error) => Err(error).with_context(|| format!("cannot read {}", path.display())),
         }
+    }
+
+    /// Makes a new `<state>/secrets-key.json`, on purpose: refused when one is there.
+    pub fn create_new(state: &Path) -> anyhow::Result<RunnerKey> {
+        let path = state.join(KEY_FILE);
+        if std::fs::symlink_metadata(&path).is_ok() {
+            bail!("{} exists: a new key is made only where none is (move that one away first)", path.display());
+        }
+        RunnerKey::create(state, &path)
+    }
+
+    fn create(state: &Path, path: &Path) -> anyhow::Result<RunnerKey> {
+        std::fs::create_dir_all(state).with_context(|| format!("cannot create {}", state.display()))?;
+        let identity = age::x25519::Identity::generate();
+        let recipient = identity.to_public();
+        let file =
+            KeyFile { identity: identity.to_string().expose_secret().to_string(), recipient: recipient.to_string() };
+        let bytes = serde_json::to_vec_pretty(&file).context("cannot encode the secrets key")?;
+        let temporary = path.with_extension("json.tmp");
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)
+            .with_context(|| format!("cannot create {}", temporary.display()))?;
+        std::io::Write::write_all(&mut out, &bytes)
+            .and_then(|()| out.sync_all())
+            .with_context(|| format!("cannot write {}", temporary.display()))?;
+        std::fs::rename(&temporary, path).with_context(|| format!("cannot create {}", path.display()))?;
+        tracing::info!("created the secrets key {} (recipient {recipient})", path.display());
+        Ok(RunnerKey { identity, recipient })
     }
 
     /// The recipient (public key) owners seal values to: `age1...`.
@@ -141,6 +170,24 @@ pub fn open_sealed_file(key: &RunnerKey, text: &str) -> (BTreeMap<String, String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_lost_where_checks_ran_is_refused_until_a_new_one_is_made_on_purpose() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = RunnerKey::load_or_create(dir.path()).expect("create").recipient();
+        std::fs::create_dir_all(dir.path().join("checks/demo-1")).expect("mkdir");
+        std::fs::remove_file(dir.path().join(KEY_FILE)).expect("lose the key");
+        let refused = format!("{:#}", RunnerKey::load_or_create(dir.path()).expect_err("refused"));
+        assert!(refused.contains(&dir.path().join(KEY_FILE).display().to_string()), "{refused}");
+        assert!(refused.contains("knotless-run secrets new-key --state"), "{refused}");
+        assert!(!dir.path().join(KEY_FILE).exists(), "no key made silently");
+        let second = RunnerKey::create_new(dir.path()).expect("a new key on purpose").recipient();
+        assert_ne!(first, second);
+        assert_eq!(RunnerKey::load_or_create(dir.path()).expect("reload").recipient(), second);
+        let again = format!("{:#}", RunnerKey::create_new(dir.path()).expect_err("a key is there"));
+        assert!(again.contains("exists"), "{again}");
+        assert_eq!(RunnerKey::load_or_create(dir.path()).expect("reload").recipient(), second, "left as it was");
+    }
 
     #[test]
     fn a_key_is_created_private_and_reloaded() {

@@ -53,6 +53,13 @@ fn keep(map: &Mutex<HashMap<String, Instant>>, id: String, lifetime: Duration) {
     map.insert(id, Instant::now());
 }
 
+/// The credentials of an `Authorization` value of the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 9110, section 11.1): `Bearer TOKEN`, `bearer TOKEN`, `BEARER  TOKEN`.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.trim().split_once([' ', '\t'])?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| credentials.trim())
+}
+
 impl Auth {
     /// Credentials for a page that asks for `token` (`None`: a loopback page that asks none).
     pub fn new(token: Option<String>) -> Auth {
@@ -66,8 +73,8 @@ impl Auth {
             .get_all(header::AUTHORIZATION)
             .iter()
             .filter_map(|value| value.to_str().ok())
-            .filter_map(|value| value.strip_prefix("Bearer "))
-            .any(|given| same(given.trim().as_bytes(), token.as_bytes()))
+            .filter_map(bearer)
+            .any(|given| same(given.as_bytes(), token.as_bytes()))
     }
 
     /// Whether the request may read the page.
@@ -132,6 +139,12 @@ mod tests {
         assert!(!auth.allows(&HeaderMap::new()));
         assert!(!auth.allows(&headers(header::AUTHORIZATION, "Bearer wrong")));
         assert!(auth.allows(&headers(header::AUTHORIZATION, &format!("Bearer {token}"))));
+        for spelling in [format!("bearer {token}"), format!("BEARER  {token}"), format!("BeArEr\t{token} ")] {
+            assert!(auth.allows(&headers(header::AUTHORIZATION, &spelling)), "{spelling:?}");
+        }
+        for wrong in [format!("Basic {token}"), format!("Bearer{token}"), token.clone(), format!("Bearer x{token}")] {
+            assert!(!auth.allows(&headers(header::AUTHORIZATION, &wrong)), "{wrong:?}");
+        }
         let link = auth.new_link().expect("a link");
         let session = auth.redeem(&link).expect("the link opens once");
         assert!(auth.redeem(&link).is_none(), "a link opens only once");

@@ -17,6 +17,7 @@ pub mod view;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use axum::http::{HeaderValue, header};
@@ -78,9 +79,31 @@ struct App {
     auth: Arc<auth::Auth>,
 }
 
+/// What one client may hold of the page.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How long a client may take to send a request's headers, counted from the connection's
+    /// opening or from the end of the last response: a connection that sends nothing, or
+    /// dribbles a header line at a time, is closed then.
+    pub header_timeout: Duration,
+    /// The most connections served at once; more wait in the listen queue until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { header_timeout: Duration::from_secs(10), max_connections: 256 }
+    }
+}
+
 /// Binds the page's address and serves it in the background; returns the bound address (also
 /// logged).
 pub async fn start(config: WebConfig, view: View) -> anyhow::Result<SocketAddr> {
+    start_with(config, view, Limits::default()).await
+}
+
+/// [`start`] with `limits`.
+pub async fn start_with(config: WebConfig, view: View, limits: Limits) -> anyhow::Result<SocketAddr> {
     config.check()?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -98,12 +121,38 @@ pub async fn start(config: WebConfig, view: View) -> anyhow::Result<SocketAddr> 
     let app = App { view, auth: Arc::new(auth::Auth::new(token)) };
     let router = routes::router(app);
     tracing::info!(http = %addr, "status page at http://{addr}/");
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router).await {
-            tracing::error!("the status page stopped: {error}");
-        }
-    });
+    tokio::spawn(serve(listener, router, limits));
     Ok(addr)
+}
+
+/// Serves HTTP/1.1 on `listener`: at most `limits.max_connections` at once (the others wait to
+/// be accepted), each closed when a request's headers take longer than `limits.header_timeout`
+/// or it stays idle that long between requests (hyper's `header_read_timeout` runs in both).
+async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: Limits) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                // Out of descriptors, say: wait rather than spin, and leave the rest of the
+                // process what it has.
+                tracing::warn!("the status page cannot accept a connection: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).with_upgrades();
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!("a status page connection ended: {error}");
+            }
+            drop(slot);
+        });
+    }
 }
 
 /// Sets the headers every response carries: no sniffing, no framing, no referrer, and the

@@ -392,3 +392,60 @@ async fn the_live_log_streams_whole_lines_as_they_come_and_ends_with_the_run() {
     read_until(&mut resumed, &mut again, "event: end").await;
     assert!(!again.contains("[s] one") && again.contains("[s] two"), "{again}");
 }
+
+/// Connections that send nothing, or a header line at a time, are closed at the header timeout,
+/// and so is one left idle after a response; the page keeps answering others meanwhile, and
+/// never serves more connections at once than its cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_hold_the_page_open_are_closed_and_capped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let config = WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public: false, token: None };
+    let limits = Limits { header_timeout: Duration::from_millis(1500), max_connections: 220 };
+    let addr = start_with(config, View::new(dir.path(), summary()), limits).await.expect("start");
+    let opened = std::time::Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..200 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    // One that dribbles a header line every 300 ms, for ever.
+    let dribbling = tokio::spawn(async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+        let started = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if stream.write_all(b"X-Slow: 1\r\n").await.is_err() || started.elapsed() > Duration::from_secs(30) {
+                return started.elapsed();
+            }
+        }
+    });
+    // One kept alive after its answer, and then left idle.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    idle.write_all(b"GET /api/runner HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    // Served meanwhile.
+    assert_eq!(get(addr, "/").await.status, 200);
+    for mut stream in silent.into_iter().chain([idle]) {
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut sink)).await;
+        assert!(read.is_ok(), "a connection was still open {} ms after it opened", opened.elapsed().as_millis());
+    }
+    let closed_after = opened.elapsed();
+    assert!(closed_after >= Duration::from_millis(1400), "closed before the timeout: {closed_after:?}");
+    let dribbled = dribbling.await.expect("the dribbler");
+    assert!(dribbled < Duration::from_secs(10), "a connection dribbling headers stayed {dribbled:?}");
+    assert_eq!(get(addr, "/").await.status, 200, "the page still answers");
+
+    // The cap: with every slot held by a silent connection, the next waits to be accepted,
+    // and is answered once a slot frees.
+    let mut held = Vec::new();
+    for _ in 0..220 {
+        held.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    let waiting = tokio::spawn(async move { get(addr, "/").await.status });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "answered past the cap of 220 connections");
+    drop(held);
+    let status = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("answered").expect("task");
+    assert_eq!(status, 200);
+}

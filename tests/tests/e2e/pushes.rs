@@ -26,9 +26,18 @@ fn a_push_gives_one_check_per_workflow_and_notify_starts_it_at_once() {
     assert!(fail["cause"].as_str().is_some_and(|cause| cause.contains("bad exited with 3")), "{fail:#}");
     assert!(runner.stderr().contains("runner e2e-push"), "the runner id is shown at start");
 
+    // A notification of a repository the daemon does not watch is refused, naming what it
+    // watches; the same repository spelled as a `file://` URL is taken.
+    let stranger = dir.path().join("not-watched");
+    for name in [stranger.display().to_string(), "demo".to_string()] {
+        let refused = runner.command(&["notify", &name]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains("does not watch") && stderr.contains(&repo.url()), "{name}: {stderr}");
+    }
     repo.write("more.txt", "more");
     let second = repo.commit("more");
-    runner.notify(&repo.url());
+    runner.notify(&format!("file://{}/", repo.url()));
     let checks = runner.final_checks(&repo.url(), &second, 2);
     assert_eq!(by_workflow(&checks, "pass")["status"], "success");
     let listing = String::from_utf8_lossy(&runner.command(&["checks", &repo.url(), &second]).stdout).into_owned();
