@@ -56,6 +56,13 @@ pub struct DaemonArgs {
     /// How many runs at once.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub concurrency: usize,
+    /// How many repositories are fetched at once in a round.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub fetches: usize,
+    /// How long one fetch of a repository may take before it is stopped (and tried again at
+    /// the next round).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub fetch_timeout: u64,
     /// NAME=value lines (or a YAML mapping) of secrets granted to push runs; mode 0600; its
     /// values win over sealed ones.
     #[arg(long, value_name = "PATH")]
@@ -187,6 +194,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         discover: args.discover.clone(),
         runner_id: runner_id.clone(),
         default_runner: args.default_runner.clone(),
+        fetch_timeout: Duration::from_secs(args.fetch_timeout.max(1)),
     });
     let daemon_config = DaemonConfig {
         state: state.clone(),
@@ -195,6 +203,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         queue: args.queue,
         poll: Duration::from_secs(args.poll.max(1)),
         concurrency: args.concurrency.max(1),
+        fetches: args.fetches.max(1),
         secrets_file: args.secrets_file.clone(),
         disk_floor: args.disk_floor,
         keep: args.executor.keep,

@@ -18,6 +18,10 @@ pub struct HttpArgs {
     /// KNOTLESS_HTTP_TOKEN (the env file) or a session opened by a one-time link.
     #[arg(long, requires = "http")]
     pub http_public: bool,
+    /// The address of the TLS-terminating proxy in front of the page: a login through it with
+    /// `X-Forwarded-Proto: https` gets a `Secure` session cookie.
+    #[arg(long, value_name = "IP", requires = "http")]
+    pub http_trusted_proxy: Option<std::net::IpAddr>,
 }
 
 impl HttpArgs {
@@ -26,7 +30,7 @@ impl HttpArgs {
     pub fn config(&self) -> anyhow::Result<Option<WebConfig>> {
         let Some(addr) = self.http else { return Ok(None) };
         let token = std::env::var(TOKEN_VARIABLE).ok().filter(|token| !token.is_empty());
-        let config = WebConfig { addr, public: self.http_public, token };
+        let config = WebConfig { addr, public: self.http_public, token, trusted_proxy: self.http_trusted_proxy };
         config.check()?;
         Ok(Some(config))
     }

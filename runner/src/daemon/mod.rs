@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +53,8 @@ pub struct DaemonConfig {
     pub poll: Duration,
     /// How many runs at once (`--concurrency`).
     pub concurrency: usize,
+    /// How many repositories are fetched at once (`--fetches`).
+    pub fetches: usize,
     /// The operator's secrets file (`--secrets-file`).
     pub secrets_file: Option<PathBuf>,
     /// Below this many free bytes under the state folder a run fails (`--disk-floor`).
@@ -373,11 +376,15 @@ impl<F: Forge> Daemon<F> {
             Some(name) => find_watched(&repositories, name).into_iter().collect(),
             None => repositories.iter().collect(),
         };
-        for repository in wanted {
+        // Fetched `fetches` at a time; each snapshot is looked at as its fetch ends.
+        let mut refreshed = futures::stream::iter(wanted)
+            .map(|repository| async move { (repository, self.forge.refresh(repository).await) })
+            .buffer_unordered(self.config.fetches.max(1));
+        while let Some((repository, refreshed)) = refreshed.next().await {
             if self.handover.is_cancelled() {
                 return;
             }
-            let snapshot = match self.forge.refresh(repository).await {
+            let snapshot = match refreshed {
                 Ok(snapshot) => snapshot,
                 Err(error) => {
                     tracing::error!(repository = %repository.url, "{error:#}");

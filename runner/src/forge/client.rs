@@ -38,7 +38,8 @@ impl Git {
         if let Some(folder) = &self.folder {
             command.arg("-C").arg(folder);
         }
-        command.args(args).stdin(Stdio::null());
+        // A caller that gives up on it stops it.
+        command.args(args).stdin(Stdio::null()).kill_on_drop(true);
         command
     }
 
@@ -54,6 +55,27 @@ impl Git {
     pub async fn run(&self, args: &[&str]) -> anyhow::Result<Vec<u8>> {
         let output = self.output_with(args, &[]).await?;
         self.success(args, output)
+    }
+
+    /// Like [`Git::run`], but stopped past `limit`, with every process it started (an `ssh`,
+    /// a remote helper): it runs in a process group of its own, killed whole.
+    pub async fn run_within(&self, args: &[&str], limit: std::time::Duration) -> anyhow::Result<Vec<u8>> {
+        let mut command = self.command(args);
+        command.process_group(0).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let child = command.spawn().with_context(|| format!("cannot run git {}{}", first(args), self.place()))?;
+        let group = child.id().and_then(|pid| i32::try_from(pid).ok()).map(nix::unistd::Pid::from_raw);
+        match tokio::time::timeout(limit, child.wait_with_output()).await {
+            Ok(output) => {
+                let output = output.with_context(|| format!("cannot run git {}{}", first(args), self.place()))?;
+                self.success(args, output)
+            }
+            Err(_) => {
+                if let Some(group) = group {
+                    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                }
+                bail!("git {}{} gave no answer within {} s: stopped", first(args), self.place(), limit.as_secs())
+            }
+        }
     }
 
     /// Like [`Git::run`], its stdout as text, trimmed.

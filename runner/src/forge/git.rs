@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 
@@ -34,14 +35,17 @@ pub struct GitForgeConfig {
     pub runner_id: String,
     /// `--default-runner ID`: the runner of discovered repositories whose record names none.
     pub default_runner: Option<String>,
+    /// `--fetch-timeout`: how long one fetch or first clone of a repository may take.
+    pub fetch_timeout: std::time::Duration,
 }
 
 /// The embedded git forge.
 pub struct GitForge {
     config: GitForgeConfig,
     checks: CheckStore,
-    /// Held while a mirror is fetched: the daemon's look and the queue's lander both refresh.
-    fetching: tokio::sync::Mutex<()>,
+    /// A lock a repository, held while its mirror is fetched: the daemon's look and the queue's
+    /// lander both refresh, and other repositories are fetched meanwhile.
+    fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// A repository's key: its name and a hash of its URL (`demo-1a2b3c4d`).
@@ -76,7 +80,7 @@ impl GitForge {
     /// A git forge over `config`.
     pub fn new(config: GitForgeConfig) -> GitForge {
         let checks = CheckStore::new(&config.state);
-        GitForge { config, checks, fetching: tokio::sync::Mutex::new(()) }
+        GitForge { config, checks, fetching: std::sync::Mutex::default() }
     }
 
     /// The check store.
@@ -130,11 +134,18 @@ impl Forge for GitForge {
 
     async fn refresh(&self, repository: &Repository) -> anyhow::Result<Snapshot> {
         let mirror = self.mirror(repository);
-        let _fetching = self.fetching.lock().await;
+        let lock = {
+            let mut locks = self.fetching.lock().unwrap_or_else(|poison| poison.into_inner());
+            Arc::clone(locks.entry(repository.key.clone()).or_default())
+        };
+        let _fetching = lock.lock().await;
+        // Past --fetch-timeout, git and what it started are stopped; the next round tries again.
+        let limit = self.config.fetch_timeout;
         if mirror.join("HEAD").is_file() {
-            git_in(&mirror, &["fetch", "--prune", "--quiet", "origin"])
+            Git::in_folder(&mirror)
+                .run_within(&["fetch", "--prune", "--quiet", "origin"], limit)
                 .await
-                .with_context(|| format!("cannot fetch {}", repository.url))?;
+                .with_context(|| format!("cannot fetch {} (--fetch-timeout {})", repository.url, limit.as_secs()))?;
         } else {
             let parent = mirror.parent().context("a mirror has no folder")?;
             std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
@@ -142,9 +153,9 @@ impl Forge for GitForge {
             let _ = std::fs::remove_dir_all(&partial);
             let partial_path = partial.to_string_lossy();
             Git::outside()
-                .run(&["clone", "--mirror", "--quiet", "--", &repository.url, &partial_path])
+                .run_within(&["clone", "--mirror", "--quiet", "--", &repository.url, &partial_path], limit)
                 .await
-                .with_context(|| format!("cannot mirror {}", repository.url))?;
+                .with_context(|| format!("cannot mirror {} (--fetch-timeout {})", repository.url, limit.as_secs()))?;
             std::fs::rename(&partial, &mirror).with_context(|| format!("cannot create {}", mirror.display()))?;
         }
         let listing = git_in(

@@ -43,6 +43,9 @@ pub struct WebConfig {
     pub public: bool,
     /// The token a public page asks for.
     pub token: Option<String>,
+    /// `--http-trusted-proxy`: the TLS-terminating proxy whose `X-Forwarded-Proto: https`
+    /// makes the session cookie `Secure`.
+    pub trusted_proxy: Option<std::net::IpAddr>,
 }
 
 impl WebConfig {
@@ -77,6 +80,7 @@ impl WebConfig {
 struct App {
     view: Arc<View>,
     auth: Arc<auth::Auth>,
+    trusted_proxy: Option<std::net::IpAddr>,
 }
 
 /// What one client may hold of the page.
@@ -118,7 +122,7 @@ pub async fn start_with(config: WebConfig, view: View, limits: Limits) -> anyhow
             warming.records(&repository.key);
         }
     });
-    let app = App { view, auth: Arc::new(auth::Auth::new(token)) };
+    let app = App { view, auth: Arc::new(auth::Auth::new(token)), trusted_proxy: config.trusted_proxy };
     let router = routes::router(app);
     tracing::info!(http = %addr, "status page at http://{addr}/");
     tokio::spawn(serve(listener, router, limits));
@@ -134,8 +138,8 @@ async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: 
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of descriptors, say: wait rather than spin, and leave the rest of the
                 // process what it has.
@@ -144,7 +148,9 @@ async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: 
                 continue;
             }
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        // Each request knows the address it came from (`ConnectInfo`).
+        let routes = router.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+        let service = hyper_util::service::TowerToHyperService::new(routes);
         let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).with_upgrades();
         tokio::spawn(async move {
             if let Err(error) = connection.await {

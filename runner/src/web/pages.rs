@@ -165,6 +165,7 @@ pub fn index(runner: &RunnerNow, repositories: &[(RepositoryView, Vec<&CheckReco
 pub fn repository(
     repository: &RepositoryView,
     records: &[std::sync::Arc<CheckRecord>],
+    unreadable: &[String],
     queues: &[String],
     now_ms: u64,
 ) -> Markup {
@@ -195,6 +196,17 @@ pub fn repository(
             p.meta {
                 (records.len()) " check(s). "
                 a href={ "/api/repositories/" (repository.key) "/checks" } { "As JSON" } "."
+            }
+            @if !unreadable.is_empty() {
+                p.warning {
+                    (unreadable.len()) " check record(s) of this repository cannot be read and are not listed (the \
+                     runner's log says why): "
+                    @for (at, file) in unreadable.iter().enumerate() {
+                        @if at > 0 { ", " }
+                        code { (name(file)) }
+                    }
+                    "."
+                }
             }
             @if !queues.is_empty() {
                 h2 { "Merge queues" }

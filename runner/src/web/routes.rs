@@ -116,7 +116,8 @@ async fn repository(State(app): State<App>, Path(key): Path<String>) -> Result<R
         let view = &app.view;
         let repository = view.repository(&key)?;
         let records = view.records(&key);
-        Some(pages::repository(&repository, &records, &view.queue_branches(&key), now_ms()))
+        let unreadable = view.unreadable(&key);
+        Some(pages::repository(&repository, &records, &unreadable, &view.queue_branches(&key), now_ms()))
     })
     .await
     .map(page)
@@ -241,11 +242,22 @@ async fn login_link(State(app): State<App>, headers: HeaderMap) -> Response {
     }
 }
 
-/// `GET /login/LINK`: a fresh, unused link sets the session cookie and goes home.
-async fn login(State(app): State<App>, Path(link): Path<String>) -> Response {
+/// `GET /login/LINK`: a fresh, unused link sets the session cookie and goes home. The cookie is
+/// `Secure` when the request came through the trusted proxy over HTTPS.
+async fn login(
+    State(app): State<App>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
+    Path(link): Path<String>,
+) -> Response {
     let Some(session) = app.auth.redeem(&link) else { return not_found_response() };
+    let over_https = headers
+        .get("x-forwarded-proto")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"));
+    let secure = if over_https && app.trusted_proxy == Some(peer.ip()) { "; Secure" } else { "" };
     let cookie = format!(
-        "{}={session}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+        "{}={session}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
         auth::COOKIE,
         auth::SESSION_LIFETIME.as_secs()
     );

@@ -168,7 +168,17 @@ async fn get(addr: SocketAddr, path: &str) -> Answer {
 }
 
 async fn serve(state: &Path, public: bool, token: Option<&str>) -> SocketAddr {
-    let config = WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public, token: token.map(str::to_string) };
+    serve_behind(state, public, token, None).await
+}
+
+async fn serve_behind(
+    state: &Path,
+    public: bool,
+    token: Option<&str>,
+    trusted_proxy: Option<std::net::IpAddr>,
+) -> SocketAddr {
+    let addr = "127.0.0.1:0".parse().expect("addr");
+    let config = WebConfig { addr, public, token: token.map(str::to_string), trusted_proxy };
     start(config, View::new(state, summary())).await.expect("start")
 }
 
@@ -320,6 +330,7 @@ fn a_page_open_to_the_network_needs_public_and_a_token() {
         addr: addr.parse().expect("addr"),
         public,
         token: token.map(str::to_string),
+        trusted_proxy: None,
     };
     let token = "0123456789abcdef0123456789abcdef";
     for (addr, public, token, allowed) in [
@@ -400,7 +411,8 @@ async fn the_live_log_streams_whole_lines_as_they_come_and_ends_with_the_run() {
 async fn connections_that_hold_the_page_open_are_closed_and_capped() {
     let dir = tempfile::tempdir().expect("tempdir");
     state_folder(dir.path());
-    let config = WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public: false, token: None };
+    let config =
+        WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public: false, token: None, trusted_proxy: None };
     let limits = Limits { header_timeout: Duration::from_millis(1500), max_connections: 220 };
     let addr = start_with(config, View::new(dir.path(), summary()), limits).await.expect("start");
     let opened = std::time::Instant::now();
@@ -448,4 +460,57 @@ async fn connections_that_hold_the_page_open_are_closed_and_capped() {
     drop(held);
     let status = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("answered").expect("task");
     assert_eq!(status, 200);
+}
+
+/// A damaged record, or one naming another repository, is named on the repository's page and
+/// hides none of the others.
+#[tokio::test]
+async fn a_damaged_record_is_named_on_the_page_and_hides_no_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let store = CheckStore::new(dir.path());
+    std::fs::write(store.record_path("repo-a", "run-damaged"), b"{\"run_id\": ").expect("write");
+    let mut stray = record("repo-b", "run-stray", &[]);
+    stray.run_id = "run-stray".into();
+    std::fs::write(store.record_path("repo-a", "run-<b>stray"), serde_json::to_vec(&stray).expect("json"))
+        .expect("write");
+    let addr = serve(dir.path(), false, None).await;
+    let page = get(addr, "/repositories/repo-a").await;
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("2 check record(s) of this repository cannot be read"), "{}", page.body);
+    assert!(page.body.contains("<code>run-damaged.json</code>"), "{}", page.body);
+    assert!(page.body.contains("<code>run-&lt;b&gt;stray.json</code>"), "escaped: {}", page.body);
+    assert!(page.body.contains("run-a"), "the readable record is still listed: {}", page.body);
+    let clean = get(addr, "/repositories/repo-b").await;
+    assert!(!clean.body.contains("cannot be read"), "{}", clean.body);
+}
+
+/// The session cookie is `Secure` when the login came through the trusted proxy over HTTPS, and
+/// only then: the header alone, from anyone else, does not make it so.
+#[tokio::test]
+async fn the_session_cookie_is_secure_behind_the_trusted_proxy_over_https() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let token = "0123456789abcdef0123456789abcdef";
+    let bearer = format!("Bearer {token}");
+    let cookie_of = |addr: SocketAddr, proto: Option<&'static str>| {
+        let bearer = bearer.clone();
+        async move {
+            let link = send(addr, "POST", "/login-link", &[("Authorization", &bearer)]).await;
+            let path = link.body.trim().to_string();
+            let headers: Vec<(&str, &str)> = proto.map(|proto| ("X-Forwarded-Proto", proto)).into_iter().collect();
+            let opened = send(addr, "GET", &path, &headers).await;
+            assert_eq!(opened.status, 303);
+            opened.header("set-cookie").expect("a cookie").to_string()
+        }
+    };
+    let proxied = serve_behind(dir.path(), true, Some(token), Some("127.0.0.1".parse().expect("ip"))).await;
+    assert!(cookie_of(proxied, Some("https")).await.ends_with("; Secure"));
+    assert!(cookie_of(proxied, Some("HTTPS")).await.ends_with("; Secure"));
+    assert!(!cookie_of(proxied, Some("http")).await.contains("Secure"));
+    assert!(!cookie_of(proxied, None).await.contains("Secure"));
+    let elsewhere = serve_behind(dir.path(), true, Some(token), Some("192.0.2.7".parse().expect("ip"))).await;
+    assert!(!cookie_of(elsewhere, Some("https")).await.contains("Secure"), "not from the trusted proxy");
+    let direct = serve(dir.path(), true, Some(token)).await;
+    assert!(!cookie_of(direct, Some("https")).await.contains("Secure"), "no proxy is trusted");
 }

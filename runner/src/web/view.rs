@@ -76,6 +76,9 @@ struct Folder {
     files: HashMap<OsString, (Stamp, Arc<CheckRecord>)>,
     /// The records, oldest first.
     records: Arc<Vec<Arc<CheckRecord>>>,
+    /// The record files that could not be read (damaged, or naming another repository or
+    /// run), each with its stamp: logged once, and named on the repository's page.
+    unreadable: HashMap<OsString, Stamp>,
 }
 
 /// What tells a record file's version: a rewrite is a rename, so a new inode.
@@ -164,6 +167,18 @@ impl View {
         self.repositories().into_iter().find(|repository| repository.key == key)
     }
 
+    /// The record files of a known repository that could not be read, by name, sorted.
+    pub fn unreadable(&self, key: &str) -> Vec<String> {
+        self.records(key);
+        let folders = self.folders.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut names: Vec<String> = folders
+            .get(key)
+            .map(|folder| folder.unreadable.keys().map(|name| name.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
     /// The records of a known repository, oldest first (the order of `checks --json`).
     pub fn records(&self, key: &str) -> Arc<Vec<Arc<CheckRecord>>> {
         let empty = || Arc::new(Vec::new());
@@ -238,8 +253,9 @@ fn stamp(metadata: &std::fs::Metadata) -> Stamp {
 /// Reads a repository's record files, parsing only those whose stamp changed since `previous`.
 fn read_folder(dir: &Path, key: &str, changed: SystemTime, previous: Option<Folder>) -> Folder {
     let read_at = SystemTime::now();
-    let mut old = previous.map(|folder| folder.files).unwrap_or_default();
+    let (mut old, old_unreadable) = previous.map(|folder| (folder.files, folder.unreadable)).unwrap_or_default();
     let mut files = HashMap::new();
+    let mut unreadable = HashMap::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = entry.file_name();
         let Some(run_id) = name.to_str().and_then(|name| name.strip_suffix(".json")) else { continue };
@@ -248,17 +264,38 @@ fn read_folder(dir: &Path, key: &str, changed: SystemTime, previous: Option<Fold
             continue;
         }
         let stamp = stamp(&metadata);
+        if old_unreadable.get(&name) == Some(&stamp) {
+            unreadable.insert(name, stamp);
+            continue;
+        }
         let record = match old.remove(&name) {
             Some((known, record)) if known == stamp => record,
             _ => {
                 let parsed = std::fs::read(entry.path())
-                    .ok()
-                    .and_then(|bytes| serde_json::from_slice::<CheckRecord>(&bytes).ok());
+                    .map_err(|error| error.to_string())
+                    .and_then(|bytes| serde_json::from_slice::<CheckRecord>(&bytes).map_err(|error| error.to_string()));
                 match parsed {
                     // A record names its own repository and run: one copied in from elsewhere is
                     // not this repository's.
-                    Some(record) if record.repository_key == key && record.run_id == run_id => Arc::new(record),
-                    _ => continue,
+                    Ok(record) if record.repository_key == key && record.run_id == run_id => Arc::new(record),
+                    Ok(record) => {
+                        tracing::warn!(
+                            "the check record {} names repository {} and run {}: not listed",
+                            entry.path().display(),
+                            record.repository_key,
+                            record.run_id
+                        );
+                        unreadable.insert(name, stamp);
+                        continue;
+                    }
+                    Err(error) => {
+                        tracing::warn!(
+                            "the check record {} cannot be read: {error}: not listed",
+                            entry.path().display()
+                        );
+                        unreadable.insert(name, stamp);
+                        continue;
+                    }
                 }
             }
         };
@@ -267,7 +304,7 @@ fn read_folder(dir: &Path, key: &str, changed: SystemTime, previous: Option<Fold
     let mut records: Vec<Arc<CheckRecord>> = files.values().map(|(_, record)| Arc::clone(record)).collect();
     records.sort_by(|a, b| (a.queued_at, &a.run_id).cmp(&(b.queued_at, &b.run_id)));
     let settled = read_at.duration_since(changed).is_ok_and(|age| age >= SETTLE);
-    Folder { changed, settled, files, records: Arc::new(records) }
+    Folder { changed, settled, files, records: Arc::new(records), unreadable }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Push runs: one check per workflow with statuses and exit codes, selection by `runners:`, a
-//! wake-up by `notify`, and the disk floor.
+//! wake-up by `notify`, fetches that never answer, and the disk floor.
 
-use knotless_tests::{Runner, by_workflow, eventually, exit_codes};
+use knotless_tests::{Runner, by_workflow, eventually, exit_codes, process_running};
 
 use crate::{flags, repo_with};
 
@@ -46,6 +46,32 @@ fn a_push_gives_one_check_per_workflow_and_notify_starts_it_at_once() {
     assert!(listing.contains("step bad: failure, exit 3") && listing.contains("step never: skipped"), "{listing}");
     let log = runner.run_log(pass_run(&checks));
     assert!(log.contains("pass/two | two"), "{log}");
+}
+
+/// A repository whose fetch never answers (its `ssh` hangs) holds up no other: repositories
+/// are fetched side by side, and that fetch is stopped at `--fetch-timeout` with every process
+/// git started for it.
+#[test]
+fn a_fetch_that_never_answers_is_stopped_and_holds_up_no_other_repository() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(dir.path(), &[("pass", PASS)]);
+    let stuck = "ssh://stuck.invalid/never.git";
+    let url = repo.url();
+    let runner = Runner::start_with_env(
+        &dir.path().join("state"),
+        &[flags("e2e-fetch-timeout", &["--fetch-timeout", "20"]), vec![stuck, url.as_str()]].concat(),
+        &[("GIT_SSH_COMMAND", "sleep 917353;:")],
+    );
+    let checks = runner.final_checks(&url, &first, 1);
+    assert_eq!(checks[0]["status"], "success", "{:#}", checks[0]);
+    let stopped = |stderr: &str| {
+        stderr.contains("cannot mirror ssh://stuck.invalid/never.git") && stderr.contains("no answer within 20 s")
+    };
+    // The other repository ran while the stuck fetch still waited.
+    assert!(!stopped(&runner.stderr()), "the run waited for the stuck fetch: {}", runner.stderr());
+    assert!(process_running("sleep 917353"), "the stuck fetch is still waiting");
+    eventually("the stuck fetch stopped at its timeout", || stopped(&runner.stderr()).then_some(()));
+    eventually("no process of the stuck fetch left", || (!process_running("sleep 917353")).then_some(()));
 }
 
 fn pass_run(checks: &[serde_json::Value]) -> &str {

@@ -83,7 +83,7 @@ fn summary() -> RunnerSummary {
 }
 
 async fn serve(state: &Path) -> anyhow::Result<std::net::SocketAddr> {
-    let config = WebConfig { addr: "127.0.0.1:0".parse()?, public: false, token: None };
+    let config = WebConfig { addr: "127.0.0.1:0".parse()?, public: false, token: None, trusted_proxy: None };
     knotless_run::web::start(config, View::new(state, summary())).await
 }
 
