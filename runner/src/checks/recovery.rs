@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{CheckRecord, CheckStore, CheckTarget, read_record};
+use super::{CheckRecord, CheckStore, CheckTarget};
 
 /// The most records kept unwritten; past it a record is dropped (with an error in the log),
 /// and the next start finds it from its file, still `queued` or `running`.
@@ -15,20 +15,10 @@ pub const UNWRITTEN_MAX: usize = 4096;
 /// Every readable record of a repository, oldest first; a file that is not a record is
 /// skipped with a warning, never an error that hides the others.
 pub fn readable_records(store: &CheckStore, repository_key: &str) -> Vec<CheckRecord> {
-    let dir = store.repository_dir(repository_key);
-    let mut records = Vec::new();
-    for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|extension| extension != "json") {
-            continue;
-        }
-        match read_record(&path) {
-            Ok(record) => records.push(record),
-            Err(error) => tracing::warn!("skipping {}: {error:#}", path.display()),
-        }
-    }
-    records.sort_by(|a, b| (a.queued_at, &a.run_id).cmp(&(b.queued_at, &b.run_id)));
-    records
+    store.list(repository_key).unwrap_or_else(|error| {
+        tracing::warn!("{error:#}");
+        Vec::new()
+    })
 }
 
 /// Every record of the store still `queued` or `running`. Read at a start by a daemon that

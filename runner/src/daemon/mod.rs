@@ -372,6 +372,10 @@ impl<F: Forge> Daemon<F> {
                 return;
             }
         };
+        let watched: Vec<String> = repositories.iter().map(|repository| repository.key.clone()).collect();
+        if self.state.snapshot().watched.as_ref() != Some(&watched) {
+            self.state.update(|state| state.watched = Some(watched));
+        }
         let wanted: Vec<&Repository> = match only {
             Some(name) => find_watched(&repositories, name).into_iter().collect(),
             None => repositories.iter().collect(),

@@ -63,6 +63,11 @@ pub struct State {
     /// The orphan sweep of the last start, for the status page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sweep: Option<Sweep>,
+    /// The keys of the repositories watched now, as the last round listed them (absent in a
+    /// state written before it was kept): the status page lists these, and keeps the others'
+    /// checks reachable by their addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watched: Option<Vec<String>>,
 }
 
 /// What an orphan sweep did.

@@ -514,3 +514,25 @@ async fn the_session_cookie_is_secure_behind_the_trusted_proxy_over_https() {
     let direct = serve(dir.path(), true, Some(token)).await;
     assert!(!cookie_of(direct, Some("https")).await.contains("Secure"), "no proxy is trusted");
 }
+
+/// The front page and the API list the repositories watched now; one no longer watched keeps
+/// its page and its checks at their addresses.
+#[tokio::test]
+async fn only_repositories_watched_now_are_listed_and_the_others_stay_reachable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let addr = serve(dir.path(), false, None).await;
+    let listed = |body: &str, key: &str| body.contains(&format!("\"key\": \"{key}\""));
+    let before = get(addr, "/api/repositories").await.body;
+    assert!(listed(&before, "repo-a") && listed(&before, "repo-b"), "a state that does not say lists all: {before}");
+    let path = dir.path().join("state.json");
+    let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+    state["watched"] = serde_json::json!(["repo-a"]);
+    std::fs::write(&path, serde_json::to_vec(&state).expect("json")).expect("write");
+    let after = get(addr, "/api/repositories").await.body;
+    assert!(listed(&after, "repo-a") && !listed(&after, "repo-b"), "{after}");
+    let front = get(addr, "/").await.body;
+    assert!(front.contains("/repositories/repo-a") && !front.contains("/repositories/repo-b"), "{front}");
+    assert_eq!(get(addr, "/repositories/repo-b").await.status, 200, "still reachable");
+    assert_eq!(get(addr, "/repositories/repo-b/checks/run-b").await.status, 200, "its checks too");
+}

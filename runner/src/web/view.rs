@@ -143,8 +143,17 @@ impl View {
         RunnerNow { summary: self.runner.clone(), in_flight: state.in_flight, last_sweep: state.last_sweep }
     }
 
-    /// Every repository known, by key.
+    /// The repositories watched now (every one known, in a state that does not say), by key.
     pub fn repositories(&self) -> Vec<RepositoryView> {
+        let mut known = self.known();
+        if let Some(watched) = self.state_file().watched {
+            known.retain(|repository| watched.contains(&repository.key));
+        }
+        known
+    }
+
+    /// Every repository the state folder knows, watched now or before.
+    fn known(&self) -> Vec<RepositoryView> {
         let state = self.state_file();
         let mut found: BTreeMap<String, RepositoryView> = state
             .repositories
@@ -164,7 +173,7 @@ impl View {
         if !is_plain_name(key) {
             return None;
         }
-        self.repositories().into_iter().find(|repository| repository.key == key)
+        self.known().into_iter().find(|repository| repository.key == key)
     }
 
     /// The record files of a known repository that could not be read, by name, sorted.
