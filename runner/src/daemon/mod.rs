@@ -573,12 +573,10 @@ fn find_watched<'a>(repositories: &'a [Repository], name: &str) -> Option<&'a Re
         spellings.push(format!("file://{canonical}"));
         spellings.push(canonical);
     }
+    let keys: Vec<String> = spellings.iter().map(|spelling| crate::forge::repository_key(spelling)).collect();
     repositories.iter().find(|repository| {
-        spellings.iter().any(|spelling| {
-            repository.url == *spelling
-                || repository.key == *spelling
-                || repository.key == crate::forge::repository_key(spelling)
-        })
+        spellings.iter().any(|spelling| repository.url == *spelling || repository.key == *spelling)
+            || keys.contains(&repository.key)
     })
 }
 

@@ -7,7 +7,7 @@ use knotless_protocol::ErrorKind;
 use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
-use super::suite::{Suite, command_params, exited};
+use super::suite::{Suite, command_params, exited, expect_error};
 use super::{Outcome, raw};
 use crate::host::{HostError, Session};
 
@@ -288,18 +288,9 @@ impl Suite {
     }
 }
 
-/// An answer that must be TIMEOUT.
+/// An answer to a request given 0 ms that must be TIMEOUT.
 fn expect_timeout<T>(method: &str, answer: Result<T, HostError>) -> Result<(), String> {
-    match answer {
-        Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::Timeout => Ok(()),
-        Err(HostError::Answered { error, .. }) => Err(format!(
-            "{method} given 0 ms answered {} ({}), expected -32004 (TIMEOUT)",
-            error.kind.code(),
-            error.message
-        )),
-        Err(error) => Err(format!("{method} given 0 ms: {error}")),
-        Ok(_) => Err(format!("{method} given 0 ms answered a result, expected -32004 (TIMEOUT)")),
-    }
+    expect_error(&format!("{method} given 0 ms"), answer, ErrorKind::Timeout, "-32004 (TIMEOUT)")
 }
 
 /// Whether a removed resource names session `id`, in `session` or in its name.

@@ -118,16 +118,8 @@ impl Suite {
     pub async fn expect_unknown<M: Method>(&self, params: &M::Params) -> Result<(), String> {
         let method = M::NAME;
         let never = CancellationToken::new();
-        match self.host.call::<M>(params, Duration::from_secs(30), &never).await {
-            Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::UnknownSession => Ok(()),
-            Err(HostError::Answered { error, .. }) => Err(format!(
-                "{method} answered {} ({}), expected -32006 (UNKNOWN_SESSION)",
-                error.kind.code(),
-                error.message
-            )),
-            Err(error) => Err(format!("{method}: {error}")),
-            Ok(_) => Err(format!("{method} answered a result, expected -32006 (UNKNOWN_SESSION)")),
-        }
+        let answer = self.host.call::<M>(params, Duration::from_secs(30), &never).await;
+        expect_error(method, answer, ErrorKind::UnknownSession, "-32006 (UNKNOWN_SESSION)")
     }
 
     /// A command on a session that should be gone must fail as an unknown session.
@@ -188,6 +180,24 @@ pub(super) fn quoted(text: &str) -> String {
 fn nonce() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{:x}{:x}", nanos & 0xffff_ffff, std::process::id())
+}
+
+/// An answer that must be the error `kind` (`expected` as the message writes it); `what` names
+/// the request in the message.
+pub fn expect_error<T>(
+    what: &str,
+    answer: Result<T, HostError>,
+    kind: ErrorKind,
+    expected: &str,
+) -> Result<(), String> {
+    match answer {
+        Err(HostError::Answered { error, .. }) if error.kind == kind => Ok(()),
+        Err(HostError::Answered { error, .. }) => {
+            Err(format!("{what} answered {} ({}), expected {expected}", error.kind.code(), error.message))
+        }
+        Err(error) => Err(format!("{what}: {error}")),
+        Ok(_) => Err(format!("{what} answered a result, expected {expected}")),
+    }
 }
 
 #[cfg(test)]
