@@ -117,6 +117,8 @@ pub(crate) struct Live {
     connection: Arc<Connection>,
     process: ExecutorProcess,
     info: std::sync::OnceLock<InitializeResult>,
+    /// Whether it was lost (it died, hung or broke the protocol): counted once.
+    lost: AtomicBool,
 }
 
 /// How many executor processes that served a session and ended it cleanly wait for the next
@@ -142,6 +144,9 @@ pub struct ExecutorHost {
     /// The sessions started and not yet stopped, with the process serving each.
     in_flight: Mutex<BTreeMap<String, u64>>,
     processes: AtomicU64,
+    /// Processes lost and not yet replaced by a fresh one.
+    unreplaced: AtomicU64,
+    counters: HostCounters,
     channels: tempfile::TempDir,
     transfers: AtomicU64,
     unrouted: mpsc::UnboundedSender<LogParams>,
@@ -179,6 +184,8 @@ impl ExecutorHost {
             replaces_dead: AtomicBool::new(true),
             in_flight: Mutex::new(BTreeMap::new()),
             processes: AtomicU64::new(0),
+            unreplaced: AtomicU64::new(0),
+            counters: HostCounters::default(),
             channels,
             transfers: AtomicU64::new(0),
             unrouted,
@@ -335,7 +342,10 @@ impl ExecutorHost {
             ExecutorProcess::spawn(&self.config.process).map_err(|error| HostError::Fault(format!("{error:#}")))?;
         let connection = Connection::new(stdout, stdin, self.unrouted.clone());
         let number = self.processes.fetch_add(1, Ordering::SeqCst);
-        let live = Arc::new(Live { number, connection, process, info: std::sync::OnceLock::new() });
+        let live = Arc::new(Live { number, connection, process, info: std::sync::OnceLock::new(), lost: false.into() });
+        if self.unreplaced.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |lost| lost.checked_sub(1)).is_ok() {
+            self.counters.restarts.fetch_add(1, Ordering::Relaxed);
+        }
         let params = InitializeParams {
             protocol_versions: self.config.offer_versions.clone(),
             runner: self.config.runner.clone(),
@@ -393,7 +403,9 @@ impl ExecutorHost {
     async fn sweep_after_crash(&self, live: &Arc<Live>) {
         let params = CleanupParams { keep: Vec::new(), remove_kept: false, timeout_ms: 120_000 };
         let never = CancellationToken::new();
-        match self.call_on::<rpc::Cleanup>(live, &params, Duration::from_secs(120), &never).await {
+        let swept = self.call_on::<rpc::Cleanup>(live, &params, Duration::from_secs(120), &never).await;
+        self.counters.count_cleanup(&swept);
+        match swept {
             Ok(result) => log_cleanup(self.name(), "after a crash", &result),
             Err(error) => tracing::error!(executor = %self.name(), "cleanup after a crash failed: {error}"),
         }
@@ -401,6 +413,9 @@ impl ExecutorHost {
 
     /// The sessions `live` served are lost with it; the next process sweeps what they left.
     fn lose_sessions(&self, live: &Live) {
+        if !live.lost.swap(true, Ordering::SeqCst) {
+            self.unreplaced.fetch_add(1, Ordering::SeqCst);
+        }
         self.in_flight.lock().unwrap_or_else(|poison| poison.into_inner()).retain(|_, number| *number != live.number);
         self.needs_cleanup.store(true, Ordering::SeqCst);
     }
@@ -540,9 +555,17 @@ impl ExecutorHost {
             remove_kept: false,
             timeout_ms: timeout.as_millis() as u64,
         };
-        let result: CleanupResult = self.call::<rpc::Cleanup>(&params, timeout, &CancellationToken::new()).await?;
+        let swept = self.call::<rpc::Cleanup>(&params, timeout, &CancellationToken::new()).await;
+        self.counters.count_cleanup(&swept);
+        let result: CleanupResult = swept?;
         log_cleanup(self.name(), "sweep", &result);
         Ok(result)
+    }
+
+    /// What this host has counted since it started: executor processes started again in place
+    /// of lost ones, and what its sweeps removed and failed to.
+    pub fn counters(&self) -> &HostCounters {
+        &self.counters
     }
 
     /// Ends the executor: sweeps after a crash if one is pending, asks each process no session
@@ -566,6 +589,42 @@ impl ExecutorHost {
     fn next_channel(&self) -> std::path::PathBuf {
         let number = self.transfers.fetch_add(1, Ordering::SeqCst);
         self.channels.path().join(format!("transfer-{number}.sock"))
+    }
+}
+
+/// Counts of what an [`ExecutorHost`] did since it started, for monitoring.
+#[derive(Debug, Default)]
+pub struct HostCounters {
+    restarts: AtomicU64,
+    cleanup_removed: AtomicU64,
+    cleanup_failures: AtomicU64,
+}
+
+impl HostCounters {
+    /// Executor processes started in place of one that was lost: it exited, was stopped as hung,
+    /// or broke the protocol. With a process a session, a process started for a new session
+    /// while none waits is no restart unless one was lost.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// The resources the executor's sweeps (`cleanup`) removed.
+    pub fn cleanup_removed(&self) -> u64 {
+        self.cleanup_removed.load(Ordering::Relaxed)
+    }
+
+    /// The failures the executor's sweeps named, plus one for each sweep that failed whole.
+    pub fn cleanup_failures(&self) -> u64 {
+        self.cleanup_failures.load(Ordering::Relaxed)
+    }
+
+    fn count_cleanup<E>(&self, swept: &Result<CleanupResult, E>) {
+        let (removed, failures) = match swept {
+            Ok(result) => (result.removed.len(), result.failures.len()),
+            Err(_) => (0, 1),
+        };
+        self.cleanup_removed.fetch_add(removed as u64, Ordering::Relaxed);
+        self.cleanup_failures.fetch_add(failures as u64, Ordering::Relaxed);
     }
 }
 

@@ -102,6 +102,13 @@ impl CacheStore {
             .enumerate()
             .map(|(index, path)| {
                 let base = self.base_path(repository_key, workflow, trusted, path);
+                // Its time is its last use: retention prunes the archives not used for long.
+                let used = std::fs::File::open(&base).and_then(|file| file.set_modified(std::time::SystemTime::now()));
+                if let Err(error) = used
+                    && error.kind() != std::io::ErrorKind::NotFound
+                {
+                    tracing::debug!("cannot mark {} used: {error}", base.display());
+                }
                 CacheLease {
                     path: path.clone(),
                     base: base.is_file().then_some(base),

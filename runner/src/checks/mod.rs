@@ -106,6 +106,17 @@ pub struct CheckRecord {
     /// it); a published check that is taken away again asks for a new run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub published: bool,
+    /// The run this one repeats (`knotless-run rerun`, or a run queued again after the runner
+    /// stopped before it started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reruns: Option<String>,
+    /// The runs that repeat this one, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_again_as: Vec<String>,
+    /// The variables the one who asked for the run gave (a manual run's inputs, a rerun's
+    /// `--env`): a rerun of this run gets them again. Never secrets.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub variables: std::collections::BTreeMap<String, String>,
 }
 
 impl CheckRecord {
@@ -134,6 +145,9 @@ impl CheckRecord {
             caches: Vec::new(),
             log_truncated: false,
             published: false,
+            reruns: None,
+            run_again_as: Vec::new(),
+            variables: std::collections::BTreeMap::new(),
             queued_at: now_ms(),
             started_at: None,
             finished_at: None,

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -12,6 +13,7 @@ use crate::cache::CacheStore;
 use crate::daemon::{Daemon, DaemonConfig};
 use crate::forge::{GitForge, GitForgeConfig};
 use crate::host::ExecutorHost;
+use crate::metrics::Metrics;
 use knotless_protocol::messages::Isolation;
 
 /// The state folder's default.
@@ -81,6 +83,15 @@ pub struct DaemonArgs {
     /// Fail a run when fewer bytes are free under the state folder.
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     pub disk_floor: u64,
+    /// How long ended checks (with their logs and outputs), unused caches and the mirrors of
+    /// repositories no longer watched are kept: `90d`, `36h`, ... Pruned at start and hourly;
+    /// the newest check of each workflow on each branch and the checks of open pulls stay.
+    #[arg(long, value_name = "DURATION", default_value = "90d", value_parser = parse_retention)]
+    pub retention: Duration,
+    /// The most bytes the checks, logs and outputs may take; past it the oldest checks are
+    /// pruned first (the ones --retention keeps stay).
+    #[arg(long, value_name = "BYTES")]
+    pub retention_max_bytes: Option<u64>,
     /// The state folder.
     #[command(flatten)]
     pub state: StateArgs,
@@ -90,6 +101,14 @@ pub struct DaemonArgs {
     /// The status page.
     #[command(flatten)]
     pub http: super::http_args::HttpArgs,
+}
+
+fn parse_retention(text: &str) -> Result<Duration, String> {
+    match crate::workflow::parse_duration(text) {
+        Some(duration) if duration >= Duration::from_secs(3600) => Ok(duration),
+        Some(_) => Err(format!("{text} is shorter than an hour, the pruning's own period")),
+        None => Err(format!("{text} is not a duration: expected e.g. 90d, 36h")),
+    }
 }
 
 /// This host's name as a runner id: its safe characters, at most 63.
@@ -196,6 +215,9 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         default_runner: args.default_runner.clone(),
         fetch_timeout: Duration::from_secs(args.fetch_timeout.max(1)),
     });
+    let metrics = Arc::new(Metrics::new());
+    metrics.watch_host(&host);
+    metrics.read_queues(&state);
     let daemon_config = DaemonConfig {
         state: state.clone(),
         runner_id,
@@ -206,14 +228,20 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         fetches: args.fetches.max(1),
         secrets_file: args.secrets_file.clone(),
         disk_floor: args.disk_floor,
+        retention: crate::retention::Retention { max_age: args.retention, max_bytes: args.retention_max_bytes },
         keep: args.executor.keep,
         step_env,
+        metrics: Arc::clone(&metrics),
     };
     if let Some(path) = &args.secrets_file {
         crate::secrets::read_operator_file(path)?;
     }
     if let Some(web) = web {
-        crate::web::start(web, crate::web::View::new(&state, super::http_args::summary(&args, &host).await)).await?;
+        let view = crate::web::View::new(&state, super::http_args::summary(&args, &host).await);
+        crate::web::start_with_metrics(web, view, crate::web::Limits::default(), Some(Arc::clone(&metrics))).await?;
+    }
+    if let Some(addr) = args.http.metrics {
+        crate::web::start_metrics(addr, metrics, crate::web::Limits::default()).await?;
     }
     let caches = CacheStore::open(&state, args.cache_max)?;
     let daemon = Daemon::new(daemon_config, forge, host, caches, lock)?;

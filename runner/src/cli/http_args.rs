@@ -1,5 +1,6 @@
 //! The status page's flags (`--http`, `--http-public`) and its token from the environment,
-//! validated into the page's configuration before the daemon starts anything.
+//! validated into the page's configuration before the daemon starts anything, and the metrics'
+//! own listener (`--metrics`).
 
 use std::net::SocketAddr;
 
@@ -22,6 +23,11 @@ pub struct HttpArgs {
     /// `X-Forwarded-Proto: https` gets a `Secure` session cookie.
     #[arg(long, value_name = "IP", requires = "http")]
     pub http_trusted_proxy: Option<std::net::IpAddr>,
+    /// Serve the daemon's metrics at http://ADDR/metrics (Prometheus text format; e.g.
+    /// 127.0.0.1:9100 or localhost:9100; port 0 picks a free port, logged), with no token: they
+    /// name no repository, workflow or path. The page (--http) serves them too.
+    #[arg(long, value_name = "ADDR", value_parser = listen_address)]
+    pub metrics: Option<SocketAddr>,
 }
 
 impl HttpArgs {

@@ -11,6 +11,7 @@ mod logs;
 mod manpage;
 mod notify;
 mod plugin;
+mod rerun;
 mod run;
 mod secrets;
 mod trigger;
@@ -50,6 +51,8 @@ pub enum Command {
     Notify(notify::NotifyArgs),
     /// Ask the daemon to run a workflow that has a manual trigger, on the head of a branch.
     Trigger(trigger::TriggerArgs),
+    /// Ask the daemon to run a check's workflow again on the same commit.
+    Rerun(rerun::RerunArgs),
     /// The runner's secrets key: print its recipient, seal a value to it.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
@@ -88,6 +91,7 @@ pub fn main() -> ExitCode {
             Some(Command::Logs(args)) => logs::main(args).await,
             Some(Command::Notify(args)) => notify::main(args).await,
             Some(Command::Trigger(args)) => trigger::main(args).await,
+            Some(Command::Rerun(args)) => rerun::main(args).await,
             Some(Command::Secrets(command)) => secrets::main(command).await,
             Some(Command::Kubeconfig(command)) => kubeconfig::main(command).await,
             Some(Command::Completions(args)) => completions::main(args),

@@ -741,19 +741,7 @@ async fn git_check_ref_format(branch: &str) -> bool {
     crate::forge::Git::outside().succeeds(&["check-ref-format", "--branch", branch]).await
 }
 
-/// Whether `name` may be given to steps: letters, digits and `_`, not starting with a digit,
-/// and not one of the run's own (`CI`, `KNOTLESS_*`).
-pub(crate) fn check_variable_name(name: &str) -> Result<(), String> {
-    let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !valid {
-        return Err(format!("{:?} is not a variable name (letters, digits and _)", printable::name(name)));
-    }
-    if name == "CI" || name.starts_with("KNOTLESS_") {
-        return Err(format!("{name} is set by the run itself and cannot be given"));
-    }
-    Ok(())
-}
+pub(crate) use crate::workflow::check_variable_name;
 
 /// The variables of the defaults files, then `--env-file`, then `--env`, each over the one
 /// before, their names checked.

@@ -407,6 +407,7 @@ impl<F: Forge> Daemon<F> {
         if let Err(error) = QueueStore::new(&self.config.state).save(&repository.key, queue) {
             tracing::error!("merge queue: {error:#}");
         }
+        self.config.metrics.queue_saved(&repository.key, queue);
     }
 }
 

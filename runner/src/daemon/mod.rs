@@ -6,7 +6,9 @@
 mod lander;
 mod leftovers;
 pub mod notify;
+mod prune;
 mod queue_runs;
+mod rerun;
 mod run;
 mod schedule;
 pub mod state;
@@ -21,6 +23,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+pub use rerun::RERUN_OF;
 pub use schedule::{new_run_id, selected};
 use state::{InFlight, RepositoryState, StateFile, StateLock};
 
@@ -59,10 +62,14 @@ pub struct DaemonConfig {
     pub secrets_file: Option<PathBuf>,
     /// Below this many free bytes under the state folder a run fails (`--disk-floor`).
     pub disk_floor: u64,
+    /// What is kept of ended checks, caches and mirrors (`--retention`, `--retention-max-bytes`).
+    pub retention: crate::retention::Retention,
     /// Keep environments (`--keep`).
     pub keep: bool,
     /// Variables for every step of every run (`--env`, `--env-file`).
     pub step_env: std::collections::BTreeMap<String, String>,
+    /// The metrics the daemon keeps up to date (served at `/metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The running daemon.
@@ -102,6 +109,8 @@ impl<F: Forge> Daemon<F> {
     ) -> anyhow::Result<Self> {
         let key = RunnerKey::load_or_create(&config.state)?;
         let state = StateFile::load(&config.state)?;
+        let metrics = Arc::clone(&config.metrics);
+        state.on_change(move |state| metrics.in_flight(state.in_flight.values().map(|run| run.status)));
         let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
         Ok(Daemon {
             config,
@@ -140,6 +149,10 @@ impl<F: Forge> Daemon<F> {
                 tracing::error!("cannot end the log of {run_id}: {error:#}");
             }
             self.put_check(&check);
+            self.config.metrics.run_ended(&check);
+            if status == RunStatus::Cancelled {
+                self.remember_dropped(&check);
+            }
             tracing::warn!(run_id = %run_id, "run {run_id} of {} ended {}: {cause}", check.workflow, status.as_str());
         }
         self.state.update(|state| state.in_flight.clear());
@@ -154,6 +167,8 @@ impl<F: Forge> Daemon<F> {
         for failure in swept.failures.iter().chain(&temporary.failures) {
             tracing::warn!("{failure}");
         }
+        self.config.metrics.swept(swept.removed.len(), swept.failures.len());
+        self.config.metrics.swept(temporary.removed.len(), temporary.failures.len());
         let swept = self.host.cleanup(Duration::from_secs(300)).await;
         match &swept {
             Ok(result) => tracing::info!(
@@ -176,6 +191,8 @@ impl<F: Forge> Daemon<F> {
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         let mut tasks = JoinSet::new();
+        daemon.requeue(&mut tasks).await;
+        daemon.keep_pruning();
         tracing::info!(
             runner_id = %daemon.config.runner_id,
             "knotless-run serving as runner {} with executor {}, {} run(s) at once, state in {}",
@@ -195,7 +212,9 @@ impl<F: Forge> Daemon<F> {
             match only.take() {
                 Some(repository) => daemon.look(Some(&repository), &mut tasks).await,
                 None if tokio::time::Instant::now() >= round => {
+                    let started = std::time::Instant::now();
                     daemon.look(None, &mut tasks).await;
+                    daemon.config.metrics.poll_took(started.elapsed());
                     round = tokio::time::Instant::now() + daemon.config.poll;
                 }
                 None => {}
@@ -217,6 +236,9 @@ impl<F: Forge> Daemon<F> {
                     notify::Wake::Trigger(trigger, reply) => {
                         let _ = reply.send(daemon.trigger(&trigger, &mut tasks).await);
                         only = Some(trigger.repository);
+                    }
+                    notify::Wake::Rerun(rerun, reply) => {
+                        let _ = reply.send(daemon.rerun(&rerun, &mut tasks).await);
                     }
                 },
                 _ = terminate.recv() => break,
@@ -337,6 +359,8 @@ impl<F: Forge> Daemon<F> {
                 true,
                 &self.config.runner_id,
             );
+            let mut check = check;
+            check.variables = trigger.inputs.clone();
             let run_id = check.run_id.clone();
             tracing::info!(repository = %repository.url, run_id = %run_id, "manual run of {} on {branch} ({commit})", workflow.name);
             self.state.update(|state| {
@@ -419,59 +443,80 @@ impl<F: Forge> Daemon<F> {
                 ended.retain(|check| new(check));
                 for check in ended {
                     self.put_check(&check);
+                    self.config.metrics.run_ended(&check);
                 }
-                // Each job's outcome, for the jobs of the same event that need it.
-                let outcomes: BTreeMap<String, (Option<String>, watch::Sender<Option<RunStatus>>)> = jobs
-                    .iter()
-                    .map(|job| (job.workflow.name.clone(), (job.workflow.base.clone(), watch::channel(None).0)))
-                    .collect();
-                for job in jobs {
-                    let mut needs = Vec::new();
-                    let mut missing = None;
-                    for need in &job.workflow.needs {
-                        let named: Vec<_> = outcomes
-                            .iter()
-                            .filter(|(name, (base, _))| *name == need || base.as_deref() == Some(need.as_str()))
-                            .map(|(name, (_, sender))| (need.clone(), name.clone(), sender.subscribe()))
-                            .collect();
-                        if named.is_empty() {
-                            missing.get_or_insert_with(|| need.clone());
-                        }
-                        needs.extend(named);
-                    }
-                    let done = outcomes.get(&job.workflow.name).map(|(_, sender)| sender.clone());
-                    if let Some(need) = missing {
-                        let mut check = job.check;
-                        let cause = format!("it needs {need}, which does not run for this event on this runner");
-                        check.end(RunStatus::Skipped, cause.clone());
-                        self.finish(&check, &format!("==> skipped: {cause}\n"));
-                        if let Some(done) = done {
-                            done.send_replace(Some(RunStatus::Skipped));
-                        }
-                        continue;
-                    }
-                    let run_id = job.check.run_id.clone();
-                    self.state.update(|state| {
-                        state.in_flight.insert(
-                            run_id.clone(),
-                            InFlight { repository_key: repository.key.clone(), status: InFlightStatus::Queued },
-                        )
-                    });
-                    self.put_check(&job.check);
-                    let daemon = Arc::clone(self);
-                    tasks.spawn(async move {
-                        let status = daemon.queue(job, needs).await;
-                        if let Some(done) = done {
-                            done.send_replace(Some(status));
-                        }
-                    });
-                }
+                self.spawn_jobs(
+                    repository,
+                    jobs,
+                    |_, need| Err(format!("it needs {need}, which does not run for this event on this runner")),
+                    tasks,
+                );
             }
             let seen = Seen::of(&snapshot);
             self.state.update(|state| {
                 state.repositories.insert(repository.key.clone(), RepositoryState { url: repository.url.clone(), seen })
             });
             self.consider_queue(repository, &snapshot, tasks).await;
+        }
+    }
+
+    /// Queues `jobs` (of one event, or runs queued again together), each waiting for the jobs
+    /// of the list it needs; a need that names none of them is settled by `outside`: `Ok` when
+    /// it is met, else the cause of the job's skip.
+    fn spawn_jobs(
+        self: &Arc<Self>,
+        repository: &Repository,
+        jobs: Vec<schedule::Job>,
+        outside: impl Fn(&schedule::Job, &str) -> Result<(), String>,
+        tasks: &mut JoinSet<()>,
+    ) {
+        // Each job's outcome, for the jobs that need it.
+        let outcomes: BTreeMap<String, (Option<String>, watch::Sender<Option<RunStatus>>)> = jobs
+            .iter()
+            .map(|job| (job.workflow.name.clone(), (job.workflow.base.clone(), watch::channel(None).0)))
+            .collect();
+        for job in jobs {
+            let mut needs = Vec::new();
+            let mut unmet = None;
+            for need in &job.workflow.needs {
+                let named: Vec<_> = outcomes
+                    .iter()
+                    .filter(|(name, (base, _))| *name == need || base.as_deref() == Some(need.as_str()))
+                    .map(|(name, (_, sender))| (need.clone(), name.clone(), sender.subscribe()))
+                    .collect();
+                if named.is_empty()
+                    && unmet.is_none()
+                    && let Err(cause) = outside(&job, need)
+                {
+                    unmet = Some(cause);
+                }
+                needs.extend(named);
+            }
+            let done = outcomes.get(&job.workflow.name).map(|(_, sender)| sender.clone());
+            if let Some(cause) = unmet {
+                let mut check = job.check;
+                check.end(RunStatus::Skipped, cause.clone());
+                self.finish(&check, &format!("==> skipped: {cause}\n"));
+                if let Some(done) = done {
+                    done.send_replace(Some(RunStatus::Skipped));
+                }
+                continue;
+            }
+            let run_id = job.check.run_id.clone();
+            self.state.update(|state| {
+                state.in_flight.insert(
+                    run_id.clone(),
+                    InFlight { repository_key: repository.key.clone(), status: InFlightStatus::Queued },
+                )
+            });
+            self.put_check(&job.check);
+            let daemon = Arc::clone(self);
+            tasks.spawn(async move {
+                let status = daemon.queue(job, needs).await;
+                if let Some(done) = done {
+                    done.send_replace(Some(status));
+                }
+            });
         }
     }
 
@@ -500,9 +545,7 @@ impl<F: Forge> Daemon<F> {
                     return RunStatus::Skipped;
                 }
                 None => {
-                    let mut check = job.check;
-                    check.end(RunStatus::Cancelled, STOPPED_BEFORE);
-                    self.finish(&check, &format!("==> cancelled: {STOPPED_BEFORE}\n"));
+                    self.drop_at_handover(job.check);
                     return RunStatus::Cancelled;
                 }
             }
@@ -530,10 +573,7 @@ impl<F: Forge> Daemon<F> {
         let ended = match permit {
             Some(_permit) => Arc::clone(&self).run_job(job).await,
             None => {
-                let mut check = job.check;
-                check.end(RunStatus::Cancelled, STOPPED_BEFORE);
-                tracing::info!(run_id = %check.run_id, "run {} of {} cancelled: {STOPPED_BEFORE}", check.run_id, check.workflow);
-                self.finish(&check, &format!("==> cancelled: {STOPPED_BEFORE}\n"));
+                self.drop_at_handover(job.check);
                 RunStatus::Cancelled
             }
         };

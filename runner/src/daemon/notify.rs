@@ -1,7 +1,8 @@
 //! The wake-up socket: `<state>/notify.sock`, a Unix socket where `knotless-run notify REPO`
 //! (from a post-receive hook) writes one line naming a repository, so the daemon looks at it at
-//! once instead of at its next poll, and where `knotless-run trigger` writes one JSON line
-//! asking for a manual run ([`Trigger`]) and reads back its run ids or why not.
+//! once instead of at its next poll, and where `knotless-run trigger` and `knotless-run rerun`
+//! write one JSON line asking for a manual run ([`Trigger`]) or a run again ([`Rerun`]) and
+//! read back the run ids or why not.
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +35,19 @@ pub struct Trigger {
     pub inputs: std::collections::BTreeMap<String, String>,
 }
 
+/// A request to run a check's workflow again on its commit (`knotless-run rerun`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rerun {
+    /// The repository, as the daemon watches it.
+    pub repository: String,
+    /// The id of the run to repeat.
+    pub rerun: String,
+    /// Variables for every step of the new run, over the workflow's `env`.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
 /// What the socket asks of the daemon.
 #[derive(Debug)]
 pub enum Wake {
@@ -41,6 +55,26 @@ pub enum Wake {
     Look(String, oneshot::Sender<Result<(), String>>),
     /// Run a workflow by hand; the answer is its run ids, or why not.
     Trigger(Trigger, oneshot::Sender<Result<Vec<String>, String>>),
+    /// Run a check again; the answer is the new run's id, or why not.
+    Rerun(Rerun, oneshot::Sender<Result<Vec<String>, String>>),
+}
+
+/// A request waiting for the channel of its answer.
+type Asked = Box<dyn FnOnce(oneshot::Sender<Result<Vec<String>, String>>) -> Wake + Send>;
+
+/// A JSON line's request: a rerun names the run it repeats, a trigger does not.
+fn request(line: &str) -> Result<Asked, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|error| format!("the request is not understood: {error}"))?;
+    if value.get("rerun").is_some() {
+        let rerun: Rerun =
+            serde_json::from_value(value).map_err(|error| format!("the rerun is not understood: {error}"))?;
+        Ok(Box::new(move |reply| Wake::Rerun(rerun, reply)))
+    } else {
+        let trigger: Trigger =
+            serde_json::from_value(value).map_err(|error| format!("the trigger is not understood: {error}"))?;
+        Ok(Box::new(move |reply| Wake::Trigger(trigger, reply)))
+    }
 }
 
 /// The most a trigger's line may hold.
@@ -74,11 +108,11 @@ pub fn listen(state: &Path, wake: mpsc::UnboundedSender<Wake>) -> anyhow::Result
                             Err(_) => "error the runner is stopping".to_string(),
                         }
                     }
-                    true => match serde_json::from_str::<Trigger>(line.trim()) {
-                        Err(error) => format!("error the trigger is not understood: {error}"),
-                        Ok(trigger) => {
+                    true => match request(line.trim()) {
+                        Err(why) => format!("error {}", why.replace('\n', " ")),
+                        Ok(request) => {
                             let (reply, answer) = oneshot::channel();
-                            let _ = wake.send(Wake::Trigger(trigger, reply));
+                            let _ = wake.send(request(reply));
                             match answer.await {
                                 Ok(Ok(runs)) => format!("ok {}", runs.join(" ")),
                                 Ok(Err(why)) => format!("error {}", why.replace('\n', " ")),
@@ -115,6 +149,17 @@ pub async fn trigger(state: &Path, trigger: &Trigger) -> anyhow::Result<Result<V
     }
 }
 
+/// Asks the daemon under `state` to run a check again: the new run's id, or why the daemon
+/// refused.
+pub async fn rerun(state: &Path, rerun: &Rerun) -> anyhow::Result<Result<String, String>> {
+    let answer = ask(state, &serde_json::to_string(rerun)?).await?;
+    match answer.split_once(' ').unwrap_or((answer.as_str(), "")) {
+        ("ok", run) if !run.trim().is_empty() => Ok(Ok(run.trim().to_string())),
+        ("error", why) => Ok(Err(why.to_string())),
+        _ => bail!("the runner answered {answer:?}"),
+    }
+}
+
 /// Writes `line` to the socket and reads the runner's one-line answer.
 async fn ask(state: &Path, line: &str) -> anyhow::Result<String> {
     let path = socket_path(state);
@@ -125,4 +170,30 @@ async fn ask(state: &Path, line: &str) -> anyhow::Result<String> {
     let mut answer = String::new();
     BufReader::new(stream).read_line(&mut answer).await.context("cannot read the runner's answer")?;
     Ok(answer.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_line_is_a_rerun_when_it_names_a_run_and_a_trigger_otherwise() {
+        let (reply, _) = oneshot::channel();
+        let rerun = request(r#"{"repository":"/r","rerun":"ci-1","env":{"DEBUG":"1"}}"#).expect("a rerun")(reply);
+        assert!(matches!(&rerun, Wake::Rerun(rerun, _) if rerun.rerun == "ci-1" && rerun.env["DEBUG"] == "1"));
+        let (reply, _) = oneshot::channel();
+        let trigger = request(r#"{"repository":"/r","workflow":"release","branch":null}"#).expect("a trigger")(reply);
+        assert!(matches!(&trigger, Wake::Trigger(trigger, _) if trigger.workflow == "release"));
+        for (line, why) in [
+            (
+                r#"{"repository":"/r","rerun":"ci-1","workflow":"x"}"#,
+                "the rerun is not understood: unknown field `workflow`",
+            ),
+            (r#"{"repository":"/r"}"#, "the trigger is not understood: missing field `workflow`"),
+            ("{nonsense", "the request is not understood"),
+        ] {
+            let error = request(line).err().expect("refused");
+            assert!(error.starts_with(why), "{line}: {error}");
+        }
+    }
 }

@@ -127,7 +127,13 @@ impl<F: Forge> Daemon<F> {
                 event,
                 checkout: prepared.checkout.clone(),
                 secrets,
-                extra_env: self.config.step_env.clone(),
+                extra_env: {
+                    let mut env = self.config.step_env.clone();
+                    if let Some(repeated) = &check.reruns {
+                        env.insert(super::RERUN_OF.to_string(), repeated.clone());
+                    }
+                    env
+                },
                 outputs_dir: Some(outputs_dir),
                 keep: self.config.keep,
                 limits: engine::Limits::default(),
@@ -207,6 +213,7 @@ impl<F: Forge> Daemon<F> {
             tracing::error!("cannot store the log of {}: {error:#}", check.run_id);
         }
         self.put_check(check);
+        self.config.metrics.run_ended(check);
         self.state.update(|state| state.in_flight.remove(&check.run_id));
     }
 

@@ -68,6 +68,19 @@ pub struct State {
     /// checks reachable by their addresses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watched: Option<Vec<String>>,
+    /// The runs that never started because the runner stopped (a handover, or a runner that
+    /// died with runs waiting), each queued again at the next start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requeue: Vec<Dropped>,
+}
+
+/// A run the runner stopped before it started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dropped {
+    /// The repository's key.
+    pub repository_key: String,
+    /// The run's id.
+    pub run_id: String,
 }
 
 /// What an orphan sweep did.
@@ -138,7 +151,12 @@ impl StateLock {
 pub struct StateFile {
     path: PathBuf,
     state: Mutex<State>,
+    /// Told the state after each change (see [`StateFile::on_change`]).
+    changed: std::sync::OnceLock<Box<OnChange>>,
 }
+
+/// What is told the state after each change.
+type OnChange = dyn Fn(&State) + Send + Sync;
 
 impl StateFile {
     /// Reads `<state>/state.json`, or starts empty when there is none.
@@ -151,13 +169,22 @@ impl StateFile {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => State::default(),
             Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
         };
-        Ok(StateFile { path, state: Mutex::new(state) })
+        Ok(StateFile { path, state: Mutex::new(state), changed: std::sync::OnceLock::new() })
+    }
+
+    /// Has `hook` told the state after each change, under the state's lock (so in the order of
+    /// the changes); it must be quick. Only the first hook given is kept.
+    pub fn on_change(&self, hook: impl Fn(&State) + Send + Sync + 'static) {
+        let _ = self.changed.set(Box::new(hook));
     }
 
     /// Changes the state and writes it out.
     pub fn update<T>(&self, change: impl FnOnce(&mut State) -> T) -> T {
         let mut state = self.state.lock().unwrap_or_else(|poison| poison.into_inner());
         let result = change(&mut state);
+        if let Some(hook) = self.changed.get() {
+            hook(&state);
+        }
         let written = serde_json::to_vec_pretty(&*state)
             .context("cannot encode the state")
             .and_then(|bytes| write_atomic(&self.path, &bytes));

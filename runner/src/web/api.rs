@@ -1,8 +1,9 @@
 //! `/api/`: the same data as the pages, as JSON: the records `checks --json` prints (the same
-//! bytes), a check's record, a branch's merge queue record, the repositories and the runner.
+//! bytes, a page of the newest at a time), a check's record, a branch's merge queue record, the
+//! repositories and the runner.
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -41,13 +42,67 @@ async fn repositories(State(app): State<App>) -> Response {
     answer(move || pretty(&app.view.repositories())).await
 }
 
-async fn checks(State(app): State<App>, Path(key): Path<String>) -> Response {
-    answer(move || {
+/// How many checks a page of `/api/repositories/KEY/checks` holds by default, and at most.
+pub const PER_PAGE: usize = 100;
+/// See [`PER_PAGE`].
+pub const MAX_PER_PAGE: usize = 1000;
+
+/// `?page=N&per_page=M`: page 1 holds the newest checks.
+#[derive(Debug, serde::Deserialize)]
+struct Paging {
+    page: Option<usize>,
+    per_page: Option<usize>,
+}
+
+/// The range of `total` records (oldest first) that page `page` of `per_page` holds, counted
+/// from the newest; and whether an older page follows.
+fn page_range(total: usize, page: usize, per_page: usize) -> (std::ops::Range<usize>, bool) {
+    let newest_skipped = (page - 1).saturating_mul(per_page).min(total);
+    let end = total - newest_skipped;
+    let start = end.saturating_sub(per_page);
+    (start..end, start > 0)
+}
+
+async fn checks(
+    State(app): State<App>,
+    Path(key): Path<String>,
+    paging: Result<Query<Paging>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(paging)) = paging else {
+        return (axum::http::StatusCode::BAD_REQUEST, "page and per_page are positive whole numbers\n").into_response();
+    };
+    let page = paging.page.unwrap_or(1);
+    let per_page = paging.per_page.unwrap_or(PER_PAGE);
+    if page == 0 || per_page == 0 || per_page > MAX_PER_PAGE {
+        let why = format!("page counts from 1, and per_page from 1 to {MAX_PER_PAGE}\n");
+        return (axum::http::StatusCode::BAD_REQUEST, why).into_response();
+    }
+    let link_key = key.clone();
+    let work = move || {
         app.view.repository(&key)?;
         let records = app.view.records(&key);
-        pretty(&records.iter().map(|record| record.as_ref()).collect::<Vec<&CheckRecord>>())
-    })
-    .await
+        let (range, older) = page_range(records.len(), page, per_page);
+        let shown: Vec<&CheckRecord> = records[range].iter().map(|record| record.as_ref()).collect();
+        Some((pretty(&shown)?, records.len(), older))
+    };
+    match tokio::task::spawn_blocking(work).await.ok().flatten() {
+        Some((text, total, older)) => {
+            let mut response = ([(header::CONTENT_TYPE, "application/json")], text).into_response();
+            let headers = response.headers_mut();
+            headers.insert("x-total-count", total.into());
+            if older {
+                let next = format!(
+                    "</api/repositories/{link_key}/checks?page={}&per_page={per_page}>; rel=\"next\"",
+                    page + 1
+                );
+                if let Ok(value) = header::HeaderValue::from_str(&next) {
+                    headers.insert(header::LINK, value);
+                }
+            }
+            response
+        }
+        None => not_found_response(),
+    }
 }
 
 async fn check(State(app): State<App>, Path((key, run)): Path<(String, String)>) -> Response {
@@ -60,4 +115,20 @@ async fn queue(State(app): State<App>, Path((key, branch)): Path<(String, String
 
 async fn runner(State(app): State<App>) -> Response {
     answer(move || pretty(&app.view.runner())).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_range;
+
+    #[test]
+    fn pages_count_from_the_newest() {
+        assert_eq!(page_range(250, 1, 100), (150..250, true));
+        assert_eq!(page_range(250, 2, 100), (50..150, true));
+        assert_eq!(page_range(250, 3, 100), (0..50, false));
+        assert_eq!(page_range(250, 4, 100), (0..0, false));
+        assert_eq!(page_range(100, 1, 100), (0..100, false));
+        assert_eq!(page_range(0, 1, 100), (0..0, false));
+        assert_eq!(page_range(10, usize::MAX, usize::MAX), (0..0, false));
+    }
 }

@@ -4,7 +4,9 @@
 //! the only script is the live log's, which streams the masked log over Server-Sent Events.
 //!
 //! It reads only through [`view::View`]; it never writes, and serves no file but a check's
-//! masked log and the outputs its record lists.
+//! masked log and the outputs its record lists. It also serves the daemon's metrics at
+//! `/metrics`, behind the same credentials as the pages; [`start_metrics`] serves them alone on
+//! a listener of their own (`--metrics`), without credentials.
 
 mod api;
 mod auth;
@@ -13,6 +15,7 @@ mod live;
 pub mod outputs;
 mod pages;
 mod routes;
+mod scrape;
 pub mod view;
 
 use std::net::SocketAddr;
@@ -81,6 +84,8 @@ struct App {
     view: Arc<View>,
     auth: Arc<auth::Auth>,
     trusted_proxy: Option<std::net::IpAddr>,
+    /// The daemon's metrics, served at `/metrics` when given.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// What one client may hold of the page.
@@ -108,13 +113,23 @@ pub async fn start(config: WebConfig, view: View) -> anyhow::Result<SocketAddr> 
 
 /// [`start`] with `limits`.
 pub async fn start_with(config: WebConfig, view: View, limits: Limits) -> anyhow::Result<SocketAddr> {
+    start_with_metrics(config, view, limits, None).await
+}
+
+/// [`start_with`], also serving `metrics` at `/metrics`, behind the page's credentials.
+pub async fn start_with_metrics(
+    config: WebConfig,
+    view: View,
+    limits: Limits,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+) -> anyhow::Result<SocketAddr> {
     config.check()?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("--http {}: cannot listen there", config.addr))?;
     let addr = listener.local_addr().context("the status page's address")?;
     let token = if config.public { config.token } else { None };
-    let view = Arc::new(view);
+    let view = Arc::new(view.hiding_host_paths(config.public));
     // Every repository's records read once now, so that no request pays for the first read.
     let warming = Arc::clone(&view);
     tokio::task::spawn_blocking(move || {
@@ -122,17 +137,32 @@ pub async fn start_with(config: WebConfig, view: View, limits: Limits) -> anyhow
             warming.records(&repository.key);
         }
     });
-    let app = App { view, auth: Arc::new(auth::Auth::new(token)), trusted_proxy: config.trusted_proxy };
+    let app = App { view, auth: Arc::new(auth::Auth::new(token)), trusted_proxy: config.trusted_proxy, metrics };
     let router = routes::router(app);
     tracing::info!(http = %addr, "status page at http://{addr}/");
-    tokio::spawn(serve(listener, router, limits));
+    tokio::spawn(serve(listener, router, limits, "the status page"));
+    Ok(addr)
+}
+
+/// Binds `addr` and serves `metrics` there in the background, at `/metrics` and nothing else,
+/// to anyone who can connect, within `limits`; returns the bound address (also logged).
+pub async fn start_metrics(
+    addr: SocketAddr,
+    metrics: Arc<crate::metrics::Metrics>,
+    limits: Limits,
+) -> anyhow::Result<SocketAddr> {
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics {addr}: cannot listen there"))?;
+    let addr = listener.local_addr().context("the metrics' address")?;
+    tracing::info!(metrics = %addr, "metrics at http://{addr}/metrics");
+    tokio::spawn(serve(listener, scrape::router(metrics), limits, "the metrics listener"));
     Ok(addr)
 }
 
 /// Serves HTTP/1.1 on `listener`: at most `limits.max_connections` at once (the others wait to
 /// be accepted), each closed when a request's headers take longer than `limits.header_timeout`
 /// or it stays idle that long between requests (hyper's `header_read_timeout` runs in both).
-async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: Limits) {
+async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: Limits, what: &'static str) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
@@ -143,7 +173,7 @@ async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: 
             Err(error) => {
                 // Out of descriptors, say: wait rather than spin, and leave the rest of the
                 // process what it has.
-                tracing::warn!("the status page cannot accept a connection: {error}");
+                tracing::warn!("{what} cannot accept a connection: {error}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
@@ -154,7 +184,7 @@ async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: 
         let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).with_upgrades();
         tokio::spawn(async move {
             if let Err(error) = connection.await {
-                tracing::debug!("a status page connection ended: {error}");
+                tracing::debug!("a connection to {what} ended: {error}");
             }
             drop(slot);
         });

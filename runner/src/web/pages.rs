@@ -26,6 +26,11 @@ pub fn check_href(record: &CheckRecord) -> String {
     format!("/repositories/{}/checks/{}", record.repository_key, record.run_id)
 }
 
+/// The page address of run `run_id` of the repository of `record`.
+pub fn run_href(record: &CheckRecord, run_id: &str) -> String {
+    format!("/repositories/{}/checks/{}", record.repository_key, path_escape(run_id))
+}
+
 /// A merge queue's page address (the branch's characters escaped for a URL path).
 pub fn queue_href(key: &str, branch: &str) -> String {
     format!("/repositories/{key}/queue/{}", path_escape(branch))
@@ -276,6 +281,10 @@ pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from
                 tr { th { "ref" } td { (name(&record.target.git_ref)) } }
                 tr { th { "runner" } td { (name(&record.runner_id)) } }
                 tr { th { "run" } td { (name(&record.run_id)) } }
+                @if let Some(repeated) = &record.reruns { tr { th { "repeats" } td { a href=(run_href(record, repeated)) { "run " (name(repeated)) } } } }
+                @if !record.run_again_as.is_empty() {
+                    tr { th { "run again as" } td { @for (n, again) in record.run_again_as.iter().enumerate() { @if n > 0 { ", " } a href=(run_href(record, again)) { "run " (name(again)) } } } }
+                }
                 tr { th { "queued" } td { (format::time(record.queued_at)) } }
                 @if let Some(at) = record.started_at { tr { th { "started" } td { (format::time(at)) } } }
                 @if let Some(at) = record.finished_at { tr { th { "finished" } td { (format::time(at)) } } }

@@ -1,6 +1,6 @@
 //! The page's routes: the HTML pages, the log as text and as a live stream, outputs, the
-//! one-time login links, static files, and `/api/`. Anything not found, or not this runner's to
-//! show, is 404.
+//! one-time login links, static files, `/api/`, and the daemon's metrics (`/metrics`). Anything
+//! not found, or not this runner's to show, is 404.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,6 +36,7 @@ pub(super) fn router(app: App) -> Router {
         .route("/repositories/{key}/checks/{run}/outputs/{*path}", get(output))
         .route("/repositories/{key}/queue/{*branch}", get(queue))
         .route("/login-link", post(login_link))
+        .route("/metrics", get(metrics))
         .merge(api::router())
         .route("/static/style.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) }))
         .route(
@@ -229,6 +230,14 @@ async fn queue(State(app): State<App>, Path((key, branch)): Path<(String, String
     })
     .await
     .map(page)
+}
+
+/// `GET /metrics`: the daemon's metrics, when the page serves them.
+async fn metrics(State(app): State<App>) -> Response {
+    match &app.metrics {
+        Some(metrics) => super::scrape::answer(metrics),
+        None => not_found_response(),
+    }
 }
 
 /// `POST /login-link` with the token: a link that opens a session once.

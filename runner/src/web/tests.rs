@@ -464,6 +464,119 @@ async fn connections_that_hold_the_page_open_are_closed_and_capped() {
 
 /// A damaged record, or one naming another repository, is named on the repository's page and
 /// hides none of the others.
+/// A rerun's page links the run it repeats, and the repeated run's page links its reruns;
+/// a hostile id in a record is escaped in the link.
+#[tokio::test]
+async fn a_rerun_and_the_run_it_repeats_link_each_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let store = CheckStore::new(dir.path());
+    let mut again = record("repo-a", "run-again", &[]);
+    again.reruns = Some("run-a".into());
+    store.put(&again).expect("put");
+    let mut old = store.get("repo-a", "run-a").expect("run-a");
+    old.run_again_as = vec!["run-again".into(), "x\"><script>".into()];
+    store.put(&old).expect("put");
+    let addr = serve(dir.path(), false, None).await;
+    let page = get(addr, "/repositories/repo-a/checks/run-again").await;
+    assert!(
+        page.body.contains(r#"<th>repeats</th><td><a href="/repositories/repo-a/checks/run-a">run run-a</a>"#),
+        "{}",
+        page.body
+    );
+    let page = get(addr, "/repositories/repo-a/checks/run-a").await;
+    assert!(
+        page.body.contains(r#"<a href="/repositories/repo-a/checks/run-again">run run-again</a>"#),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("<script>") && page.body.contains("%22%3E%3Cscript%3E"), "{}", page.body);
+}
+
+/// A repository's checks come a page at a time, the newest first, with the total and a link
+/// to the next page; a page that is not a positive number is refused.
+#[tokio::test]
+async fn the_api_pages_a_repository_s_checks_from_the_newest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let store = CheckStore::new(dir.path());
+    for n in 0..150u64 {
+        let mut check = record("repo-c", &format!("run-{n:03}"), &[]);
+        check.queued_at = 1_000 + n;
+        store.put(&check).expect("put");
+    }
+    let addr = serve(dir.path(), false, None).await;
+    let ids = |answer: &Answer| -> Vec<String> {
+        let records: Vec<serde_json::Value> = serde_json::from_str(&answer.body).expect("json");
+        records.iter().map(|record| record["run_id"].as_str().expect("id").to_string()).collect()
+    };
+    let first = get(addr, "/api/repositories/repo-c/checks").await;
+    assert_eq!((first.status, first.header("x-total-count")), (200, Some("150")));
+    let shown = ids(&first);
+    assert_eq!((shown.len(), shown[0].as_str(), shown[99].as_str()), (100, "run-050", "run-149"));
+    assert_eq!(first.header("link"), Some(r#"</api/repositories/repo-c/checks?page=2&per_page=100>; rel="next""#));
+    let second = get(addr, "/api/repositories/repo-c/checks?page=2&per_page=100").await;
+    let shown = ids(&second);
+    assert_eq!((shown.len(), shown[0].as_str(), shown[49].as_str()), (50, "run-000", "run-049"));
+    assert_eq!(second.header("link"), None, "the oldest page is the last");
+    let small = get(addr, "/api/repositories/repo-c/checks?per_page=10&page=3").await;
+    assert_eq!(ids(&small).first().map(String::as_str), Some("run-120"));
+    for bad in ["page=0", "per_page=0", "per_page=1001", "page=x", "page=-1"] {
+        let refused = get(addr, &format!("/api/repositories/repo-c/checks?{bad}")).await;
+        assert_eq!(refused.status, 400, "{bad}: {}", refused.body);
+    }
+}
+
+/// A public page shows no path of the runner's host: no outputs folder in a record, paths in a
+/// cause and in the sweep's notes as `PATH`; a page on loopback shows them.
+#[tokio::test]
+async fn a_public_page_shows_no_host_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let store = CheckStore::new(dir.path());
+    let mut check = store.get("repo-a", "run-a").expect("run-a");
+    check.outputs_dir = Some("/var/lib/knotless/outputs/repo-a/run-a".into());
+    check.cause = Some("cannot remove '/var/lib/knotless/work/r/s': busy".into());
+    store.put(&check).expect("put");
+    let state_file = dir.path().join(crate::daemon::state::STATE_FILE);
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_file).expect("state.json")).expect("json");
+    state["last_sweep"] = serde_json::json!({
+        "at": 1, "removed": ["folder /var/lib/knotless/work/r/s"], "failures": ["cannot remove /tmp/x: busy"]
+    });
+    std::fs::write(&state_file, serde_json::to_vec(&state).expect("json")).expect("write");
+    let token = "0123456789abcdef0123456789abcdef";
+    let bearer = format!("Bearer {token}");
+    let public = serve(dir.path(), true, Some(token)).await;
+    let loopback = serve(dir.path(), false, None).await;
+    for path in ["/api/repositories/repo-a/checks", "/api/repositories/repo-a/checks/run-a", "/api/runner", "/runner"] {
+        let shown = send(public, "GET", path, &[("Authorization", &bearer)]).await;
+        assert_eq!(shown.status, 200, "{path}");
+        for host_path in ["/var/lib/knotless", "/tmp/x"] {
+            assert!(!shown.body.contains(host_path), "{path}: {}", shown.body);
+        }
+        assert!(shown.body.contains("PATH"), "{path}: {}", shown.body);
+    }
+    let page = send(public, "GET", "/repositories/repo-a/checks/run-a", &[("Authorization", &bearer)]).await;
+    assert!(
+        page.body.contains("cannot remove &#39;PATH&#39;: busy") || page.body.contains("cannot remove 'PATH': busy"),
+        "{}",
+        page.body
+    );
+    let shown = get(loopback, "/api/repositories/repo-a/checks/run-a").await;
+    assert!(shown.body.contains("/var/lib/knotless/outputs/repo-a/run-a"), "{}", shown.body);
+}
+
+#[test]
+fn hide_paths_turns_each_absolute_path_into_path() {
+    use super::view::hide_paths;
+    assert_eq!(hide_paths("cannot remove /a/b: busy"), "cannot remove PATH: busy");
+    assert_eq!(hide_paths("folder '/a b/c' gone"), "folder 'PATH b/c' gone");
+    assert_eq!(hide_paths("(/x/y), [/z]."), "(PATH), [PATH].");
+    assert_eq!(hide_paths("no path here, a/b is relative"), "no path here, a/b is relative");
+    assert_eq!(hide_paths("/"), "PATH");
+}
+
 #[tokio::test]
 async fn a_damaged_record_is_named_on_the_page_and_hides_no_other() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -535,4 +648,51 @@ async fn only_repositories_watched_now_are_listed_and_the_others_stay_reachable(
     assert!(front.contains("/repositories/repo-a") && !front.contains("/repositories/repo-b"), "{front}");
     assert_eq!(get(addr, "/repositories/repo-b").await.status, 200, "still reachable");
     assert_eq!(get(addr, "/repositories/repo-b/checks/run-b").await.status, 200, "its checks too");
+}
+
+/// `/metrics` answers the Prometheus text format: on the page, behind its credentials when it is
+/// public; on a listener of its own, to anyone, and nothing else there.
+#[tokio::test]
+async fn the_metrics_are_served_on_the_page_behind_its_credentials_and_alone_on_their_listener() {
+    use crate::metrics::tests::{parse, value};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let mut ended = record("repo-a", "run-metrics", &[]);
+    ended.status = RunStatus::Failure;
+    ended.duration_ms = Some(1_500);
+    metrics.run_ended(&ended);
+    metrics.poll_took(Duration::from_millis(20));
+    let scraped = |answer: &Answer| {
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(answer.header("content-type"), Some("text/plain; version=0.0.4; charset=utf-8"));
+        assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
+        let scrape = parse(&answer.body);
+        let failed = value(&scrape, "knotless_runs_total", &[("status", "failure"), ("workflow_trust", "trusted")]);
+        assert_eq!(failed, Some(1.0), "{}", answer.body);
+        assert_eq!(value(&scrape, "knotless_poll_duration_seconds_count", &[]), Some(1.0), "{}", answer.body);
+    };
+
+    let local = "127.0.0.1:0".parse().expect("addr");
+    let config = WebConfig { addr: local, public: false, token: None, trusted_proxy: None };
+    let view = View::new(dir.path(), summary());
+    let page = start_with_metrics(config, view, Limits::default(), Some(Arc::clone(&metrics))).await.expect("start");
+    scraped(&get(page, "/metrics").await);
+
+    let token = "0123456789abcdef0123456789abcdef";
+    let config = WebConfig { addr: local, public: true, token: Some(token.into()), trusted_proxy: None };
+    let view = View::new(dir.path(), summary());
+    let public = start_with_metrics(config, view, Limits::default(), Some(Arc::clone(&metrics))).await.expect("start");
+    assert_eq!(get(public, "/metrics").await.status, 401, "a public page's metrics need its token");
+    scraped(&send(public, "GET", "/metrics", &[("Authorization", &format!("Bearer {token}"))]).await);
+
+    let without = serve(dir.path(), false, None).await;
+    assert_eq!(get(without, "/metrics").await.status, 404, "a page given no metrics has none");
+
+    let alone = start_metrics(local, Arc::clone(&metrics), Limits::default()).await.expect("start");
+    scraped(&get(alone, "/metrics").await);
+    for elsewhere in ["/", "/api/runner", "/repositories/repo-a", "/metrics/x"] {
+        assert_eq!(get(alone, elsewhere).await.status, 404, "{elsewhere}");
+    }
 }

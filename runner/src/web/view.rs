@@ -101,6 +101,26 @@ pub struct View {
     queues: QueueStore,
     runner: RunnerSummary,
     folders: Mutex<HashMap<String, Folder>>,
+    /// Whether the page is public, so shows no path of the runner's host.
+    hide_host_paths: bool,
+}
+
+/// `text` with each word that is an absolute path (after an opening quote or bracket) as `PATH`.
+pub fn hide_paths(text: &str) -> String {
+    let words: Vec<String> = text
+        .split(' ')
+        .map(|word| {
+            let lead = word.len() - word.trim_start_matches(['(', '[', '\'', '"', '`']).len();
+            match word[lead..].starts_with('/') {
+                true => {
+                    let tail = word.trim_end_matches([')', ']', '\'', '"', '`', ',', ':', ';', '.']);
+                    format!("{}PATH{}", &word[..lead], &word[tail.len().max(lead)..])
+                }
+                false => word.to_string(),
+            }
+        })
+        .collect();
+    words.join(" ")
 }
 
 /// Whether `name` can be a repository key or a run id: what the runner makes (letters, digits,
@@ -121,7 +141,24 @@ impl View {
             queues: QueueStore::new(state),
             runner,
             folders: Mutex::new(HashMap::new()),
+            hide_host_paths: false,
         }
+    }
+
+    /// This view, showing no path of the runner's host when `hide` (a public page): no outputs
+    /// folder in a record, and every path in a cause or in the last sweep's notes as `PATH`.
+    pub fn hiding_host_paths(mut self, hide: bool) -> View {
+        self.hide_host_paths = hide;
+        self
+    }
+
+    /// `record` as this view shows it.
+    fn shown(&self, mut record: CheckRecord) -> CheckRecord {
+        if self.hide_host_paths {
+            record.outputs_dir = None;
+            record.cause = record.cause.as_deref().map(hide_paths);
+        }
+        record
     }
 
     /// The state folder.
@@ -140,7 +177,13 @@ impl View {
     /// The runner now.
     pub fn runner(&self) -> RunnerNow {
         let state = self.state_file();
-        RunnerNow { summary: self.runner.clone(), in_flight: state.in_flight, last_sweep: state.last_sweep }
+        let mut last_sweep = state.last_sweep;
+        if let Some(sweep) = last_sweep.as_mut().filter(|_| self.hide_host_paths) {
+            for note in sweep.removed.iter_mut().chain(sweep.failures.iter_mut()) {
+                *note = hide_paths(note);
+            }
+        }
+        RunnerNow { summary: self.runner.clone(), in_flight: state.in_flight, last_sweep }
     }
 
     /// The repositories watched now (every one known, in a state that does not say), by key.
@@ -206,7 +249,11 @@ impl View {
             return Arc::clone(&folder.records);
         }
         let previous = folders.remove(key);
-        let folder = read_folder(&dir, key, changed, previous);
+        let mut folder = read_folder(&dir, key, changed, previous);
+        if self.hide_host_paths {
+            let shown = folder.records.iter().map(|record| Arc::new(self.shown(CheckRecord::clone(record)))).collect();
+            folder.records = Arc::new(shown);
+        }
         let records = Arc::clone(&folder.records);
         folders.insert(key.to_string(), folder);
         records
@@ -219,7 +266,7 @@ impl View {
             return None;
         }
         let record = self.checks.get(key, run_id).ok()?;
-        (record.repository_key == key && record.run_id == run_id).then_some(record)
+        (record.repository_key == key && record.run_id == run_id).then(|| self.shown(record))
     }
 
     /// The masked log file of a check found by [`View::check`].

@@ -1,16 +1,16 @@
-//! Durations as workflows write them: `90s`, `10m`, `1h30m`, `500ms`.
+//! Durations as workflows and flags write them: `90s`, `10m`, `1h30m`, `500ms`, `90d`.
 
 use std::time::Duration;
 
 /// The hint every duration error ends with.
 pub(crate) const DURATION_HINT: &str = "expected e.g. 90s, 10m, 1h";
 
-/// Parses a duration made of one or more `<integer><unit>` parts, units `ms`, `s`, `m` and `h`,
-/// largest first (`1h30m`, `2m30s`, `1s500ms`); `None` when the text is not one.
+/// Parses a duration made of one or more `<integer><unit>` parts, units `ms`, `s`, `m`, `h` and
+/// `d`, largest first (`1h30m`, `2m30s`, `1s500ms`, `1d12h`); `None` when the text is not one.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let mut rest = text;
     let mut total = Duration::ZERO;
-    // Each unit may appear once, in decreasing order: rank 4 = h ... 1 = ms.
+    // Each unit may appear once, in decreasing order: rank 5 = d, 4 = h ... 1 = ms.
     let mut last_rank = u8::MAX;
     if rest.is_empty() {
         return None;
@@ -30,6 +30,8 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
             (60_000, 3, 1)
         } else if rest.starts_with('h') {
             (3_600_000, 4, 1)
+        } else if rest.starts_with('d') {
+            (86_400_000, 5, 1)
         } else {
             return None;
         };
@@ -78,6 +80,9 @@ mod tests {
         check("1m30s", Some(90_000));
         check("1s500ms", Some(1_500));
         check("1h2m3s4ms", Some(3_723_004));
+        check("90d", Some(90 * 86_400_000));
+        check("1d12h", Some(36 * 3_600_000));
+        check("12h1d", None);
         check("0s", Some(0));
         check("", None);
         check("10", None);

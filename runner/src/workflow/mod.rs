@@ -671,6 +671,21 @@ pub fn is_host_label(name: &str) -> bool {
 
 /// The prefix of the run variables; env and secret names may not start with it.
 pub const RESERVED_PREFIX: &str = "KNOTLESS_";
+
+/// Whether `name` may be given to steps: letters, digits and `_`, not starting with a digit,
+/// and not one of the run's own (`CI`, `KNOTLESS_*`).
+pub fn check_variable_name(name: &str) -> Result<(), String> {
+    let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(format!("{:?} is not a variable name (letters, digits and _)", crate::printable::name(name)));
+    }
+    if name == "CI" || name.starts_with(RESERVED_PREFIX) {
+        return Err(format!("{name} is set by the run itself and cannot be given"));
+    }
+    Ok(())
+}
+
 /// The index of the first name in `names` already seen before it.
 fn first_duplicate<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<usize> {
     let mut seen = BTreeSet::new();

@@ -405,6 +405,71 @@ fn trigger_runs_a_manual_workflow_with_its_inputs_and_refuses_what_cannot_run() 
     assert_eq!(runner.checks(&url, Some(&first)).len(), 2, "a refused trigger queued nothing");
 }
 
+/// `rerun` runs a check's workflow again on its commit, with a new check that names the one it
+/// repeats (and the old one names the new), `KNOTLESS_RERUN_OF` and the `--env` it was given;
+/// a run whose need did not pass is refused until the need passes; what names no run, a run
+/// of another repository, or a repository not watched is refused with exit 1.
+#[test]
+fn rerun_runs_a_check_again_on_its_commit_and_refuses_what_cannot_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("fixed");
+    let flaky = format!(
+        "steps:\n  - name: try\n    run: echo \"rerun_of=${{KNOTLESS_RERUN_OF:-none}} debug=${{DEBUG:-off}}\"; test -f '{}'\n",
+        gate.display()
+    );
+    let after = "needs: [flaky]\nsteps:\n  - name: go\n    run: echo after\n";
+    let (repo, first) = repo_with(dir.path(), &[("flaky", &flaky), ("after", after)]);
+    let url = repo.url();
+    let runner = Runner::start(&dir.path().join("state"), &[flags("e2e-rerun", &[]), vec![url.as_str()]].concat());
+    let checks = runner.final_checks(&url, &first, 2);
+    let (failed, skipped) = (by_workflow(&checks, "flaky"), by_workflow(&checks, "after"));
+    assert_eq!((failed["status"].as_str(), skipped["status"].as_str()), (Some("failure"), Some("skipped")));
+    let failed_run = failed["run_id"].as_str().expect("a run id").to_string();
+    let skipped_run = skipped["run_id"].as_str().expect("a run id").to_string();
+
+    let refused = |args: &[&str], why: &str| {
+        let output = runner.command(&[&["rerun"][..], args].concat());
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(why), "{args:?}: {stderr}");
+    };
+    refused(&[&url, &skipped_run], &format!("after needs flaky, and run {failed_run} of flaky ended failure"));
+    refused(&[&url, "nope-123"], "has no run nope-123");
+    refused(&[&url, "../../state"], "is not a run id");
+    refused(&[&dir.path().join("elsewhere").display().to_string(), &failed_run], "does not watch");
+    let reserved = runner.command(&["rerun", &url, &failed_run, "--env", "KNOTLESS_X=1"]);
+    assert_eq!(reserved.status.code(), Some(2), "a reserved name is refused by the command line");
+    assert_eq!(runner.checks(&url, Some(&first)).len(), 2, "a refused rerun queued nothing");
+
+    std::fs::write(&gate, "").expect("fix the flaky test");
+    let again = runner.command(&["rerun", &url, &failed_run, "--env", "DEBUG=1"]);
+    let said = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert!(again.status.success(), "{said}{}", String::from_utf8_lossy(&again.stderr));
+    let new_run =
+        said.trim().strip_prefix(&format!("run {failed_run} runs again as run ")).expect("the new run id").to_string();
+    let checks = runner.final_checks(&url, &first, 3);
+    let new = checks.iter().find(|check| check["run_id"] == new_run.as_str()).expect("the new check");
+    assert_eq!(
+        (new["status"].as_str(), new["reruns"].as_str()),
+        (Some("success"), Some(failed_run.as_str())),
+        "{new:#}"
+    );
+    assert_eq!((new["event"].as_str(), new["trusted"].as_bool()), (Some("push"), Some(true)));
+    assert_eq!(new["commit"], first.as_str());
+    let old = checks.iter().find(|check| check["run_id"] == failed_run.as_str()).expect("the old check");
+    assert_eq!(old["run_again_as"], serde_json::json!([new_run]), "{old:#}");
+    assert_eq!(old["status"], "failure", "the repeated check keeps its outcome");
+    let log = runner.run_log(&new_run);
+    assert!(log.contains(&format!("flaky/try | rerun_of={failed_run} debug=1")), "{log}");
+
+    // Its need passed now: the skipped run runs.
+    let after_again = runner.command(&["rerun", &url, &skipped_run]);
+    assert!(after_again.status.success(), "{}", String::from_utf8_lossy(&after_again.stderr));
+    let checks = runner.final_checks(&url, &first, 4);
+    let reran = checks.iter().find(|check| check["reruns"] == skipped_run.as_str()).expect("the rerun of after");
+    assert_eq!(reran["status"], "success", "{reran:#}");
+}
+
 #[test]
 fn conditions_on_changed_paths_skip_a_workflow_its_dependents_and_steps_with_the_reason() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -136,6 +136,56 @@ fn sigterm_finishes_the_started_run_cancels_the_waiting_one_and_exits() {
     );
 }
 
+/// The run a handover cancelled before it started runs again at the next start, with a new
+/// check that names it; the run that finished is not run again; a run dropped with its need is
+/// queued again waiting for it.
+#[test]
+fn runs_dropped_at_a_handover_run_again_at_the_next_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    let needing = "needs: [second]\nsteps:\n  - name: go\n    run: echo third\n";
+    let (repo, commit) =
+        repo_with(dir.path(), &[("first", &gated(&gate)), ("second", &gated(&gate)), ("third", needing)]);
+    let url = repo.url();
+    let state = dir.path().join("state");
+    let args = [flags("e2e-requeue", &["--concurrency", "1"]), vec![url.as_str()]].concat();
+    let mut runner = Runner::start(&state, &args);
+    let started = wait_until_started(&runner, &url, &commit);
+    runner.signal(Signal::SIGTERM);
+    eventually("the runner to stop taking work", || runner.stderr().contains("stopping: no new work").then_some(()));
+    std::fs::write(&gate, "").expect("open the gate");
+    assert!(runner.wait().success());
+    let checks = runner.checks(&url, Some(&commit));
+    let cancelled: Vec<&serde_json::Value> = checks.iter().filter(|check| check["status"] == "cancelled").collect();
+    let dropped: Vec<String> =
+        cancelled.iter().map(|check| check["run_id"].as_str().expect("a run id").to_string()).collect();
+    let dropped_workflows: std::collections::BTreeSet<String> =
+        cancelled.iter().filter_map(|check| check["workflow"].as_str().map(str::to_string)).collect();
+    // `third` waited for `second`, and one of `first` and `second` for the one slot.
+    assert_eq!(dropped.len(), 2, "{checks:#?}");
+    assert!(dropped_workflows.contains("third"), "{checks:#?}");
+    drop(runner);
+
+    let runner = Runner::start(&state, &args);
+    let checks = runner.final_checks(&url, &commit, 5);
+    let again: Vec<&serde_json::Value> = checks.iter().filter(|check| check["reruns"].is_string()).collect();
+    assert_eq!(again.len(), 2, "{checks:#?}");
+    for check in &again {
+        assert_eq!(check["status"], "success", "{check:#}");
+        assert!(dropped.iter().any(|run| check["reruns"] == run.as_str()), "{check:#}");
+        assert_ne!(check["reruns"], started.as_str(), "the run that finished is not run again");
+    }
+    let workflows: std::collections::BTreeSet<String> =
+        again.iter().filter_map(|check| check["workflow"].as_str().map(str::to_string)).collect();
+    assert_eq!(workflows, dropped_workflows, "{checks:#?}");
+    assert!(runner.stderr().contains("dropped at the last stop runs again as"), "{}", runner.stderr());
+    // A third start queues nothing again.
+    drop(runner);
+    let runner = Runner::start(&state, &args);
+    eventually("the runner to serve", || runner.stderr().contains("knotless-run serving as runner").then_some(()));
+    assert_eq!(runner.checks(&url, Some(&commit)).len(), 5, "nothing is queued again twice");
+}
+
 #[test]
 fn a_check_left_running_is_finished_and_not_run_again_when_state_json_was_moved_away() {
     let dir = tempfile::tempdir().expect("tempdir");

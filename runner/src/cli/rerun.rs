@@ -1,0 +1,56 @@
+//! `knotless-run rerun REPO RUN`: asks the daemon to run a check's workflow again on the same
+//! commit, with a new check that names the one it repeats.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::daemon::StateArgs;
+use crate::daemon::notify::Rerun;
+
+/// `rerun` flags.
+#[derive(Debug, Args)]
+pub struct RerunArgs {
+    /// The repository, as the daemon watches it (its path or URL).
+    #[arg(value_name = "REPO")]
+    pub repository: String,
+    /// The id of the run to repeat, as `knotless-run checks` prints it.
+    #[arg(value_name = "RUN")]
+    pub run: String,
+    /// A variable for every step of the new run, over the workflow's `env` (and kept by a
+    /// rerun of that run); repeat for more. Not a secret.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_variable)]
+    pub env: Vec<(String, String)>,
+    /// The state folder.
+    #[command(flatten)]
+    pub state: StateArgs,
+}
+
+fn parse_variable(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| format!("{text:?} is not NAME=VALUE"))?;
+    crate::workflow::check_variable_name(name)?;
+    Ok((name.to_string(), value.to_string()))
+}
+
+/// Runs the subcommand: prints the new run's id; exits 1 when the daemon refuses (naming
+/// why), 2 when no daemon answers.
+pub async fn main(args: RerunArgs) -> anyhow::Result<ExitCode> {
+    let mut env = BTreeMap::new();
+    for (name, value) in args.env {
+        if env.insert(name.clone(), value).is_some() {
+            anyhow::bail!("--env {name} is given twice");
+        }
+    }
+    let rerun = Rerun { repository: crate::forge::normalize_url(&args.repository), rerun: args.run.clone(), env };
+    match crate::daemon::notify::rerun(&args.state.state, &rerun).await? {
+        Ok(run) => {
+            println!("run {} runs again as run {run}", crate::printable::name(&args.run));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(why) => {
+            crate::say_err!("knotless-run: {why}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
