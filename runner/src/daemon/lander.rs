@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use tokio::task::JoinSet;
-
 use super::Daemon;
 use super::queue_runs::Gate;
 use crate::forge::{Forge, RECORD_FILE, Repository, RepositoryRecord, Snapshot};
@@ -50,18 +48,13 @@ impl<F: Forge> Daemon<F> {
 
     /// Starts driving `repository`'s queue when something is queued, this runner lands it, and
     /// no driver runs for it yet.
-    pub(super) async fn consider_queue(
-        self: &Arc<Self>,
-        repository: &Repository,
-        snapshot: &Snapshot,
-        tasks: &mut JoinSet<()>,
-    ) {
+    pub(super) async fn consider_queue(self: &Arc<Self>, repository: &Repository, snapshot: &Snapshot) {
         if snapshot.queued.is_empty() {
             return;
         }
         if !self.is_lander(repository).await {
             if self.config.queue {
-                self.serve_pinned(repository, snapshot, tasks);
+                self.serve_pinned(repository, snapshot);
             }
             return;
         }
@@ -70,7 +63,7 @@ impl<F: Forge> Daemon<F> {
         }
         let daemon = Arc::clone(self);
         let repository = repository.clone();
-        tasks.spawn(async move { daemon.drive(repository).await });
+        self.tasks.spawn(async move { daemon.drive(repository).await });
     }
 
     fn driving_insert(&self, key: &str) -> bool {

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use tokio::sync::{Semaphore, mpsc, watch};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use rerun::RERUN_OF;
 pub use schedule::{new_run_id, selected};
@@ -95,6 +95,12 @@ pub struct Daemon<F: Forge> {
     /// The queued pulls whose pre-flights pinned to this runner a task runs now (a runner
     /// that does not land).
     serving: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Every task the daemon starts (rounds, wake-ups, runs, queues): the handover waits for
+    /// them all.
+    tasks: TaskTracker,
+    /// A lock per repository, held from its fetch until what it showed is queued and
+    /// remembered, so that a round and a wake-up never both queue the same push.
+    looking: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl<F: Forge> Daemon<F> {
@@ -126,6 +132,8 @@ impl<F: Forge> Daemon<F> {
             handover: CancellationToken::new(),
             driving: std::sync::Mutex::new(std::collections::BTreeSet::new()),
             serving: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+            tasks: TaskTracker::new(),
+            looking: std::sync::Mutex::default(),
         })
     }
 
@@ -190,8 +198,7 @@ impl<F: Forge> Daemon<F> {
         notify::listen(&daemon.config.state, wake_sender)?;
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-        let mut tasks = JoinSet::new();
-        daemon.requeue(&mut tasks).await;
+        daemon.requeue().await;
         daemon.keep_pruning();
         tracing::info!(
             runner_id = %daemon.config.runner_id,
@@ -201,56 +208,77 @@ impl<F: Forge> Daemon<F> {
             daemon.config.concurrency,
             daemon.config.state.display()
         );
-        let mut only: Option<String> = None;
-        // A round of every repository is due at this time; a wake-up looks at its own
-        // repository at once and leaves the round's time as it was.
-        let mut round = tokio::time::Instant::now();
+        // A round of every repository runs as a task of its own, the next due `--poll` after
+        // it ends; the loop only dispatches, so a wake-up and a signal are served at once, a
+        // round running or not.
+        let (round_over, mut round_ended) = mpsc::channel::<()>(1);
+        let mut round_due = tokio::time::Instant::now();
+        let mut round_running = false;
         loop {
             if !daemon.unwritten.is_empty() {
                 daemon.unwritten.retry(|check| daemon.forge.put_check(check));
             }
-            match only.take() {
-                Some(repository) => daemon.look(Some(&repository), &mut tasks).await,
-                None if tokio::time::Instant::now() >= round => {
+            if !round_running && tokio::time::Instant::now() >= round_due {
+                round_running = true;
+                let (daemon, round_over) = (Arc::clone(&daemon), round_over.clone());
+                daemon.tasks.clone().spawn(async move {
                     let started = std::time::Instant::now();
-                    daemon.look(None, &mut tasks).await;
+                    daemon.look(None).await;
                     daemon.config.metrics.poll_took(started.elapsed());
-                    round = tokio::time::Instant::now() + daemon.config.poll;
-                }
-                None => {}
+                    let _ = round_over.send(()).await;
+                });
             }
-            while tasks.try_join_next().is_some() {}
             tokio::select! {
-                () = tokio::time::sleep_until(round) => {}
-                Some(request) = wake.recv() => match request {
-                    notify::Wake::Look(repository, reply) => match daemon.watched(&repository).await {
-                        Ok(found) => {
-                            let _ = reply.send(Ok(()));
-                            only = Some(found.url);
-                        }
-                        Err(why) => {
-                            tracing::warn!("refused a notification: {why}");
-                            let _ = reply.send(Err(why));
-                        }
-                    },
-                    notify::Wake::Trigger(trigger, reply) => {
-                        let _ = reply.send(daemon.trigger(&trigger, &mut tasks).await);
-                        only = Some(trigger.repository);
-                    }
-                    notify::Wake::Rerun(rerun, reply) => {
-                        let _ = reply.send(daemon.rerun(&rerun, &mut tasks).await);
-                    }
-                },
+                () = tokio::time::sleep_until(round_due), if !round_running => {}
+                Some(()) = round_ended.recv() => {
+                    round_running = false;
+                    round_due = tokio::time::Instant::now() + daemon.config.poll;
+                }
+                Some(request) = wake.recv() => {
+                    let served = Arc::clone(&daemon);
+                    daemon.tasks.spawn(async move { served.wake_up(request).await });
+                }
                 _ = terminate.recv() => break,
                 _ = interrupt.recv() => break,
             }
         }
         tracing::info!("stopping: no new work; waiting runs are cancelled, started runs finish");
         daemon.handover.cancel();
-        while tasks.join_next().await.is_some() {}
+        daemon.tasks.close();
+        daemon.tasks.wait().await;
         daemon.host.shutdown().await;
         tracing::info!("handed over");
         Ok(())
+    }
+
+    /// Serves one request of the notify socket: a look at one repository, a manual run or a
+    /// rerun; each answers the one who asked, and a look or a manual run then fetches that
+    /// repository alone.
+    async fn wake_up(self: Arc<Self>, request: notify::Wake) {
+        let look = match request {
+            notify::Wake::Look(repository, reply) => match self.watched(&repository).await {
+                Ok(found) => {
+                    let _ = reply.send(Ok(()));
+                    found.url
+                }
+                Err(why) => {
+                    tracing::warn!("refused a notification: {why}");
+                    let _ = reply.send(Err(why));
+                    return;
+                }
+            },
+            notify::Wake::Trigger(trigger, reply) => {
+                let _ = reply.send(self.trigger(&trigger).await);
+                trigger.repository
+            }
+            notify::Wake::Rerun(rerun, reply) => {
+                let _ = reply.send(self.rerun(&rerun).await);
+                return;
+            }
+        };
+        if !self.handover.is_cancelled() {
+            self.look(Some(&look)).await;
+        }
     }
 
     /// The watched repository `name` spells (its URL or path as given to the daemon, that path
@@ -280,11 +308,7 @@ impl<F: Forge> Daemon<F> {
 
     /// Queues a manual run of `trigger.workflow` (every combination of a matrix) on the head
     /// of its branch; the run ids, or why it cannot run, in words for the one who asked.
-    async fn trigger(
-        self: &Arc<Self>,
-        trigger: &notify::Trigger,
-        tasks: &mut JoinSet<()>,
-    ) -> Result<Vec<String>, String> {
+    async fn trigger(self: &Arc<Self>, trigger: &notify::Trigger) -> Result<Vec<String>, String> {
         use crate::printable;
         let repository = &self.watched(&trigger.repository).await?;
         let snapshot = self.forge.refresh(repository).await.map_err(|error| format!("{error:#}"))?;
@@ -378,7 +402,7 @@ impl<F: Forge> Daemon<F> {
                 changed: None,
             };
             let daemon = Arc::clone(self);
-            tasks.spawn(async move {
+            self.tasks.spawn(async move {
                 daemon.queue(job, Vec::new()).await;
             });
             runs.push(run_id);
@@ -388,7 +412,7 @@ impl<F: Forge> Daemon<F> {
 
     /// Fetches the repositories (only the one named, when it is watched) and queues the runs of
     /// their events.
-    async fn look(self: &Arc<Self>, only: Option<&str>, tasks: &mut JoinSet<()>) {
+    async fn look(self: &Arc<Self>, only: Option<&str>) {
         let repositories = match self.forge.repositories().await {
             Ok(repositories) => repositories,
             Err(error) => {
@@ -397,21 +421,36 @@ impl<F: Forge> Daemon<F> {
             }
         };
         let watched: Vec<String> = repositories.iter().map(|repository| repository.key.clone()).collect();
-        if self.state.snapshot().watched.as_ref() != Some(&watched) {
+        if self.state.read(|state| state.watched.as_ref() != Some(&watched)) {
             self.state.update(|state| state.watched = Some(watched));
         }
-        let wanted: Vec<&Repository> = match only {
-            Some(name) => find_watched(&repositories, name).into_iter().collect(),
-            None => repositories.iter().collect(),
+        let wanted: Vec<Repository> = match only {
+            Some(name) => find_watched(&repositories, name).into_iter().cloned().collect(),
+            None => repositories,
         };
-        // Fetched `fetches` at a time; each snapshot is looked at as its fetch ends.
+        // Fetched `fetches` at a time; each snapshot is looked at as its fetch ends, under its
+        // repository's lock, taken before the fetch.
         let mut refreshed = futures::stream::iter(wanted)
-            .map(|repository| async move { (repository, self.forge.refresh(repository).await) })
+            .map(|repository| {
+                let daemon = Arc::clone(self);
+                async move {
+                    let lock = daemon.look_lock(&repository.key);
+                    let held = lock.lock_owned().await;
+                    let refreshed = daemon.forge.refresh(&repository).await;
+                    (repository, held, refreshed)
+                }
+            })
             .buffer_unordered(self.config.fetches.max(1));
-        while let Some((repository, refreshed)) = refreshed.next().await {
-            if self.handover.is_cancelled() {
-                return;
-            }
+        loop {
+            // At the handover the fetches still running are dropped, and their git processes
+            // killed: a round never holds up a stop.
+            let next = tokio::select! {
+                biased;
+                () = self.handover.cancelled() => return,
+                next = refreshed.next() => next,
+            };
+            let Some((repository, _held, refreshed)) = next else { return };
+            let repository = &repository;
             let snapshot = match refreshed {
                 Ok(snapshot) => snapshot,
                 Err(error) => {
@@ -419,7 +458,8 @@ impl<F: Forge> Daemon<F> {
                     continue;
                 }
             };
-            let previous = self.state.snapshot().repositories.get(&repository.key).map(|known| known.seen.clone());
+            let remembered = self.state.read(|state| state.repositories.get(&repository.key).cloned());
+            let previous = remembered.as_ref().map(|known| known.seen.clone());
             if previous.is_none() {
                 tracing::info!(repository = %repository.url, "watching {} (its current heads run once)", repository.url);
             }
@@ -445,19 +485,23 @@ impl<F: Forge> Daemon<F> {
                     self.put_check(&check);
                     self.config.metrics.run_ended(&check);
                 }
-                self.spawn_jobs(
-                    repository,
-                    jobs,
-                    |_, need| Err(format!("it needs {need}, which does not run for this event on this runner")),
-                    tasks,
-                );
+                self.spawn_jobs(repository, jobs, |_, need| {
+                    Err(format!("it needs {need}, which does not run for this event on this runner"))
+                });
             }
-            let seen = Seen::of(&snapshot);
-            self.state.update(|state| {
-                state.repositories.insert(repository.key.clone(), RepositoryState { url: repository.url.clone(), seen })
-            });
-            self.consider_queue(repository, &snapshot, tasks).await;
+            let now = RepositoryState { url: repository.url.clone(), seen: Seen::of(&snapshot) };
+            // Written only when it changed: a round of idle repositories writes nothing.
+            if remembered.as_ref() != Some(&now) {
+                self.state.update(|state| state.repositories.insert(repository.key.clone(), now));
+            }
+            self.consider_queue(repository, &snapshot).await;
         }
+    }
+
+    /// The lock of one repository's look.
+    fn look_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = knotless_protocol::sdk::lock(&self.looking);
+        Arc::clone(locks.entry(key.to_string()).or_default())
     }
 
     /// Queues `jobs` (of one event, or runs queued again together), each waiting for the jobs
@@ -468,7 +512,6 @@ impl<F: Forge> Daemon<F> {
         repository: &Repository,
         jobs: Vec<schedule::Job>,
         outside: impl Fn(&schedule::Job, &str) -> Result<(), String>,
-        tasks: &mut JoinSet<()>,
     ) {
         // Each job's outcome, for the jobs that need it.
         let outcomes: BTreeMap<String, (Option<String>, watch::Sender<Option<RunStatus>>)> = jobs
@@ -511,7 +554,7 @@ impl<F: Forge> Daemon<F> {
             });
             self.put_check(&job.check);
             let daemon = Arc::clone(self);
-            tasks.spawn(async move {
+            self.tasks.spawn(async move {
                 let status = daemon.queue(job, needs).await;
                 if let Some(done) = done {
                     done.send_replace(Some(status));

@@ -209,12 +209,7 @@ impl<F: Forge> Daemon<F> {
     /// On a runner that does not land: runs, for each queued pull, the pre-flights pinned to
     /// this runner (first in their `runners:`) on the pull merged with its base, and publishes
     /// each finished check for the lander. One task per queued pull and base at a time.
-    pub(super) fn serve_pinned(
-        self: &Arc<Self>,
-        repository: &Repository,
-        snapshot: &Snapshot,
-        tasks: &mut JoinSet<()>,
-    ) {
+    pub(super) fn serve_pinned(self: &Arc<Self>, repository: &Repository, snapshot: &Snapshot) {
         for (branch, queued) in &snapshot.queued {
             let Some(base) = snapshot.branches.get(branch) else { continue };
             for (number, head) in queued {
@@ -225,7 +220,7 @@ impl<F: Forge> Daemon<F> {
                 let daemon = Arc::clone(self);
                 let (repository, branch, base, number, head) =
                     (repository.clone(), branch.clone(), base.clone(), *number, head.clone());
-                tasks.spawn(async move {
+                self.tasks.spawn(async move {
                     daemon.serve_one(&repository, &branch, &base, number, &head).await;
                     daemon.serving.lock().unwrap_or_else(|poison| poison.into_inner()).remove(&key);
                 });

@@ -5,8 +5,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tokio::task::JoinSet;
-
 use super::notify::Rerun;
 use super::schedule::{self, Job};
 use super::state::Dropped;
@@ -54,7 +52,7 @@ impl<F: Forge> Daemon<F> {
     /// Queues again the runs the last runner stopped before they started, each with a new
     /// check that names the one it repeats; the runs of one commit that need each other wait
     /// for each other again.
-    pub(super) async fn requeue(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
+    pub(super) async fn requeue(self: &Arc<Self>) {
         let dropped = self.state.snapshot().requeue;
         if dropped.is_empty() {
             return;
@@ -99,25 +97,16 @@ impl<F: Forge> Daemon<F> {
         }
         for (repository, _, jobs) in groups {
             let records = crate::checks::recovery::readable_records(&store, &repository.key);
-            self.spawn_jobs(
-                &repository,
-                jobs,
-                |job, need| match need_on(&records, &job.check.target, need) {
-                    Need::Met => Ok(()),
-                    Need::Unmet(why) => Err(format!("it needs {need}, and {why}")),
-                },
-                tasks,
-            );
+            self.spawn_jobs(&repository, jobs, |job, need| match need_on(&records, &job.check.target, need) {
+                Need::Met => Ok(()),
+                Need::Unmet(why) => Err(format!("it needs {need}, and {why}")),
+            });
         }
         self.state.update(|state| state.requeue.retain(|entry| !dropped.contains(entry)));
     }
 
     /// Runs a check's workflow again (`knotless-run rerun`): the new run's id, or why not.
-    pub(super) async fn rerun(
-        self: &Arc<Self>,
-        request: &Rerun,
-        tasks: &mut JoinSet<()>,
-    ) -> Result<Vec<String>, String> {
+    pub(super) async fn rerun(self: &Arc<Self>, request: &Rerun) -> Result<Vec<String>, String> {
         let repository = self.watched(&request.repository).await?;
         let run = printable::name(&request.rerun);
         let safe = |c: char| c.is_ascii_alphanumeric() || c == '-';
@@ -150,7 +139,7 @@ impl<F: Forge> Daemon<F> {
         let run_id = job.check.run_id.clone();
         tracing::info!(repository = %repository.url, run_id = %run_id, "run {} of {} runs again as {run_id}", old.run_id, old.workflow);
         self.link(old, &run_id);
-        self.spawn_jobs(&repository, vec![job], |_, _| Ok(()), tasks);
+        self.spawn_jobs(&repository, vec![job], |_, _| Ok(()));
         Ok(vec![run_id])
     }
 

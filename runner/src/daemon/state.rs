@@ -194,6 +194,11 @@ impl StateFile {
         result
     }
 
+    /// What `look` reads of the state, without a copy of the whole.
+    pub fn read<T>(&self, look: impl FnOnce(&State) -> T) -> T {
+        look(&self.state.lock().unwrap_or_else(|poison| poison.into_inner()))
+    }
+
     /// A copy of the state.
     pub fn snapshot(&self) -> State {
         self.state.lock().unwrap_or_else(|poison| poison.into_inner()).clone()

@@ -63,16 +63,17 @@ impl Git {
         let mut command = self.command(args);
         command.process_group(0).stdout(Stdio::piped()).stderr(Stdio::piped());
         let child = command.spawn().with_context(|| format!("cannot run git {}{}", first(args), self.place()))?;
-        let group = child.id().and_then(|pid| i32::try_from(pid).ok()).map(nix::unistd::Pid::from_raw);
+        // Killed whole when the limit passes, or when the caller gives up on it (a stopping
+        // runner drops the fetches still running).
+        let mut group = Group(child.id().and_then(|pid| i32::try_from(pid).ok()).map(nix::unistd::Pid::from_raw));
         match tokio::time::timeout(limit, child.wait_with_output()).await {
             Ok(output) => {
+                group.0 = None;
                 let output = output.with_context(|| format!("cannot run git {}{}", first(args), self.place()))?;
                 self.success(args, output)
             }
             Err(_) => {
-                if let Some(group) = group {
-                    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-                }
+                drop(group);
                 bail!("git {}{} gave no answer within {} s: stopped", first(args), self.place(), limit.as_secs())
             }
         }
@@ -122,6 +123,17 @@ impl Git {
             bail!("git {}{} failed: {}", args.join(" "), self.place(), String::from_utf8_lossy(&output.stderr).trim());
         }
         Ok(output.stdout)
+    }
+}
+
+/// A process group that is killed when dropped, unless its leader was waited for.
+struct Group(Option<nix::unistd::Pid>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
     }
 }
 

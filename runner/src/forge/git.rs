@@ -16,7 +16,7 @@ use anyhow::{Context as _, bail};
 use super::client::Git;
 use super::discover::{RECORD_FILE, RepositoryRecord, candidates};
 use super::merge::{Batch, Merged, commit_tree, make_batch, merge_tree};
-use super::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot};
+use super::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot, unchanged};
 use crate::cache::fnv;
 use crate::checkout::Checkout;
 use crate::checks::{CheckRecord, CheckStore};
@@ -46,6 +46,9 @@ pub struct GitForge {
     /// A lock a repository, held while its mirror is fetched: the daemon's look and the queue's
     /// lander both refresh, and other repositories are fetched meanwhile.
     fetching: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// By key, for a local repository: the fingerprints of its refs before its last fetch and
+    /// of the mirror's after it, and the snapshot that fetch gave.
+    fetched: std::sync::Mutex<std::collections::HashMap<String, (u64, u64, Snapshot)>>,
 }
 
 /// A repository's key: its name and a hash of its URL (`demo-1a2b3c4d`).
@@ -80,7 +83,7 @@ impl GitForge {
     /// A git forge over `config`.
     pub fn new(config: GitForgeConfig) -> GitForge {
         let checks = CheckStore::new(&config.state);
-        GitForge { config, checks, fetching: std::sync::Mutex::default() }
+        GitForge { config, checks, fetching: std::sync::Mutex::default(), fetched: std::sync::Mutex::default() }
     }
 
     /// The check store.
@@ -95,6 +98,19 @@ impl GitForge {
     fn watch(url: &str) -> Repository {
         let url = normalize_url(url);
         Repository { key: repository_key(&url), url }
+    }
+}
+
+impl GitForge {
+    /// Whether a remote repository's refs are the mirror's, by one `git ls-remote`; `false`
+    /// when that cannot tell (the fetch then says why).
+    async fn remote_unchanged(&self, mirror: &Path, limit: std::time::Duration) -> bool {
+        let remote = Git::in_folder(mirror).run_within(&["ls-remote", "--quiet", "origin"], limit).await;
+        let local = git_in(mirror, &["for-each-ref", "--format=%(objectname) %(refname)"]).await;
+        match (remote, local) {
+            (Ok(remote), Ok(local)) => unchanged::same_refs(&String::from_utf8_lossy(&remote), &local),
+            _ => false,
+        }
     }
 }
 
@@ -141,7 +157,23 @@ impl Forge for GitForge {
         let _fetching = lock.lock().await;
         // Past --fetch-timeout, git and what it started are stopped; the next round tries again.
         let limit = self.config.fetch_timeout;
-        if mirror.join("HEAD").is_file() {
+        // A local repository whose refs and mirror's refs are as they were after the last
+        // fetch has nothing new: no process runs.
+        let origin_dir = unchanged::local_git_dir(&repository.url);
+        let origin_refs = origin_dir.as_deref().and_then(unchanged::refs_fingerprint);
+        if let Some(origin_refs) = origin_refs {
+            let mirror_refs = unchanged::refs_fingerprint(&mirror);
+            let fetched = knotless_protocol::sdk::lock(&self.fetched);
+            if let Some((before, after, snapshot)) = fetched.get(&repository.key)
+                && *before == origin_refs
+                && Some(*after) == mirror_refs
+            {
+                return Ok(snapshot.clone());
+            }
+        }
+        if mirror.join("HEAD").is_file() && origin_dir.is_none() && self.remote_unchanged(&mirror, limit).await {
+            tracing::debug!(repository = %repository.url, "its refs are the mirror's: not fetched");
+        } else if mirror.join("HEAD").is_file() {
             Git::in_folder(&mirror)
                 .run_within(&["fetch", "--prune", "--quiet", "origin"], limit)
                 .await
@@ -167,7 +199,17 @@ impl Forge for GitForge {
             .await
             .ok()
             .and_then(|head| head.trim().strip_prefix("refs/heads/").map(str::to_string));
-        Ok(parse_refs(&listing, default_branch))
+        let snapshot = parse_refs(&listing, default_branch);
+        let mut fetched = knotless_protocol::sdk::lock(&self.fetched);
+        match (origin_refs, unchanged::refs_fingerprint(&mirror)) {
+            (Some(before), Some(after)) => {
+                fetched.insert(repository.key.clone(), (before, after, snapshot.clone()));
+            }
+            _ => {
+                fetched.remove(&repository.key);
+            }
+        }
+        Ok(snapshot)
     }
 
     async fn prepare(&self, repository: &Repository, event: &ForgeEvent) -> anyhow::Result<Prepared> {

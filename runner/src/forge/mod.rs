@@ -6,6 +6,7 @@ mod client;
 mod discover;
 mod git;
 mod merge;
+mod unchanged;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -15,6 +15,8 @@ use knotless_run::mask::Masker;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
+#[path = "bench/daemon.rs"]
+mod daemon;
 #[path = "bench/page.rs"]
 mod page;
 
@@ -47,7 +49,7 @@ fn release_bin(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// `bench [GROUP...]`: every group (`protocol`, `masking`, `transfer`, `runs`, `memory`,
-/// `kubernetes`, `page`), or those named.
+/// `kubernetes`, `page`, `daemon`), or those named.
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let groups: Vec<String> = std::env::args().skip(1).collect();
@@ -81,6 +83,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("page") {
         rows.extend(page::page(work.path()).await?);
+    }
+    if wanted("daemon") {
+        rows.extend(daemon::daemon(work.path())?);
     }
     println!("| figure | knotless-run | reference | ratio |");
     println!("|---|---|---|---|");

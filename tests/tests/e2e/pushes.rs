@@ -74,6 +74,36 @@ fn a_fetch_that_never_answers_is_stopped_and_holds_up_no_other_repository() {
     eventually("no process of the stuck fetch left", || (!process_running("sleep 917353")).then_some(()));
 }
 
+/// While a round waits on a fetch that never answers (one fetch at a time), a `notify` of
+/// another repository is served at once, and SIGTERM stops the runner at once, killing that
+/// fetch with every process it started: a round holds up neither.
+#[test]
+fn a_round_stuck_on_a_fetch_holds_up_neither_a_notify_nor_a_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(dir.path(), &[("pass", PASS)]);
+    // Its key sorts first: the round fetches it before the repository, and never gets there.
+    let stuck = "ssh://stuck.invalid/aaa-never.git";
+    let url = repo.url();
+    let mut runner = Runner::start_with_env(
+        &dir.path().join("state"),
+        &[flags("e2e-stuck-round", &["--fetch-timeout", "600", "--fetches", "1"]), vec![url.as_str(), stuck]].concat(),
+        &[("GIT_SSH_COMMAND", "sleep 917354;:")],
+    );
+    eventually("the round to wait on the stuck fetch", || process_running("sleep 917354").then_some(()));
+    runner.notify(&url);
+    runner.final_checks(&url, &first, 1);
+    repo.write("more.txt", "more");
+    let second = repo.commit("more");
+    runner.notify(&url);
+    let checks = runner.final_checks(&url, &second, 1);
+    assert_eq!(checks[0]["status"], "success", "{:#}", checks[0]);
+    assert!(process_running("sleep 917354"), "the round still waits on the stuck fetch");
+    runner.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(runner.wait().success());
+    assert!(runner.stderr().contains("handed over"), "{}", runner.stderr());
+    eventually("no process of the stuck fetch left", || (!process_running("sleep 917354")).then_some(()));
+}
+
 fn pass_run(checks: &[serde_json::Value]) -> &str {
     by_workflow(checks, "pass")["run_id"].as_str().expect("a run id")
 }
