@@ -151,6 +151,12 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
                 step.duration_ms
             )?;
         }
+        if let Some(repeated) = &record.reruns {
+            writeln!(stdout, "    repeats run {}", printable::name(repeated))?;
+        }
+        for again in &record.run_again_as {
+            writeln!(stdout, "    run again as run {}", printable::name(again))?;
+        }
         for cache in &record.caches {
             let warm = if cache.warm { "warm" } else { "cold" };
             writeln!(

@@ -1,8 +1,8 @@
 //! The lander: the one runner of a repository that drives its merge queue (started with
 //! `--queue`, and the repository record's lander). Per branch, in rounds: take in the queue
-//! refs, run each new pull's pre-flights, batch the ready pulls, check the batch, land it, and
-//! when a batch of several fails, retry the pulls one by one on top of those that passed so the
-//! culprit alone is ejected.
+//! refs, run the new pulls' pre-flights side by side, batch the ready pulls, check the batch,
+//! land it, and when a batch of several fails, retry the pulls one by one on top of those that
+//! passed so the culprit alone is ejected.
 
 use std::sync::Arc;
 
@@ -161,41 +161,60 @@ impl<F: Forge> Daemon<F> {
             .collect()
     }
 
-    /// Pre-flights of the waiting pulls, then one batch of the ready ones.
+    /// Pre-flights of the waiting pulls, all side by side (each run still takes one of the
+    /// runner's `--concurrency` slots), then one batch of the ready ones.
     async fn branch_round(self: &Arc<Self>, repository: &Repository, queue: &mut QueueState, base: &str) {
         let branch = queue.branch.clone();
-        for number in live(queue, &[EntryState::Waiting]) {
-            if self.handover.is_cancelled() {
-                return;
-            }
-            let Some((head, retry)) = queue.active_mut(number).map(|entry| (entry.head.clone(), entry.retry)) else {
-                continue;
+        if self.handover.is_cancelled() {
+            return;
+        }
+        let waiting: Vec<(u64, String, bool)> = live(queue, &[EntryState::Waiting])
+            .into_iter()
+            .filter_map(|number| queue.active_mut(number).map(|entry| (number, entry.head.clone(), entry.retry)))
+            .collect();
+        let gates = {
+            // Each pull's pre-flights say what they wait for, and mark the pull ready once they
+            // pass, as they go; ejections (a push each) come after.
+            let shared = std::sync::Mutex::new(&mut *queue);
+            let update = |change: &dyn Fn(&mut QueueState)| {
+                let mut queue = shared.lock().unwrap_or_else(|poison| poison.into_inner());
+                change(&mut queue);
+                self.save_queue(repository, &queue);
             };
-            let mut waiting = |what: &str| {
+            let each = waiting.iter().map(|(number, head, retry)| {
+                let (branch, update, number) = (&branch, &update, *number);
+                async move {
+                    let mut said = |what: &str| {
+                        update(&|queue| {
+                            if let Some(entry) = queue.active_mut(number) {
+                                entry.reason = Some(what.to_string());
+                            }
+                        })
+                    };
+                    let gate = self.preflights(repository, branch, base, (number, head), *retry, &mut said).await;
+                    if let Gate::Passed(runs) = &gate {
+                        update(&|queue| {
+                            if let Some(entry) = queue.active_mut(number) {
+                                entry.state = EntryState::Ready;
+                                entry.reason = None;
+                                entry.preflights = runs.clone();
+                            }
+                        });
+                    }
+                    (number, gate)
+                }
+            });
+            futures::future::join_all(each).await
+        };
+        for (number, gate) in gates {
+            if let Gate::Failed(reason, runs) = gate {
+                if self.handover.is_cancelled() {
+                    return;
+                }
                 if let Some(entry) = queue.active_mut(number) {
-                    entry.reason = Some(what.to_string());
+                    entry.preflights = runs;
                 }
-                self.save_queue(repository, queue);
-            };
-            match self.preflights(repository, &branch, base, (number, &head), retry, &mut waiting).await {
-                Gate::Moved => {}
-                Gate::Passed(runs) => {
-                    if let Some(entry) = queue.active_mut(number) {
-                        entry.state = EntryState::Ready;
-                        entry.reason = None;
-                        entry.preflights = runs;
-                    }
-                    self.save_queue(repository, queue);
-                }
-                Gate::Failed(reason, runs) => {
-                    if self.handover.is_cancelled() {
-                        return;
-                    }
-                    if let Some(entry) = queue.active_mut(number) {
-                        entry.preflights = runs;
-                    }
-                    self.eject(repository, queue, number, reason).await;
-                }
+                self.eject(repository, queue, number, reason).await;
             }
         }
         let ready: Vec<(u64, String)> = queue
@@ -279,7 +298,7 @@ impl<F: Forge> Daemon<F> {
                 entry.batch = Some(commit.clone());
             }
         }
-        queue.batches.push(BatchRecord {
+        let index = queue.start_batch(BatchRecord {
             commit: commit.clone(),
             base: base.to_string(),
             pulls: batch.pulls.clone(),
@@ -298,7 +317,7 @@ impl<F: Forge> Daemon<F> {
                         Some(workflow) => format!("batch {workflow} failed"),
                         None => STOPPED.to_string(),
                     };
-                    if let Some(record) = queue.batches.last_mut() {
+                    if let Some(record) = queue.batches.get_mut(index) {
                         record.runs = outcome.runs;
                     }
                     Err((cause, batch.pulls.clone()))
@@ -306,7 +325,7 @@ impl<F: Forge> Daemon<F> {
             },
             Err(error) => Err((format!("cannot check out the batch: {error:#}"), batch.pulls.clone())),
         };
-        if let Some(record) = queue.batches.last_mut() {
+        if let Some(record) = queue.batches.get_mut(index) {
             match &result {
                 Ok(Some((_, _, runs))) => {
                     record.status = BatchStatus::Passed;

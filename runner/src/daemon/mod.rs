@@ -194,7 +194,7 @@ impl<F: Forge> Daemon<F> {
     pub async fn serve(self) -> anyhow::Result<()> {
         let daemon = Arc::new(self);
         daemon.recover().await;
-        let (wake_sender, mut wake) = mpsc::unbounded_channel::<notify::Wake>();
+        let (wake_sender, mut wake) = mpsc::channel::<notify::Wake>(notify::WAITING);
         notify::listen(&daemon.config.state, wake_sender)?;
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;

@@ -80,8 +80,12 @@ fn request(line: &str) -> Result<Asked, String> {
 /// The most a trigger's line may hold.
 const MAX_LINE: u64 = 64 * 1024;
 
-/// Listens on the socket and sends each request to `wake`.
-pub fn listen(state: &Path, wake: mpsc::UnboundedSender<Wake>) -> anyhow::Result<()> {
+/// How many requests wait for the daemon at most; past it a client waits to be read.
+pub const WAITING: usize = 64;
+
+/// Listens on the socket and sends each request to `wake` (bounded: a flood of requests waits
+/// in the socket's clients, not in the daemon's memory).
+pub fn listen(state: &Path, wake: mpsc::Sender<Wake>) -> anyhow::Result<()> {
     let path = socket_path(state);
     if path.exists() {
         std::fs::remove_file(&path).with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
@@ -101,7 +105,7 @@ pub fn listen(state: &Path, wake: mpsc::UnboundedSender<Wake>) -> anyhow::Result
                 let answer = match line.trim_start().starts_with('{') {
                     false => {
                         let (reply, answer) = oneshot::channel();
-                        let _ = wake.send(Wake::Look(line.trim().to_string(), reply));
+                        let _ = wake.send(Wake::Look(line.trim().to_string(), reply)).await;
                         match answer.await {
                             Ok(Ok(())) => "ok".to_string(),
                             Ok(Err(why)) => format!("error {}", why.replace('\n', " ")),
@@ -112,7 +116,7 @@ pub fn listen(state: &Path, wake: mpsc::UnboundedSender<Wake>) -> anyhow::Result
                         Err(why) => format!("error {}", why.replace('\n', " ")),
                         Ok(request) => {
                             let (reply, answer) = oneshot::channel();
-                            let _ = wake.send(request(reply));
+                            let _ = wake.send(request(reply)).await;
                             match answer.await {
                                 Ok(Ok(runs)) => format!("ok {}", runs.join(" ")),
                                 Ok(Err(why)) => format!("error {}", why.replace('\n', " ")),

@@ -1,7 +1,9 @@
 //! The merge queue's runs: a queued pull's pre-flights (its `queue: first` workflows on its head
 //! merged with the base, as pull runs) and a batch's checks (its `on: queue` workflows on the
 //! squashed commit). Both are untrusted runs through the daemon's slots; a check of the same
-//! commit and workflow that already exists is waited for or reused, never run twice.
+//! commit and workflow that already exists is waited for or reused, never run twice: one this
+//! runner holds, or one another named runner published (a pinned pre-flight, or the pull run
+//! of the same merge by the runner that runs the pull runs).
 //!
 //! The gating workflows and their list come from the base branch's tip, never from the pull or
 //! the merge: a pull that deletes or edits its pre-flight still meets the base's copy, and a
@@ -13,12 +15,12 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use super::Daemon;
-use super::schedule::{Job, new_run_id, selected};
+use super::schedule::{Job, new_run_id, runs_here, selected};
 use super::state::InFlight;
 use super::state::InFlightStatus;
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
 use crate::engine::RunStatus;
-use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot};
+use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, RECORD_FILE, Repository, RepositoryRecord, Snapshot};
 use crate::workflow::{Event, QueuePhase, Workflow};
 
 /// What a pre-flight pinned to another runner is waited for on.
@@ -110,7 +112,10 @@ impl<F: Forge> Daemon<F> {
         let (own, elsewhere): (Vec<_>, Vec<_>) =
             workflows.into_iter().partition(|(workflow, _)| owner(workflow).is_none_or(|owner| owner == me));
         // A retry runs every pre-flight anew.
-        let own = own.into_iter().map(|(workflow, reuse)| (workflow, reuse && !retry)).collect();
+        let own: Vec<(Workflow, bool)> = own.into_iter().map(|(workflow, reuse)| (workflow, reuse && !retry)).collect();
+        // A pre-flight another named runner has run or runs on this merge (its pull run) and
+        // published is taken from the forge, not run again.
+        let (taken, own) = self.taken_elsewhere(repository, &prepared.commit, own).await;
         let outcome = self.run_all(repository, &prepared, &target, own).await;
         let mut runs = outcome.runs;
         if let Some(failed) = outcome.failed {
@@ -119,8 +124,10 @@ impl<F: Forge> Daemon<F> {
         if !outcome.passed {
             return Gate::Moved;
         }
-        for (workflow, _) in elsewhere {
-            let owner = owner(&workflow).unwrap_or_default().to_string();
+        let elsewhere = taken.into_iter().chain(
+            elsewhere.into_iter().map(|(workflow, _)| (owner(&workflow).unwrap_or_default().to_string(), workflow)),
+        );
+        for (owner, workflow) in elsewhere {
             let wait = Waited { branch, base, number, head, commit: &prepared.commit, owner: &owner };
             let Some(check) = self.published(repository, &workflow, &wait, retry, waiting).await else {
                 return Gate::Moved;
@@ -131,6 +138,57 @@ impl<F: Forge> Daemon<F> {
             }
         }
         Gate::Passed(runs)
+    }
+
+    /// The runners the repository record names (none when it names none or cannot be read).
+    async fn named_runners(&self, repository: &Repository) -> Vec<String> {
+        match self.forge.read_default(repository, RECORD_FILE).await {
+            Ok(Some(text)) => RepositoryRecord::parse(&text).map(|record| record.runners).unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Splits the lander's own pre-flights (each with whether a check of it may be reused) on
+    /// the merge `commit`: those another runner named by the repository record published a
+    /// check of (finished or still running: its pull run of the same merge), each with that
+    /// runner, and those to run here.
+    async fn taken_elsewhere(
+        &self,
+        repository: &Repository,
+        commit: &str,
+        own: Vec<(Workflow, bool)>,
+    ) -> (Vec<(String, Workflow)>, Vec<(Workflow, bool)>) {
+        if !own.iter().any(|(_, reuse)| *reuse) {
+            return (Vec::new(), own);
+        }
+        let named = self.named_runners(repository).await;
+        let me = self.config.runner_id.as_str();
+        if !named.iter().any(|runner| runner != me) {
+            return (Vec::new(), own);
+        }
+        let published = match self.forge.published_checks(repository, commit).await {
+            Ok(published) => published,
+            Err(error) => {
+                tracing::warn!(repository = %repository.url, "merge queue: {error:#}");
+                Vec::new()
+            }
+        };
+        let mut taken = Vec::new();
+        let mut here = Vec::new();
+        for (workflow, reuse) in own {
+            let theirs = published.iter().find(|check| {
+                check.workflow == workflow.name
+                    && check.runner_id != me
+                    && named.contains(&check.runner_id)
+                    && check.target.event == Event::Pull
+                    && check.target.commit == commit
+            });
+            match theirs {
+                Some(check) if reuse => taken.push((check.runner_id.clone(), workflow)),
+                _ => here.push((workflow, reuse)),
+            }
+        }
+        (taken, here)
     }
 
     /// Waits for the check of `workflow` that its runner publishes on the merge, kept here
@@ -234,8 +292,19 @@ impl<F: Forge> Daemon<F> {
         // A pull that does not merge is the lander's to eject.
         let Ok(prepared) = self.forge.prepare(repository, &event).await else { return };
         let me = self.config.runner_id.clone();
-        let mine = |workflow: &Workflow| workflow.queue == Some(QueuePhase::First) && owner(workflow) == Some(&me);
-        let workflows = match self.gating(repository, branch, base, &prepared, mine).await {
+        let named = self.named_runners(repository).await;
+        // Pinned here; or pinned nowhere while this runner runs the pull runs (the first one
+        // the record names): a pull run of it on this merge is published for the lander.
+        let pull_run_here = |workflow: &Workflow| {
+            workflow.runners.is_empty()
+                && !named.is_empty()
+                && runs_here(workflow, &me, &named)
+                && workflow.on.matches(Event::Pull, Some(branch))
+        };
+        let wanted = |workflow: &Workflow| {
+            workflow.queue == Some(QueuePhase::First) && (owner(workflow) == Some(&me) || pull_run_here(workflow))
+        };
+        let workflows = match self.gating(repository, branch, base, &prepared, wanted).await {
             Ok(workflows) => workflows,
             Err(reason) => {
                 tracing::warn!(repository = %repository.url, "merge queue: pull {number}: {reason}");
@@ -248,7 +317,16 @@ impl<F: Forge> Daemon<F> {
         let published = self.forge.published_checks(repository, &prepared.commit).await.unwrap_or_default();
         let target = pull_target(number, head, branch, &prepared.commit);
         let store = CheckStore::new(&self.config.state);
-        for (workflow, same) in workflows {
+        let (pinned, pull_runs): (Vec<_>, Vec<_>) =
+            workflows.into_iter().partition(|(workflow, _)| owner(workflow) == Some(&me));
+        for (workflow, same) in pull_runs {
+            if !same {
+                // The pull edits it: its pull run is not the gate, the lander runs the base's.
+                continue;
+            }
+            self.publish_pull_run(repository, number, &workflow, &target, &published).await;
+        }
+        for (workflow, same) in pinned {
             let done = |check: &CheckRecord| {
                 check.workflow == workflow.name
                     && check.runner_id == me
@@ -279,6 +357,58 @@ impl<F: Forge> Daemon<F> {
                     self.put_check(&check);
                 }
                 Err(error) => tracing::error!(repository = %repository.url, "merge queue: {error:#}"),
+            }
+        }
+    }
+
+    /// Publishes this runner's pull run of `workflow` on `target`'s merge, if it ran or runs
+    /// one: at once while it runs (the lander waits for it instead of running it again), and
+    /// when it ends.
+    async fn publish_pull_run(
+        &self,
+        repository: &Repository,
+        number: u64,
+        workflow: &Workflow,
+        target: &CheckTarget,
+        published: &[CheckRecord],
+    ) {
+        let me = self.config.runner_id.as_str();
+        let store = CheckStore::new(&self.config.state);
+        let ours = |check: &CheckRecord| {
+            check.workflow == workflow.name
+                && check.runner_id == me
+                && check.target.event == Event::Pull
+                && check.target.commit == target.commit
+        };
+        let latest = |store: &CheckStore| {
+            store.list(&repository.key).unwrap_or_default().into_iter().filter(ours).max_by_key(|check| check.queued_at)
+        };
+        let Some(mut check) = latest(&store) else { return };
+        if published.iter().any(|done| done.run_id == check.run_id && done.status.is_final()) {
+            return;
+        }
+        let mut said = false;
+        loop {
+            let ended = check.status.is_final();
+            if ended || !said {
+                match self.forge.publish_check(repository, &check).await {
+                    Ok(()) => {
+                        tracing::info!(repository = %repository.url, "pull {number}: published its pull run of pre-flight {} ({})", check.workflow, check.status.as_str())
+                    }
+                    Err(error) => {
+                        tracing::error!(repository = %repository.url, "merge queue: {error:#}");
+                        return;
+                    }
+                }
+                said = true;
+            }
+            if ended || self.handover.is_cancelled() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match store.get(&repository.key, &check.run_id) {
+                Ok(now) => check = now,
+                Err(_) => return,
             }
         }
     }

@@ -191,6 +191,23 @@ impl QueueState {
         }
     }
 
+    /// Records that the checks of `batch` start and gives its place in [`QueueState::batches`]:
+    /// a batch of the same commit tried before (the same pulls on the same base, as when the
+    /// pulls of a failed batch are tried again one by one, or after a stop) is updated in
+    /// place, never listed twice.
+    pub fn start_batch(&mut self, batch: BatchRecord) -> usize {
+        match self.batches.iter().position(|record| record.commit == batch.commit) {
+            Some(index) => {
+                self.batches[index] = batch;
+                index
+            }
+            None => {
+                self.batches.push(batch);
+                self.batches.len() - 1
+            }
+        }
+    }
+
     /// Whether a pull waits or is ready.
     pub fn is_busy(&self) -> bool {
         self.entries.iter().any(|entry| !entry.state.is_final())
@@ -266,6 +283,33 @@ mod tests {
         assert_eq!(store.load("k", "release/1").expect("load"), Some(queue));
         assert_eq!(store.load("k", "main").expect("load"), None);
         assert_eq!(store.branches("k"), ["release/1"]);
+    }
+
+    fn batch(commit: &str, pulls: &[u64]) -> BatchRecord {
+        BatchRecord {
+            commit: commit.into(),
+            base: "base".into(),
+            pulls: pulls.to_vec(),
+            status: BatchStatus::Running,
+            runs: Vec::new(),
+            cause: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_tried_again_is_listed_once_and_updated_in_place() {
+        let mut queue = QueueState { repository: "r".into(), branch: "main".into(), ..QueueState::default() };
+        let first = queue.start_batch(batch("c34", &[3, 4]));
+        queue.batches[first].status = BatchStatus::Failed;
+        queue.batches[first].cause = Some("batch together failed".into());
+        let alone = queue.start_batch(batch("c3", &[3]));
+        queue.batches[alone].status = BatchStatus::Passed;
+        // 3 passed alone; 3 then 4 makes the first batch's commit again.
+        let again = queue.start_batch(batch("c34", &[3, 4]));
+        assert_eq!(again, first);
+        queue.batches[again].status = BatchStatus::Failed;
+        let shown: Vec<_> = queue.batches.iter().map(|b| (b.commit.as_str(), b.status)).collect();
+        assert_eq!(shown, [("c34", BatchStatus::Failed), ("c3", BatchStatus::Passed)]);
     }
 
     #[test]

@@ -491,6 +491,9 @@ fn rerun_runs_a_check_again_on_its_commit_and_refuses_what_cannot_run() {
     assert_eq!(old["status"], "failure", "the repeated check keeps its outcome");
     let log = runner.run_log(&new_run);
     assert!(log.contains(&format!("flaky/try | rerun_of={failed_run} debug=1")), "{log}");
+    let listing = String::from_utf8_lossy(&runner.command(&["checks", &url, &first]).stdout).into_owned();
+    assert!(listing.contains(&format!("    repeats run {failed_run}")), "{listing}");
+    assert!(listing.contains(&format!("    run again as run {new_run}")), "{listing}");
 
     // Its need passed now: the skipped run runs.
     let after_again = runner.command(&["rerun", &url, &skipped_run]);

@@ -31,9 +31,23 @@ pub(crate) fn queue_repo(dir: &Path, record: Option<&str>) -> (Repo, String) {
 
 /// A pull `number` off `from` adding `file`, queued for landing on main.
 pub(crate) fn queue_pull(repo: &Repo, number: u64, from: &str, file: &str, text: &str) -> String {
+    queue_pull_by(repo, number, from, (file, text), "test <test@example.com>", &format!("pull {number}"))
+}
+
+/// Like [`queue_pull`], its head commit authored by `author` (`Name <email>`) with `subject`.
+pub(crate) fn queue_pull_by(
+    repo: &Repo,
+    number: u64,
+    from: &str,
+    (file, text): (&str, &str),
+    author: &str,
+    subject: &str,
+) -> String {
     repo.git(&["checkout", "-q", "-b", &format!("pull-{number}"), from]);
     repo.write(file, text);
-    let head = repo.commit(&format!("pull {number}"));
+    repo.git(&["add", "-A"]);
+    repo.git(&["commit", "-q", "--author", author, "-m", subject, "-m", "The pull's own description."]);
+    let head = repo.git(&["rev-parse", "HEAD"]);
     repo.git(&["checkout", "-q", "main"]);
     repo.git(&["update-ref", &format!("refs/pulls/{number}/head"), &head]);
     repo.git(&["update-ref", &format!("refs/queue/main/{number}"), &head]);
@@ -68,7 +82,7 @@ fn is_empty_dir(path: &Path) -> bool {
 fn a_queued_pull_lands_only_through_the_queue() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (repo, base) = queue_repo(dir.path(), None);
-    let head = queue_pull(&repo, 1, &base, "one.txt", "one\n");
+    let head = queue_pull_by(&repo, 1, &base, ("one.txt", "one\n"), "Ada Lovelace <ada@example.com>", "Add one");
     let url = repo.url();
     let plain = Runner::start(
         &dir.path().join("plain"),
@@ -91,6 +105,11 @@ fn a_queued_pull_lands_only_through_the_queue() {
     assert_eq!(repo.git(&["rev-parse", "refs/pulls/1/merged"]), batch);
     assert!(repo.git(&["for-each-ref", "refs/queue"]).is_empty(), "the pull left the queue");
     assert_eq!(std::fs::read_to_string(repo.dir.join("one.txt")).expect("landed"), "one\n");
+    // A batch of one pull is authored by the pull's author, dated as its head, titled as it.
+    let landed_as = repo.git(&["log", "-1", "--format=%an <%ae>%n%B", "main"]);
+    assert_eq!(landed_as, "Ada Lovelace <ada@example.com>\nAdd one\n\nPull: 1", "{landed_as}");
+    let dates = |commit: &str| repo.git(&["log", "-1", "--format=%at", commit]);
+    assert_eq!(dates("main"), dates(&head), "the pull's author date");
 
     let checks = runner.checks(&url, None);
     let preflight: Vec<_> = checks.iter().filter(|c| c["event"] == "pull").collect();
@@ -136,9 +155,75 @@ fn failing_pre_flights_conflicts_and_pulls_that_fail_together_are_ejected() {
     assert!(reason(4).starts_with("fails together with the batch"), "{queue:#}");
     assert!(repo.dir.join("a.txt").is_file() && !repo.dir.join("b.txt").exists());
     assert!(repo.git(&["for-each-ref", "refs/queue"]).is_empty(), "ejected pulls left the queue");
+    // Pulls 3 and 4 failed together; 3 alone passed; 3 then 4 is the first batch again: each
+    // batch is listed once, updated in place.
+    let batches = queue["batches"].as_array().expect("the batches");
+    let commits: Vec<&str> = batches.iter().filter_map(|batch| batch["commit"].as_str()).collect();
+    let distinct: std::collections::BTreeSet<&str> = commits.iter().copied().collect();
+    assert_eq!(distinct.len(), commits.len(), "{queue:#}");
+    let failed: Vec<_> = batches.iter().filter(|batch| batch["status"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{queue:#}");
+    assert_eq!(failed[0]["pulls"], serde_json::json!([3, 4]), "{queue:#}");
     let text = String::from_utf8_lossy(&runner.command(&["checks", &url, "--queue", "main"]).stdout).into_owned();
     assert!(text.contains("ejected: pre-flight pre failed") && text.contains("fails together"), "{text}");
+    let failed_batch = format!("batch {}", &commits[0][..10]);
+    assert_eq!(text.lines().filter(|line| line.starts_with(&failed_batch)).count(), 1, "{text}");
     eventually("the sessions to be gone", || is_empty_dir(&work.join("e2e-q-eject")).then_some(()));
+}
+
+#[test]
+fn a_batch_of_several_pulls_lists_their_titles_and_credits_their_authors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, base) = queue_repo(dir.path(), None);
+    queue_pull_by(&repo, 1, &base, ("one.txt", "1\n"), "Ada Lovelace <ada@example.com>", "Add one");
+    queue_pull_by(&repo, 2, &base, ("two.txt", "2\n"), "Grace Hopper <grace@example.com>", "Add two");
+    queue_pull_by(&repo, 3, &base, ("three.txt", "3\n"), "Ada Lovelace <ada@example.com>", "Add three");
+    let url = repo.url();
+    let runner = Runner::start(
+        &dir.path().join("state"),
+        &[flags("e2e-q-authors", &["--queue", "--force-shell"]), vec![&url]].concat(),
+    );
+    let queue = settled(&runner, &url, 3);
+    let batch = entry(&queue, 1)["batch"].as_str().expect("a batch").to_string();
+    assert!([2, 3].iter().all(|n| entry(&queue, *n)["batch"] == batch.as_str()), "one batch: {queue:#}");
+    assert_eq!(repo.git(&["rev-parse", "main"]), batch);
+    let landed_as = repo.git(&["log", "-1", "--format=%an <%ae>%n%B", "main"]);
+    let expected = "knotless-run <knotless-run@localhost>\nMerge queue batch of #1, #2, #3 into main\n\n\
+                    - #1: Add one\n- #2: Add two\n- #3: Add three\n\n\
+                    Co-authored-by: Ada Lovelace <ada@example.com>\n\
+                    Co-authored-by: Grace Hopper <grace@example.com>";
+    assert_eq!(landed_as, expected, "{landed_as}");
+}
+
+#[test]
+fn pre_flights_of_queued_pulls_run_side_by_side_within_the_concurrency() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let meet = dir.path().join("meet");
+    std::fs::create_dir_all(&meet).expect("the meet folder");
+    // Each pre-flight marks itself running, waits (up to 5 s) for another, and records how
+    // many run then and a moment later; `on: [pull]` keeps it out of push runs and batches,
+    // and the runner runs no pull runs.
+    let workflow = format!(
+        "on: [pull]\nqueue: first\nsteps:\n  - name: meet\n    run: |\n      me=$(mktemp '{m}/run-XXXXXX')\n      \
+         running() {{ ls -d '{m}'/run-* | wc -l; }}\n      i=0\n      \
+         while [ \"$(running)\" -lt 2 ] && [ $i -lt 50 ]; do i=$((i+1)); sleep 0.1; done\n      \
+         running >> '{m}/counts'\n      sleep 0.5\n      running >> '{m}/counts'\n      rm \"$me\"\n",
+        m = meet.display()
+    );
+    let (repo, base) = crate::repo_with(dir.path(), &[("meet", &workflow)]);
+    repo.git(&["config", "receive.denyCurrentBranch", "updateInstead"]);
+    for number in 1..=3 {
+        queue_pull(&repo, number, &base, &format!("{number}.txt"), "x\n");
+    }
+    let url = repo.url();
+    let extra = ["--queue", "--force-shell", "--concurrency", "2"];
+    let runner = Runner::start(&dir.path().join("state"), &[flags("e2e-q-side", &extra), vec![&url]].concat());
+    let queue = settled(&runner, &url, 3);
+    assert!((1..=3).all(|n| entry(&queue, n)["state"] == "merged"), "{queue:#}");
+    let counts = std::fs::read_to_string(meet.join("counts")).expect("the counts");
+    assert_eq!(counts.lines().count(), 6, "{counts}");
+    let most = counts.lines().filter_map(|line| line.trim().parse::<usize>().ok()).max();
+    assert_eq!(most, Some(2), "two at once, never more than --concurrency: {counts}");
 }
 
 #[test]

@@ -243,3 +243,42 @@ fn a_batch_workflow_pinned_away_from_the_lander_ejects_naming_the_fix() {
     assert!(reason.contains("add e2e-qg-btwo to its runners:"), "{reason}");
     assert_eq!(repo.git(&["rev-parse", "main"]), base, "the pull did not land unchecked");
 }
+
+#[test]
+fn a_pre_flight_the_pull_runner_ran_on_the_same_merge_is_taken_not_run_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The two-runner example: the first runner runs the pull runs, the second lands.
+    let record = "runners: [e2e-qg-pone, e2e-qg-ptwo]\npushers: [e2e-qg-ptwo]\n";
+    let (repo, _) = queue_repo(dir.path(), Some(record));
+    repo.write(".knotless/workflows/both.yml", "on: [pull]\nqueue: first\nsteps:\n  - name: both\n    run: 'true'\n");
+    let base = repo.commit("a pre-flight that is a pull check too");
+    repo.git(&["checkout", "-q", "-b", "pull-1", &base]);
+    repo.write("one.txt", "one\n");
+    let head = repo.commit("pull 1");
+    repo.git(&["checkout", "-q", "main"]);
+    repo.git(&["update-ref", "refs/pulls/1/head", &head]);
+    let url = repo.url();
+    let extra = ["--queue", "--pulls", "--force-shell"];
+    let one = Runner::start(&dir.path().join("one"), &[flags("e2e-qg-pone", &extra), vec![&url]].concat());
+    let both = |runner: &Runner| -> Vec<serde_json::Value> {
+        let checks = runner.checks(&url, None).into_iter();
+        checks.filter(|check| check["workflow"] == "both" && check["event"] == "pull").collect()
+    };
+    eventually("the pull run", || both(&one).first().filter(|check| knotless_tests::is_final(check)).cloned());
+    repo.git(&["update-ref", "refs/queue/main/1", &head]);
+    one.notify(&url);
+    eventually("the pull run to be published", || {
+        (!repo.git(&["for-each-ref", "refs/checks"]).is_empty()).then_some(())
+    });
+    let two = Runner::start(&dir.path().join("two"), &[flags("e2e-qg-ptwo", &extra), vec![&url]].concat());
+    let queue = settled(&two, &url, 1);
+    assert_eq!(entry(&queue, 1)["state"], "merged", "{queue:#}");
+    let ran = both(&one);
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    let kept = both(&two);
+    assert_eq!(kept.len(), 1, "the lander ran it again: {kept:#?}");
+    assert_eq!(kept[0]["run_id"], ran[0]["run_id"], "the lander keeps the pull run's check: {kept:#?}");
+    assert_eq!(kept[0]["runner_id"], "e2e-qg-pone");
+    let preflights = entry(&queue, 1)["preflights"].as_array().cloned().unwrap_or_default();
+    assert!(preflights.contains(&ran[0]["run_id"]), "its pre-flights: {queue:#}");
+}

@@ -61,15 +61,22 @@ fn repositories(dir: &Path, count: usize) -> anyhow::Result<(Vec<String>, PathBu
     Ok((paths, work))
 }
 
-/// The CPU seconds of process `pid` and of the children it waited for (`/proc/PID/stat`).
+/// The CPU seconds of process `pid`, to the nanosecond (the time each of its threads ran,
+/// `/proc/PID/task/*/schedstat`), and of the children it waited for (`/proc/PID/stat`, in
+/// clock ticks).
 fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let mut nanos = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let Ok(schedstat) = std::fs::read_to_string(task.path().join("schedstat")) else { continue };
+        nanos += schedstat.split(' ').next().and_then(|ran| ran.parse::<u64>().ok()).unwrap_or(0);
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let after = stat.rsplit_once(") ").context("a /proc stat line")?.1;
     let fields: Vec<&str> = after.split(' ').collect();
-    // utime, stime, cutime and cstime: fields 14-17, here 11-14 from the state field.
-    let ticks: u64 = fields[11..15].iter().map(|field| field.parse::<u64>().unwrap_or(0)).sum();
+    // cutime and cstime: fields 16 and 17, here 13 and 14 from the state field.
+    let ticks: u64 = fields[13..15].iter().map(|field| field.parse::<u64>().unwrap_or(0)).sum();
     let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as f64;
-    Ok(ticks as f64 / per_second)
+    Ok(nanos as f64 / 1e9 + ticks as f64 / per_second)
 }
 
 /// How many repositories `state.json` remembers.
@@ -184,9 +191,9 @@ pub fn daemon(work: &Path) -> anyhow::Result<Vec<Row>> {
     Ok(vec![
         Row {
             what: "daemon idle, `--poll 10`, 500 repositories: CPU seconds a minute, the daemon and its git processes (reference: the same at 50 repositories)".into(),
-            ours: format!("{:.2} s", five_hundred.idle_cpu),
-            reference: format!("{:.2} s", fifty.idle_cpu),
-            ratio: five_hundred.idle_cpu / fifty.idle_cpu.max(0.01),
+            ours: format!("{:.3} s", five_hundred.idle_cpu),
+            reference: format!("{:.3} s", fifty.idle_cpu),
+            ratio: five_hundred.idle_cpu / fifty.idle_cpu.max(0.000_001),
         },
         Row {
             what: format!("daemon, 500 repositories: from `notify` to the run's start, median of {NOTIFIES}, rounds running (reference: the same at 50 repositories)"),
