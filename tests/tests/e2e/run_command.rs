@@ -539,9 +539,10 @@ fn a_mistyped_subcommand_is_refused_and_makes_nothing() {
         (vec!["completion", "bash"], "did you mean knotless-run completions?"),
         (
             vec!["zzz"],
-            "the subcommands are run, plugin, checks, logs, notify, trigger, secrets, kubeconfig, completions",
+            "the subcommands are run, plugin, checks, logs, notify, trigger, rerun, secrets, kubeconfig, completions",
         ),
         (vec!["triger", "x", "y"], "did you mean knotless-run trigger?"),
+        (vec!["reurn", "x", "y"], "did you mean knotless-run rerun?"),
         (vec!["a\u{1b}[2Jb"], "\"a\\x1b[2Jb\" is not"),
     ] {
         let mut args = args.clone();
