@@ -90,7 +90,16 @@ fn a_round_stuck_on_a_fetch_holds_up_neither_a_notify_nor_a_stop() {
         &[("GIT_SSH_COMMAND", "sleep 917354;:")],
     );
     eventually("the round to wait on the stuck fetch", || process_running("sleep 917354").then_some(()));
-    runner.notify(&url);
+    // Answered while the round still waits (a daemon that served it after the round would
+    // leave it waiting for the 600 s fetch).
+    let state = dir.path().join("state");
+    let mut notify = std::process::Command::new(knotless_tests::bin("knotless-run"))
+        .args(["notify", url.as_str(), "--state"])
+        .arg(&state)
+        .spawn()
+        .expect("notify");
+    let answered = eventually("the notify's answer", || notify.try_wait().expect("wait"));
+    assert!(answered.success(), "{answered:?}");
     runner.final_checks(&url, &first, 1);
     repo.write("more.txt", "more");
     let second = repo.commit("more");
