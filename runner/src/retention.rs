@@ -86,16 +86,21 @@ pub fn prune(state: &Path, retention: &Retention, keep: &Keep, now: SystemTime) 
         let Ok((records, _)) = store.list_readable(&key) else { continue };
         let protected = protected(&records, keep.open_pulls.get(&key));
         let names: BTreeSet<String> = records.iter().map(|record| record.run_id.clone()).collect();
+        // Sizes are read (every output folder walked) only for a byte bound, and for what goes.
+        let bounded = retention.max_bytes.is_some();
         for record in records {
-            let bytes = check_bytes(&store, &outputs, &record);
             if protected.contains(&record.run_id) {
-                kept_bytes += bytes;
+                if bounded {
+                    kept_bytes += check_bytes(&store, &outputs, &record);
+                }
                 continue;
             }
             let ended = record.finished_at.unwrap_or(record.queued_at);
             if ended < oldest_kept {
+                let bytes = check_bytes(&store, &outputs, &record);
                 remove_check(&store, &outputs, &record, bytes, &mut pruned);
-            } else {
+            } else if bounded {
+                let bytes = check_bytes(&store, &outputs, &record);
                 prunable.push(Held { record, ended, bytes });
             }
         }

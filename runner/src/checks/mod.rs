@@ -38,6 +38,18 @@ pub struct CheckTarget {
 }
 
 impl CheckTarget {
+    /// The commit it names for a person: a pull's head (whatever its merge was), else the
+    /// commit run.
+    pub fn named_commit(&self) -> &str {
+        self.head.as_deref().unwrap_or(&self.commit)
+    }
+
+    /// Whether a run of `other` is a run of the same thing: the same event, ref and commit (a
+    /// pull's head commit, whatever its merge was).
+    pub fn same_as(&self, other: &CheckTarget) -> bool {
+        self.event == other.event && self.git_ref == other.git_ref && self.named_commit() == other.named_commit()
+    }
+
     /// The branch the run is for: a pull's base, else the branch of `git_ref`; empty for none.
     pub fn branch(&self) -> &str {
         match &self.base {

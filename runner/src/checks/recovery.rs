@@ -35,13 +35,7 @@ pub fn unfinished(store: &CheckStore) -> Vec<CheckRecord> {
 /// (a pull's head commit, whatever its merge was): a run made before this runner's state was
 /// lost, which is not run again.
 pub fn ran_before(records: &[CheckRecord], workflow: &str, target: &CheckTarget) -> bool {
-    let commit = |target: &CheckTarget| target.head.clone().unwrap_or_else(|| target.commit.clone());
-    records.iter().any(|record| {
-        record.workflow == workflow
-            && record.target.event == target.event
-            && record.target.git_ref == target.git_ref
-            && commit(&record.target) == commit(target)
-    })
+    records.iter().any(|record| record.workflow == workflow && record.target.same_as(target))
 }
 
 /// The records that could not be written, by run id, each the latest version of its check.

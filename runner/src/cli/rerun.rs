@@ -1,7 +1,6 @@
 //! `knotless-run rerun REPO RUN`: asks the daemon to run a check's workflow again on the same
 //! commit, with a new check that names the one it repeats.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Args;
@@ -20,28 +19,17 @@ pub struct RerunArgs {
     pub run: String,
     /// A variable for every step of the new run, over the workflow's `env` (and kept by a
     /// rerun of that run); repeat for more. Not a secret.
-    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_variable)]
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = super::trigger::parse_input)]
     pub env: Vec<(String, String)>,
     /// The state folder.
     #[command(flatten)]
     pub state: StateArgs,
 }
 
-fn parse_variable(text: &str) -> Result<(String, String), String> {
-    let (name, value) = text.split_once('=').ok_or_else(|| format!("{text:?} is not NAME=VALUE"))?;
-    crate::workflow::check_variable_name(name)?;
-    Ok((name.to_string(), value.to_string()))
-}
-
 /// Runs the subcommand: prints the new run's id; exits 1 when the daemon refuses (naming
 /// why), 2 when no daemon answers.
 pub async fn main(args: RerunArgs) -> anyhow::Result<ExitCode> {
-    let mut env = BTreeMap::new();
-    for (name, value) in args.env {
-        if env.insert(name.clone(), value).is_some() {
-            anyhow::bail!("--env {name} is given twice");
-        }
-    }
+    let env = super::trigger::variables("--env", args.env)?;
     let rerun = Rerun { repository: crate::forge::normalize_url(&args.repository), rerun: args.run.clone(), env };
     match crate::daemon::notify::rerun(&args.state.state, &rerun).await? {
         Ok(run) => {

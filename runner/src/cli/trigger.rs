@@ -30,21 +30,28 @@ pub struct TriggerArgs {
     pub state: StateArgs,
 }
 
-fn parse_input(text: &str) -> Result<(String, String), String> {
+/// A `NAME=VALUE` flag's value (`--input`, `rerun --env`), its name one steps may be given.
+pub(super) fn parse_input(text: &str) -> Result<(String, String), String> {
     let (name, value) = text.split_once('=').ok_or_else(|| format!("{text:?} is not NAME=VALUE"))?;
     super::run::check_variable_name(name)?;
     Ok((name.to_string(), value.to_string()))
 }
 
+/// The values of a repeated `NAME=VALUE` flag by name; a name given twice is refused.
+pub(super) fn variables(flag: &str, given: Vec<(String, String)>) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut variables = BTreeMap::new();
+    for (name, value) in given {
+        if variables.insert(name.clone(), value).is_some() {
+            anyhow::bail!("{flag} {name} is given twice");
+        }
+    }
+    Ok(variables)
+}
+
 /// Runs the subcommand: prints each run id queued; exits 1 when the daemon refuses (naming
 /// why), 2 when no daemon answers.
 pub async fn main(args: TriggerArgs) -> anyhow::Result<ExitCode> {
-    let mut inputs = BTreeMap::new();
-    for (name, value) in args.inputs {
-        if inputs.insert(name.clone(), value).is_some() {
-            anyhow::bail!("--input {name} is given twice");
-        }
-    }
+    let inputs = variables("--input", args.inputs)?;
     let trigger = Trigger {
         repository: crate::forge::normalize_url(&args.repository),
         workflow: args.workflow.clone(),

@@ -59,21 +59,34 @@ pub enum Wake {
     Rerun(Rerun, oneshot::Sender<Result<Vec<String>, String>>),
 }
 
-/// A request waiting for the channel of its answer.
-type Asked = Box<dyn FnOnce(oneshot::Sender<Result<Vec<String>, String>>) -> Wake + Send>;
+/// A JSON line's request, before the channel of its answer is made.
+#[derive(Debug)]
+enum Asked {
+    Trigger(Trigger),
+    Rerun(Rerun),
+}
+
+impl Asked {
+    /// The wake-up of this request, answered on `reply`.
+    fn wake(self, reply: oneshot::Sender<Result<Vec<String>, String>>) -> Wake {
+        match self {
+            Asked::Trigger(trigger) => Wake::Trigger(trigger, reply),
+            Asked::Rerun(rerun) => Wake::Rerun(rerun, reply),
+        }
+    }
+}
 
 /// A JSON line's request: a rerun names the run it repeats, a trigger does not.
 fn request(line: &str) -> Result<Asked, String> {
     let value: serde_json::Value =
         serde_json::from_str(line).map_err(|error| format!("the request is not understood: {error}"))?;
     if value.get("rerun").is_some() {
-        let rerun: Rerun =
-            serde_json::from_value(value).map_err(|error| format!("the rerun is not understood: {error}"))?;
-        Ok(Box::new(move |reply| Wake::Rerun(rerun, reply)))
+        let rerun = serde_json::from_value(value).map_err(|error| format!("the rerun is not understood: {error}"))?;
+        Ok(Asked::Rerun(rerun))
     } else {
-        let trigger: Trigger =
+        let trigger =
             serde_json::from_value(value).map_err(|error| format!("the trigger is not understood: {error}"))?;
-        Ok(Box::new(move |reply| Wake::Trigger(trigger, reply)))
+        Ok(Asked::Trigger(trigger))
     }
 }
 
@@ -116,7 +129,7 @@ pub fn listen(state: &Path, wake: mpsc::Sender<Wake>) -> anyhow::Result<()> {
                         Err(why) => format!("error {}", why.replace('\n', " ")),
                         Ok(request) => {
                             let (reply, answer) = oneshot::channel();
-                            let _ = wake.send(request(reply)).await;
+                            let _ = wake.send(request.wake(reply)).await;
                             match answer.await {
                                 Ok(Ok(runs)) => format!("ok {}", runs.join(" ")),
                                 Ok(Err(why)) => format!("error {}", why.replace('\n', " ")),
@@ -183,10 +196,11 @@ mod tests {
     #[test]
     fn a_json_line_is_a_rerun_when_it_names_a_run_and_a_trigger_otherwise() {
         let (reply, _) = oneshot::channel();
-        let rerun = request(r#"{"repository":"/r","rerun":"ci-1","env":{"DEBUG":"1"}}"#).expect("a rerun")(reply);
+        let rerun = request(r#"{"repository":"/r","rerun":"ci-1","env":{"DEBUG":"1"}}"#).expect("a rerun").wake(reply);
         assert!(matches!(&rerun, Wake::Rerun(rerun, _) if rerun.rerun == "ci-1" && rerun.env["DEBUG"] == "1"));
         let (reply, _) = oneshot::channel();
-        let trigger = request(r#"{"repository":"/r","workflow":"release","branch":null}"#).expect("a trigger")(reply);
+        let trigger =
+            request(r#"{"repository":"/r","workflow":"release","branch":null}"#).expect("a trigger").wake(reply);
         assert!(matches!(&trigger, Wake::Trigger(trigger, _) if trigger.workflow == "release"));
         for (line, why) in [
             (
@@ -196,7 +210,7 @@ mod tests {
             (r#"{"repository":"/r"}"#, "the trigger is not understood: missing field `workflow`"),
             ("{nonsense", "the request is not understood"),
         ] {
-            let error = request(line).err().expect("refused");
+            let error = request(line).expect_err("refused");
             assert!(error.starts_with(why), "{line}: {error}");
         }
     }

@@ -225,20 +225,16 @@ impl<F: Forge> Daemon<F> {
 /// run of each workflow it names (a matrix's every combination) on the same commit, event and
 /// ref ended `success`.
 fn need_on(records: &[CheckRecord], target: &CheckTarget, need: &str) -> Need {
-    let commit = |target: &CheckTarget| target.head.clone().unwrap_or_else(|| target.commit.clone());
     let combination = format!("{need} (");
     let mut newest: BTreeMap<&str, &CheckRecord> = BTreeMap::new();
     // Oldest first: each later run of a workflow replaces the one before.
     for record in records.iter().filter(|record| {
-        (record.workflow == need || record.workflow.starts_with(&combination))
-            && record.target.event == target.event
-            && record.target.git_ref == target.git_ref
-            && commit(&record.target) == commit(target)
+        (record.workflow == need || record.workflow.starts_with(&combination)) && record.target.same_as(target)
     }) {
         newest.insert(&record.workflow, record);
     }
     if newest.is_empty() {
-        return Need::Unmet(format!("{need} has no run on {}", commit(target)));
+        return Need::Unmet(format!("{need} has no run on {}", target.named_commit()));
     }
     match newest.values().find(|record| record.status != RunStatus::Success) {
         Some(record) => {
