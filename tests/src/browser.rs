@@ -173,6 +173,12 @@ impl Browser {
         }
     }
 
+    /// Lays pages out as in a window of `width` x `height` CSS pixels (a phone's, say).
+    pub fn resize(&mut self, width: u32, height: u32) {
+        let metrics = json!({ "width": width, "height": height, "deviceScaleFactor": 1, "mobile": false });
+        self.page("Emulation.setDeviceMetricsOverride", metrics);
+    }
+
     /// Saves a PNG screenshot of the whole page at `path`.
     pub fn screenshot(&mut self, path: &Path) {
         use base64::Engine as _;

@@ -8,6 +8,7 @@
 
 mod log;
 pub mod recovery;
+pub mod stored_log;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

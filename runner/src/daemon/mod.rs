@@ -413,6 +413,10 @@ impl<F: Forge> Daemon<F> {
     /// Fetches the repositories (only the one named, when it is watched) and queues the runs of
     /// their events.
     async fn look(self: &Arc<Self>, only: Option<&str>) {
+        // A round over repositories that all certainly hold nothing new costs nothing.
+        if only.is_none() && self.forge.all_quiet() {
+            return;
+        }
         let repositories = match self.forge.repositories().await {
             Ok(repositories) => repositories,
             Err(error) => {
@@ -420,13 +424,18 @@ impl<F: Forge> Daemon<F> {
                 return;
             }
         };
-        let watched: Vec<String> = repositories.iter().map(|repository| repository.key.clone()).collect();
-        if self.state.read(|state| state.watched.as_ref() != Some(&watched)) {
+        let same = |watched: &Vec<String>| {
+            watched.len() == repositories.len()
+                && watched.iter().zip(&repositories).all(|(key, repository)| *key == repository.key)
+        };
+        if !self.state.read(|state| state.watched.as_ref().is_some_and(same)) {
+            let watched = repositories.iter().map(|repository| repository.key.clone()).collect();
             self.state.update(|state| state.watched = Some(watched));
         }
         let wanted: Vec<Repository> = match only {
             Some(name) => find_watched(&repositories, name).into_iter().cloned().collect(),
-            None => repositories,
+            // A round passes by what certainly holds nothing new: it costs nothing.
+            None => repositories.into_iter().filter(|repository| !self.forge.quiet(repository)).collect(),
         };
         // Fetched `fetches` at a time; each snapshot is looked at as its fetch ends, under its
         // repository's lock, taken before the fetch.
@@ -458,6 +467,17 @@ impl<F: Forge> Daemon<F> {
                     continue;
                 }
             };
+            // A repository as it was at its last look starts nothing: nothing is copied.
+            let same = self.state.read(|state| {
+                state
+                    .repositories
+                    .get(&repository.key)
+                    .is_some_and(|known| known.url == repository.url && known.seen.shows(&snapshot))
+            });
+            if same {
+                self.consider_queue(repository, &snapshot).await;
+                continue;
+            }
             let remembered = self.state.read(|state| state.repositories.get(&repository.key).cloned());
             let previous = remembered.as_ref().map(|known| known.seen.clone());
             if previous.is_none() {

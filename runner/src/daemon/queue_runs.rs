@@ -60,6 +60,11 @@ pub(super) enum Gate {
     Moved,
 }
 
+/// How long the lander waits for the first named runner to publish its pull run of a
+/// pre-flight before running it itself: its `--poll` (that runner sees a new pull at its own
+/// next look, or at once when a hook notifies both), within these bounds.
+const PULL_RUN_GRACE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(60));
+
 /// The runner a gating workflow runs on: the first it pins, else the lander (`None`).
 fn owner(workflow: &Workflow) -> Option<&str> {
     workflow.runners.first().map(String::as_str)
@@ -115,7 +120,7 @@ impl<F: Forge> Daemon<F> {
         let own: Vec<(Workflow, bool)> = own.into_iter().map(|(workflow, reuse)| (workflow, reuse && !retry)).collect();
         // A pre-flight another named runner has run or runs on this merge (its pull run) and
         // published is taken from the forge, not run again.
-        let (taken, own) = self.taken_elsewhere(repository, &prepared.commit, own).await;
+        let (taken, own) = self.taken_elsewhere(repository, branch, &prepared.commit, own, waiting).await;
         let outcome = self.run_all(repository, &prepared, &target, own).await;
         let mut runs = outcome.runs;
         if let Some(failed) = outcome.failed {
@@ -149,14 +154,18 @@ impl<F: Forge> Daemon<F> {
     }
 
     /// Splits the lander's own pre-flights (each with whether a check of it may be reused) on
-    /// the merge `commit`: those another runner named by the repository record published a
-    /// check of (finished or still running: its pull run of the same merge), each with that
-    /// runner, and those to run here.
+    /// the merge `commit` into `branch`: those another runner named by the repository record
+    /// published a check of (finished or still running: its pull run of the same merge), each
+    /// with that runner, and those to run here. When the first named runner is another one, it
+    /// owns pull runs: the pre-flights that are also its pull checks are waited for, for
+    /// `--poll` within [`PULL_RUN_GRACE`], before the lander runs them itself.
     async fn taken_elsewhere(
         &self,
         repository: &Repository,
+        branch: &str,
         commit: &str,
         own: Vec<(Workflow, bool)>,
+        waiting: &mut (dyn FnMut(&str) + Send),
     ) -> (Vec<(String, Workflow)>, Vec<(Workflow, bool)>) {
         if !own.iter().any(|(_, reuse)| *reuse) {
             return (Vec::new(), own);
@@ -166,25 +175,71 @@ impl<F: Forge> Daemon<F> {
         if !named.iter().any(|runner| runner != me) {
             return (Vec::new(), own);
         }
-        let published = match self.forge.published_checks(repository, commit).await {
-            Ok(published) => published,
-            Err(error) => {
+        let theirs = |published: &[CheckRecord], workflow: &Workflow| {
+            published
+                .iter()
+                .find(|check| {
+                    check.workflow == workflow.name
+                        && check.runner_id != me
+                        && named.contains(&check.runner_id)
+                        && check.target.event == Event::Pull
+                        && check.target.commit == commit
+                })
+                .map(|check| check.runner_id.clone())
+        };
+        // The pull runner's pull checks among the reusable pre-flights.
+        let pull_runner = named.first().filter(|first| first.as_str() != me);
+        let expected: Vec<&Workflow> = match pull_runner {
+            Some(_) => own
+                .iter()
+                .filter(|(workflow, reuse)| *reuse && workflow.on.matches(Event::Pull, Some(branch)))
+                .map(|(workflow, _)| workflow)
+                .collect(),
+            None => Vec::new(),
+        };
+        let grace = tokio::time::Instant::now() + self.config.poll.clamp(PULL_RUN_GRACE.0, PULL_RUN_GRACE.1);
+        let mut said = false;
+        let published = loop {
+            if said && let Err(error) = self.forge.refresh(repository).await {
                 tracing::warn!(repository = %repository.url, "merge queue: {error:#}");
-                Vec::new()
+            }
+            let published = match self.forge.published_checks(repository, commit).await {
+                Ok(published) => published,
+                Err(error) => {
+                    tracing::warn!(repository = %repository.url, "merge queue: {error:#}");
+                    Vec::new()
+                }
+            };
+            let missing: Vec<&str> = expected
+                .iter()
+                .filter(|workflow| theirs(&published, workflow).is_none())
+                .map(|workflow| workflow.name.as_str())
+                .collect();
+            if missing.is_empty() || tokio::time::Instant::now() >= grace || self.handover.is_cancelled() {
+                if !missing.is_empty() && said {
+                    tracing::info!(repository = %repository.url, "merge queue: runner {} published no pull run of {} on {commit}: the lander runs it", pull_runner.map_or("", String::as_str), missing.join(", "));
+                }
+                break published;
+            }
+            if !said {
+                let what = format!(
+                    "waiting for runner {}'s pull run of pre-flight {}",
+                    pull_runner.map_or("", String::as_str),
+                    missing.join(", ")
+                );
+                waiting(&what);
+                said = true;
+            }
+            tokio::select! {
+                () = self.handover.cancelled() => {}
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         };
         let mut taken = Vec::new();
         let mut here = Vec::new();
         for (workflow, reuse) in own {
-            let theirs = published.iter().find(|check| {
-                check.workflow == workflow.name
-                    && check.runner_id != me
-                    && named.contains(&check.runner_id)
-                    && check.target.event == Event::Pull
-                    && check.target.commit == commit
-            });
-            match theirs {
-                Some(check) if reuse => taken.push((check.runner_id.clone(), workflow)),
+            match theirs(&published, &workflow) {
+                Some(runner) if reuse => taken.push((runner, workflow)),
                 _ => here.push((workflow, reuse)),
             }
         }

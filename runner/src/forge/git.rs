@@ -39,6 +39,10 @@ pub struct GitForgeConfig {
     pub fetch_timeout: std::time::Duration,
 }
 
+/// The repositories given on the command line as looked up: by each as given, the repository
+/// it names once it could be; and all of them, sorted, once each could.
+type Given = (std::collections::HashMap<String, Repository>, Option<Vec<Repository>>);
+
 /// The embedded git forge.
 pub struct GitForge {
     config: GitForgeConfig,
@@ -49,6 +53,14 @@ pub struct GitForge {
     /// By key, for a local repository: the fingerprints of its refs before its last fetch and
     /// of the mirror's after it, and the snapshot that fetch gave.
     fetched: std::sync::Mutex<std::collections::HashMap<String, (u64, u64, Snapshot)>>,
+    /// The inotify watch of local repositories and their mirrors.
+    watch: unchanged::RefWatch,
+    /// By repository as given, the repository it names, once it could be looked up; and all of
+    /// them, sorted, once each could.
+    given: std::sync::Mutex<Given>,
+    /// Since a round found every repository quiet: the watch's count of changes then, and when
+    /// the first of them is to be read again.
+    idle: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
 }
 
 /// A repository's key: its name and a hash of its URL (`demo-1a2b3c4d`).
@@ -83,7 +95,15 @@ impl GitForge {
     /// A git forge over `config`.
     pub fn new(config: GitForgeConfig) -> GitForge {
         let checks = CheckStore::new(&config.state);
-        GitForge { config, checks, fetching: std::sync::Mutex::default(), fetched: std::sync::Mutex::default() }
+        GitForge {
+            config,
+            checks,
+            fetching: std::sync::Mutex::default(),
+            fetched: std::sync::Mutex::default(),
+            watch: unchanged::RefWatch::default(),
+            given: std::sync::Mutex::default(),
+            idle: std::sync::Mutex::default(),
+        }
     }
 
     /// The check store.
@@ -98,6 +118,41 @@ impl GitForge {
     fn watch(url: &str) -> Repository {
         let url = normalize_url(url);
         Repository { key: repository_key(&url), url }
+    }
+
+    /// The repositories given on the command line, sorted, each made absolute once it exists
+    /// (a path that does not exist yet is looked up again at each round); the list is kept once
+    /// every one was looked up.
+    fn given(&self) -> Vec<Repository> {
+        let (known, all) = &mut *knotless_protocol::sdk::lock(&self.given);
+        if let Some(all) = all {
+            return all.clone();
+        }
+        let mut found: Vec<Repository> = Vec::new();
+        let mut every = true;
+        for url in &self.config.repositories {
+            match known.get(url) {
+                Some(repository) => found.push(repository.clone()),
+                None => {
+                    let repository = Self::watch(url);
+                    let settled = url.contains("://")
+                        || repository.url != *url
+                        || Path::new(url).is_absolute() && Path::new(url).exists();
+                    if settled {
+                        known.insert(url.clone(), repository.clone());
+                    } else {
+                        every = false;
+                    }
+                    found.push(repository);
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        if every {
+            *all = Some(found.clone());
+        }
+        found
     }
 }
 
@@ -120,7 +175,7 @@ async fn git_in(dir: &Path, args: &[&str]) -> anyhow::Result<String> {
 
 impl Forge for GitForge {
     async fn repositories(&self) -> anyhow::Result<Vec<Repository>> {
-        let mut found: Vec<Repository> = self.config.repositories.iter().map(|url| Self::watch(url)).collect();
+        let mut found: Vec<Repository> = self.given();
         if let Some(dir) = &self.config.discover {
             for path in candidates(dir) {
                 // A repository without a record (or naming no runner) belongs to the default
@@ -143,9 +198,38 @@ impl Forge for GitForge {
                 }
             }
         }
-        found.sort();
-        found.dedup();
+        if self.config.discover.is_some() {
+            found.sort();
+            found.dedup();
+        }
         Ok(found)
+    }
+
+    fn quiet(&self, repository: &Repository) -> bool {
+        self.watch.quiet(&repository.key)
+    }
+
+    fn all_quiet(&self) -> bool {
+        if self.config.discover.is_some() {
+            return false;
+        }
+        let mut idle = knotless_protocol::sdk::lock(&self.idle);
+        let changes = self.watch.changes();
+        if let Some((seen, until)) = *idle
+            && seen == changes
+            && std::time::Instant::now() < until
+        {
+            return true;
+        }
+        *idle = None;
+        let Some(all) = knotless_protocol::sdk::lock(&self.given).1.clone() else { return false };
+        let mut until: Option<std::time::Instant> = None;
+        for repository in &all {
+            let Some(quiet_until) = self.watch.quiet_until(&repository.key) else { return false };
+            until = Some(until.map_or(quiet_until, |until| until.min(quiet_until)));
+        }
+        *idle = until.map(|until| (changes, until));
+        idle.is_some()
     }
 
     async fn refresh(&self, repository: &Repository) -> anyhow::Result<Snapshot> {
@@ -157,6 +241,11 @@ impl Forge for GitForge {
         let _fetching = lock.lock().await;
         // Past --fetch-timeout, git and what it started are stopped; the next round tries again.
         let limit = self.config.fetch_timeout;
+        // Read now, so a change from here on marks it again (its folders watched first).
+        self.watch.settle(&repository.key, || {
+            let origin_dir = unchanged::local_git_dir(&repository.url)?;
+            mirror.join("HEAD").is_file().then(|| [origin_dir, mirror.clone()])
+        });
         // A local repository whose refs and mirror's refs are as they were after the last
         // fetch has nothing new: no process runs.
         let origin_dir = unchanged::local_git_dir(&repository.url);
@@ -168,6 +257,7 @@ impl Forge for GitForge {
                 && *before == origin_refs
                 && Some(*after) == mirror_refs
             {
+                self.watch.read(&repository.key, snapshot.queued.is_empty());
                 return Ok(snapshot.clone());
             }
         }
@@ -209,6 +299,7 @@ impl Forge for GitForge {
                 fetched.remove(&repository.key);
             }
         }
+        self.watch.read(&repository.key, snapshot.queued.is_empty());
         Ok(snapshot)
     }
 

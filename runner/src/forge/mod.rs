@@ -72,6 +72,13 @@ impl Seen {
             pulls: snapshot.pulls.iter().map(|(number, pull)| (*number, pull.head.clone())).collect(),
         }
     }
+
+    /// Whether `snapshot` shows what this saw (`Seen::of(snapshot) == *self`, without a copy).
+    pub fn shows(&self, snapshot: &Snapshot) -> bool {
+        self.branches == snapshot.branches
+            && self.pulls.len() == snapshot.pulls.len()
+            && self.pulls.iter().zip(&snapshot.pulls).all(|((a, head), (b, pull))| a == b && *head == pull.head)
+    }
 }
 
 /// Something that starts runs.
@@ -151,6 +158,19 @@ pub trait Forge: Send + Sync + 'static {
 
     /// Fetches a repository and tells what it holds now.
     fn refresh(&self, repository: &Repository) -> impl Future<Output = anyhow::Result<Snapshot>> + Send;
+
+    /// Whether the repository certainly holds nothing new since its last refresh, known
+    /// without reading it (a watched repository no change touched, its merge queue empty): a
+    /// round passes it by. A refresh always reads.
+    fn quiet(&self, _repository: &Repository) -> bool {
+        false
+    }
+
+    /// Whether a round would pass by every repository (each quiet, and no other to look
+    /// for), told without a look at each: nothing changed since a round found them all quiet.
+    fn all_quiet(&self) -> bool {
+        false
+    }
 
     /// Makes the checkout of an event: a push's commit, or a pull's head merged with its base
     /// (a merge that conflicts is an error whose message says so).
@@ -246,6 +266,24 @@ mod tests {
             branches: branches.iter().map(|(b, c)| (b.to_string(), c.to_string())).collect(),
             pulls: pulls.iter().map(|(n, h)| (*n, PullRef { head: h.to_string(), base: "main".into() })).collect(),
             ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn a_seen_shows_exactly_the_snapshots_it_was_made_of() {
+        let snapshots = [
+            snapshot(&[("main", "a")], &[]),
+            snapshot(&[("main", "b")], &[]),
+            snapshot(&[("main", "a"), ("x", "a")], &[]),
+            snapshot(&[("main", "a")], &[(1, "c")]),
+            snapshot(&[("main", "a")], &[(1, "d")]),
+            snapshot(&[("main", "a")], &[(2, "c")]),
+            snapshot(&[("main", "a")], &[(1, "c"), (2, "c")]),
+        ];
+        for seen in &snapshots {
+            for other in &snapshots {
+                assert_eq!(Seen::of(seen).shows(other), Seen::of(seen) == Seen::of(other), "{seen:?} {other:?}");
+            }
         }
     }
 

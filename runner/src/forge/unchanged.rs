@@ -2,11 +2,194 @@
 //! unchanged while its refs' files are: their names, inodes, sizes and modification times,
 //! read with `stat` alone (a ref is written to a new file renamed into place, so each update
 //! changes its inode). With the mirror's own refs unchanged too, the last snapshot still
-//! holds, and a round costs no process. A remote repository is unchanged when `git ls-remote`
-//! (one round trip) lists the refs the mirror holds.
+//! holds, and a round costs no process. Once both are watched with inotify ([`RefWatch`]),
+//! a round passes by a repository that no event touched, reading nothing. A remote repository is
+//! unchanged when `git ls-remote` (one round trip) lists the refs the mirror holds.
 
+use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use knotless_protocol::sdk::lock;
+use notify::Watcher as _;
+
+/// How long a watched repository goes without its refs being read, events or not: a missed
+/// event (a file system inotify does not see) costs at most this delay.
+const READ_AT_LEAST_EVERY: Duration = Duration::from_secs(300);
+
+/// The inotify watch of local repositories' and their mirrors' git folders (`HEAD`,
+/// `packed-refs`) and refs (`refs/`, `reftable/`, recursively). An event marks its repository
+/// to be read again; a lost event (a queue overflow) or a watcher error marks them all; a
+/// watched folder removed or moved is watched again at the next round. Without inotify (no
+/// instance left, `fs.inotify.max_user_watches` reached) a repository is read each round.
+pub struct RefWatch {
+    watcher: Option<Mutex<notify::RecommendedWatcher>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// By watched folder, the key of its repository.
+    owners: Mutex<HashMap<PathBuf, String>>,
+    /// By key, how the repository is watched.
+    watched: Mutex<HashMap<String, Watched>>,
+    /// Counts what may have made a quiet repository not quiet: events, lost events, reads.
+    changes: std::sync::atomic::AtomicU64,
+}
+
+enum Watched {
+    /// Watched since the refs were last read at that instant; `dirty` once an event came;
+    /// `settled` once that read gave a snapshot with nothing for the merge queue.
+    Yes { read_at: Instant, dirty: bool, settled: bool },
+    /// Watching failed: read each round.
+    No,
+}
+
+impl Default for RefWatch {
+    fn default() -> RefWatch {
+        let shared = Arc::new(Shared::default());
+        let handler = Arc::clone(&shared);
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| handler.saw(event));
+        let watcher = match watcher {
+            Ok(watcher) => Some(Mutex::new(watcher)),
+            Err(error) => {
+                tracing::warn!(
+                    "cannot watch local repositories with inotify ({error}): their refs are read each round"
+                );
+                None
+            }
+        };
+        RefWatch { watcher, shared }
+    }
+}
+
+impl Shared {
+    fn saw(&self, event: notify::Result<notify::Event>) {
+        if matches!(&event, Ok(event) if matches!(event.kind, notify::EventKind::Access(_))) {
+            return;
+        }
+        self.changes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let owners = lock(&self.owners);
+        let mut watched = lock(&self.watched);
+        let event = match event {
+            Ok(event) if !event.need_rescan() => event,
+            // An error or lost events: every repository is read again.
+            _ => {
+                for state in watched.values_mut() {
+                    if let Watched::Yes { dirty, .. } = state {
+                        *dirty = true;
+                    }
+                }
+                return;
+            }
+        };
+        for path in &event.paths {
+            let Some(key) = path.ancestors().find_map(|folder| owners.get(folder)) else { continue };
+            if owners.contains_key(path.as_path()) {
+                // A watched folder itself changed (removed, moved, replaced): watched again.
+                watched.remove(key);
+            } else if let Some(Watched::Yes { dirty, .. }) = watched.get_mut(key) {
+                *dirty = true;
+            }
+        }
+    }
+}
+
+impl RefWatch {
+    /// Says the read of the repository `key` since [`RefWatch::settle`] gave a snapshot, and
+    /// whether its merge queue is empty: only then can it be quiet.
+    pub fn read(&self, key: &str, queue_empty: bool) {
+        if let Some(Watched::Yes { settled, .. }) = lock(&self.shared.watched).get_mut(key) {
+            *settled = queue_empty;
+        }
+    }
+
+    /// Whether the repository `key` is watched, its last read gave a snapshot with an empty
+    /// merge queue, and nothing touched its refs since, less than [`READ_AT_LEAST_EVERY`] ago;
+    /// asking changes nothing.
+    pub fn quiet(&self, key: &str) -> bool {
+        self.quiet_until(key).is_some()
+    }
+
+    /// When the repository `key`, quiet now, is read again whatever happens; `None` when it is
+    /// not quiet.
+    pub fn quiet_until(&self, key: &str) -> Option<Instant> {
+        match lock(&self.shared.watched).get(key) {
+            Some(Watched::Yes { read_at, dirty: false, settled: true }) => {
+                Some(*read_at + READ_AT_LEAST_EVERY).filter(|until| Instant::now() < *until)
+            }
+            _ => None,
+        }
+    }
+
+    /// A count that moves whenever a quiet repository may have stopped being quiet.
+    pub fn changes(&self) -> u64 {
+        self.shared.changes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Takes the repository `key`'s mark as its refs are read now; first watches the git
+    /// folders `folders()` gives (the repository's and its mirror's; `None` while one does not
+    /// exist yet) if they are not watched.
+    pub fn settle(&self, key: &str, folders: impl FnOnce() -> Option<[PathBuf; 2]>) {
+        self.shared.changes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        {
+            let mut watched = lock(&self.shared.watched);
+            match watched.get_mut(key) {
+                Some(Watched::Yes { read_at, dirty, settled }) => {
+                    *dirty = false;
+                    *settled = false;
+                    *read_at = Instant::now();
+                    return;
+                }
+                Some(Watched::No) => return,
+                None => {}
+            }
+        }
+        let Some(watcher) = &self.watcher else { return };
+        let Some(git_dirs) = folders() else { return };
+        let mut roots = Vec::new();
+        for git_dir in &git_dirs {
+            roots.push((git_dir.clone(), notify::RecursiveMode::NonRecursive));
+            for refs in ["refs", "reftable"] {
+                let folder = git_dir.join(refs);
+                if folder.is_dir() {
+                    roots.push((folder, notify::RecursiveMode::Recursive));
+                }
+            }
+        }
+        let mut watcher = lock(watcher);
+        // Registered before the watch, so that no event of these folders goes unowned.
+        {
+            let mut owners = lock(&self.shared.owners);
+            for (folder, _) in &roots {
+                owners.insert(folder.clone(), key.to_string());
+            }
+        }
+        let failed =
+            roots.iter().find_map(|(folder, mode)| watcher.watch(folder, *mode).err().map(|error| (folder, error)));
+        let state = match failed {
+            None => Watched::Yes { read_at: Instant::now(), dirty: false, settled: false },
+            Some((folder, error)) => {
+                tracing::warn!(
+                    "cannot watch {} ({error}; see fs.inotify.max_user_watches): its refs are read each round",
+                    folder.display()
+                );
+                // The watcher's thread takes the maps' locks: none is held while it is asked.
+                for (folder, _) in &roots {
+                    let _ = watcher.unwatch(folder);
+                }
+                let mut owners = lock(&self.shared.owners);
+                for (folder, _) in &roots {
+                    owners.remove(folder);
+                }
+                Watched::No
+            }
+        };
+        lock(&self.shared.watched).insert(key.to_string(), state);
+    }
+}
 
 /// The git folder of a local repository `url`: the folder itself when bare, else its `.git`
 /// folder; `None` for a URL of another scheme or a layout this does not read (a `.git` file).
@@ -119,6 +302,68 @@ mod tests {
             assert!(!seen.contains(&now), "{change:?} changed nothing");
             seen.push(now);
         }
+    }
+
+    /// Asks `watch` until it says `key` changed (the events come on the watcher's thread),
+    /// then reads it.
+    fn until_changed(watch: &RefWatch, key: &str, folders: &[PathBuf; 2], what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while watch.quiet(key) {
+            assert!(Instant::now() < deadline, "{what} was not seen");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        watch.settle(key, || Some(folders.clone()));
+        watch.read(key, true);
+    }
+
+    #[tokio::test]
+    async fn a_watched_repository_is_quiet_until_its_refs_or_its_mirrors_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).expect("mkdir");
+        git(&repo, &["init", "-q", "-b", "main"]).await;
+        git(&repo, &["commit", "-q", "--allow-empty", "-m", "one"]).await;
+        let mirror = dir.path().join("mirror.git");
+        git(dir.path(), &["clone", "-q", "--mirror", "repo", "mirror.git"]).await;
+        let folders = [repo.join(".git"), mirror.clone()];
+        let watch = RefWatch::default();
+        assert!(!watch.quiet("k"), "a repository not watched is read");
+        watch.settle("k", || None);
+        assert!(!watch.quiet("k"), "nor while its folders are not there");
+        watch.settle("k", || Some(folders.clone()));
+        assert!(!watch.quiet("k"), "not before its read gave a snapshot (a failed fetch is tried again)");
+        watch.read("k", false);
+        assert!(!watch.quiet("k"), "nor while its merge queue holds pulls");
+        watch.read("k", true);
+        assert!(watch.quiet("k"), "watched from its first read");
+        watch.settle("k", || panic!("a watched repository's folders are not looked up again"));
+        watch.read("k", true);
+        for (what, change) in [
+            ("a commit", &["commit", "-q", "--allow-empty", "-m", "two"][..]),
+            ("a branch in a new folder", &["branch", "feature/deep"]),
+            ("a ref outside heads", &["update-ref", "refs/pulls/7/head", "HEAD~1"]),
+            ("packed refs", &["pack-refs", "--all"]),
+            ("HEAD moved", &["symbolic-ref", "HEAD", "refs/heads/feature/deep"]),
+        ] {
+            git(&repo, change).await;
+            until_changed(&watch, "k", &folders, what);
+        }
+        git(&mirror, &["fetch", "-q", "origin"]).await;
+        until_changed(&watch, "k", &folders, "a fetch into the mirror");
+        // The repository removed and made again at its path is watched again.
+        std::fs::remove_dir_all(&repo).expect("remove the repository");
+        std::fs::create_dir(&repo).expect("mkdir");
+        git(&repo, &["init", "-q", "-b", "main"]).await;
+        until_changed(&watch, "k", &folders, "the repository removed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !watch.quiet("k") {
+            assert!(Instant::now() < deadline, "the repository made again is not watched");
+            watch.settle("k", || Some(folders.clone()));
+            watch.read("k", true);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        git(&repo, &["commit", "-q", "--allow-empty", "-m", "again"]).await;
+        until_changed(&watch, "k", &folders, "a commit in the repository made again");
     }
 
     #[test]

@@ -105,8 +105,23 @@ async fn checks(
     }
 }
 
+/// A check record, with its commit's subject and author (`commit_info`) when the mirror
+/// holds it (a pull's head's, for a pull).
 async fn check(State(app): State<App>, Path((key, run)): Path<(String, String)>) -> Response {
-    answer(move || pretty(&app.view.check(&key, &run)?)).await
+    answer(move || {
+        let record = app.view.check(&key, &run)?;
+        let mut value = serde_json::to_value(&record).ok()?;
+        let shown = record.target.head.as_deref().unwrap_or(&record.target.commit);
+        if let Some(info) = app.view.commits(&key, &[shown]).remove(shown) {
+            value["commit_info"] = serde_json::json!({
+                "subject": info.subject,
+                "author": info.author,
+                "authored_at": info.authored_ms,
+            });
+        }
+        pretty(&value)
+    })
+    .await
 }
 
 async fn queue(State(app): State<App>, Path((key, branch)): Path<(String, String)>) -> Response {

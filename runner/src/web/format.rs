@@ -42,6 +42,21 @@ pub fn time(ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rest / 3600, rest % 3600 / 60, rest % 60)
 }
 
+/// How long before `now_ms` a time was, as people say it: `just now`, `3 minutes ago`,
+/// `2 hours ago`, `5 days ago`; a time after `now_ms` (another clock) is `just now`.
+pub fn ago(ms: u64, now_ms: u64) -> String {
+    let seconds = now_ms.saturating_sub(ms) / 1000;
+    let (count, unit) = match seconds {
+        0..45 => return "just now".to_string(),
+        45..3_600 => (seconds.div_ceil(60).max(1), "minute"),
+        3_600..86_400 => (seconds / 3_600, "hour"),
+        86_400..2_592_000 => (seconds / 86_400, "day"),
+        2_592_000..31_536_000 => (seconds / 2_592_000, "month"),
+        _ => (seconds / 31_536_000, "year"),
+    };
+    format!("{count} {unit}{} ago", if count == 1 { "" } else { "s" })
+}
+
 /// A commit's first ten characters.
 pub fn short(commit: &str) -> &str {
     commit.get(..10).unwrap_or(commit)
@@ -84,6 +99,15 @@ mod tests {
         assert_eq!(time(951_782_400_000 + 3_723_000), "2000-02-29 01:02:03 UTC");
         assert_eq!(crate::printable::size(512), "512 B");
         assert_eq!(crate::printable::size(3_500), "3.4 KiB");
+        let now = 1_798_761_600_000;
+        assert_eq!(ago(now - 10_000, now), "just now");
+        assert_eq!(ago(now + 10_000, now), "just now");
+        assert_eq!(ago(now - 60_000, now), "1 minute ago");
+        assert_eq!(ago(now - 180_000, now), "3 minutes ago");
+        assert_eq!(ago(now - 7_200_000, now), "2 hours ago");
+        assert_eq!(ago(now - 86_400_000, now), "1 day ago");
+        assert_eq!(ago(now - 40 * 86_400_000, now), "1 month ago");
+        assert_eq!(ago(now - 800 * 86_400_000, now), "2 years ago");
         assert_eq!(short("0123456789abcdef"), "0123456789");
         assert_eq!(short("abc"), "abc");
     }

@@ -12,10 +12,12 @@ mod api;
 mod auth;
 mod format;
 mod live;
+mod log_view;
 pub mod outputs;
 mod pages;
 mod routes;
 mod scrape;
+mod terminal;
 pub mod view;
 
 use std::net::SocketAddr;

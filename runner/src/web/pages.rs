@@ -1,6 +1,7 @@
 //! The pages, as maud templates: every value is escaped by the template, and every name, cause
 //! and log line is also shown with its control characters escaped (`\x1b`), as the terminal
-//! commands show them. No page needs JavaScript; the live log's stream is the one script.
+//! commands show them. No page needs JavaScript: the live log's stream, and the refresh of a
+//! list of checks while one runs, are the scripts.
 
 use std::collections::HashMap;
 
@@ -8,13 +9,16 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::format;
 use super::outputs::Kind;
-use super::view::{RepositoryView, RunnerNow};
+use super::view::{CommitInfo, RepositoryView, RunnerNow};
 use crate::checks::CheckRecord;
 use crate::printable;
 use crate::queue::QueueState;
 
 /// How many commits the repository page lists under "recent commits".
 pub const RECENT_COMMITS: usize = 30;
+
+/// How often a list of checks with one not ended refreshes itself.
+const REFRESH_SECONDS: u64 = 3;
 
 /// A repository's page address.
 pub fn repository_href(key: &str) -> String {
@@ -61,6 +65,12 @@ fn name(text: &str) -> String {
 
 /// The frame of every page.
 fn layout(title: &str, body: Markup) -> Markup {
+    frame(title, body, false)
+}
+
+/// The frame of a list of checks: while one of them has not ended (`live`), the page fetches
+/// itself every few seconds and puts the new list in place (`page.js`).
+fn frame(title: &str, body: Markup, live: bool) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -69,14 +79,30 @@ fn layout(title: &str, body: Markup) -> Markup {
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (name(title)) " · knotless-run" }
                 link rel="stylesheet" href="/static/style.css";
+                link rel="icon" type="image/svg+xml" href="/static/favicon.svg";
             }
             body {
                 header {
                     nav { a href="/" { "knotless-run" } " " a href="/runner" { "runner" } }
                 }
-                main { (body) }
+                main data-refresh=[live.then_some(REFRESH_SECONDS)] { (body) }
+                @if live { script src="/static/page.js" {} }
             }
         }
+    }
+}
+
+/// A time as people say it (`3 minutes ago`), the UTC time on hover.
+fn when(ms: u64, now_ms: u64) -> Markup {
+    html! { time title=(format::time(ms)) { (format::ago(ms, now_ms)) } }
+}
+
+/// A commit's subject, then its author and when they wrote it.
+fn commit_line(commit: &CommitInfo, now_ms: u64) -> Markup {
+    html! {
+        span.subject { (name(&commit.subject)) }
+        br;
+        span.meta { (name(&commit.author)) ", " (when(commit.authored_ms, now_ms)) }
     }
 }
 
@@ -139,7 +165,8 @@ fn latest_per_workflow<'a>(records: &[&'a CheckRecord]) -> Vec<&'a CheckRecord> 
 /// The home page: the runner in a line, and each repository with its branches' checks.
 pub fn index(runner: &RunnerNow, repositories: &[(RepositoryView, Vec<&CheckRecord>)]) -> Markup {
     let executor = runner.summary.executor.as_ref();
-    layout(
+    let live = repositories.iter().any(|(_, heads)| heads.iter().any(|record| !record.status.is_final()));
+    frame(
         "status",
         html! {
             h1 { "Runner " (name(&runner.summary.runner_id)) }
@@ -163,6 +190,7 @@ pub fn index(runner: &RunnerNow, repositories: &[(RepositoryView, Vec<&CheckReco
                 }
             }
         },
+        live,
     )
 }
 
@@ -172,6 +200,7 @@ pub fn repository(
     records: &[std::sync::Arc<CheckRecord>],
     unreadable: &[String],
     queues: &[String],
+    commits: &HashMap<String, CommitInfo>,
     now_ms: u64,
 ) -> Markup {
     // Each commit's checks (oldest first), and the commits newest first.
@@ -194,7 +223,11 @@ pub fn repository(
     }
     let title = repository.url.as_deref().unwrap_or(&repository.key);
     let none: Vec<&CheckRecord> = Vec::new();
-    layout(
+    let live = recent
+        .iter()
+        .flat_map(|commit| by_commit.get(commit).into_iter().flatten())
+        .any(|record| !record.status.is_final());
+    frame(
         title,
         html! {
             h1 { (name(title)) }
@@ -244,11 +277,20 @@ pub fn repository(
             @if recent.is_empty() { p.none { "No checks yet." } }
             @for commit in &recent {
                 section.commit {
-                    h3 { span.commit { (format::short(commit)) } }
-                    (checks_table(by_commit.get(commit).unwrap_or(&none), now_ms))
+                    @let checks = by_commit.get(commit).unwrap_or(&none);
+                    h3 {
+                        span.commit { (format::short(commit)) }
+                        @if let Some(info) = commits.get(*commit) { " " span.subject { (name(&info.subject)) } }
+                    }
+                    p.meta {
+                        @if let Some(info) = commits.get(*commit) { (name(&info.author)) ", authored " (when(info.authored_ms, now_ms)) "; " }
+                        @if let Some(newest) = checks.iter().map(|check| check.queued_at).max() { "checked " (when(newest, now_ms)) }
+                    }
+                    (checks_table(checks, now_ms))
                 }
             }
         },
+        live,
     )
 }
 
@@ -265,7 +307,22 @@ pub struct ShownOutput {
 }
 
 /// A check: what it ran on, its steps, cause, outputs and log.
-pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from: Option<u64>, now_ms: u64) -> Markup {
+pub fn check(
+    record: &CheckRecord,
+    commit: Option<&CommitInfo>,
+    outputs: &[ShownOutput],
+    log: &[u8],
+    live_from: Option<u64>,
+    now_ms: u64,
+) -> Markup {
+    // A finished log is drawn in sections, a live one grows as text.
+    let (drawn, tail) = match live_from {
+        None => {
+            let (drawn, tail) = super::log_view::render(record, log);
+            (Some(drawn), tail)
+        }
+        Some(_) => (None, None),
+    };
     let title = format!("{} on {}", record.workflow, format::short(&record.target.commit));
     let repository = repository_href(&record.repository_key);
     layout(
@@ -274,10 +331,12 @@ pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from
             p.meta { a href=(repository) { (name(&record.repository)) } }
             h1 { (name(&record.workflow)) " " (status(record.status.as_str())) }
             @if let Some(cause) = &record.cause { p.cause { "Cause: " (name(cause)) } }
+            @if let Some(tail) = tail { (tail) }
             table.facts {
                 tr { th { "trust" } td { (format::trust(record)) @if record.trusted { " (trusted: secrets, cache kept)" } @else { " (untrusted: no secrets)" } } }
                 tr { th { "on" } td { (name(&format::target(record))) " " span.commit { (name(&record.target.commit)) } } }
-                @if let Some(head) = &record.target.head { tr { th { "head" } td.commit { (name(head)) } } }
+                @if let Some(head) = &record.target.head { tr { th { "head" } td { span.commit { (name(head)) } } } }
+                @if let Some(commit) = commit { tr { th { "commit" } td { (commit_line(commit, now_ms)) } } }
                 tr { th { "ref" } td { (name(&record.target.git_ref)) } }
                 tr { th { "runner" } td { (name(&record.runner_id)) } }
                 tr { th { "run" } td { (name(&record.run_id)) } }
@@ -285,9 +344,9 @@ pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from
                 @if !record.run_again_as.is_empty() {
                     tr { th { "run again as" } td { @for (n, again) in record.run_again_as.iter().enumerate() { @if n > 0 { ", " } a href=(run_href(record, again)) { "run " (name(again)) } } } }
                 }
-                tr { th { "queued" } td { (format::time(record.queued_at)) } }
-                @if let Some(at) = record.started_at { tr { th { "started" } td { (format::time(at)) } } }
-                @if let Some(at) = record.finished_at { tr { th { "finished" } td { (format::time(at)) } } }
+                tr { th { "queued" } td { (when(record.queued_at, now_ms)) } }
+                @if let Some(at) = record.started_at { tr { th { "started" } td { (when(at, now_ms)) } } }
+                @if let Some(at) = record.finished_at { tr { th { "finished" } td { (when(at, now_ms)) } } }
                 tr { th { "duration" } td { (format::check_duration(record, now_ms)) } }
             }
             h2 { "Steps" }
@@ -331,13 +390,14 @@ pub fn check(record: &CheckRecord, outputs: &[ShownOutput], log: &str, live_from
                 a href={ (check_href(record)) "/log" } { "Plain text" } "."
                 @if record.log_truncated { " The log was cut at its cap of 1 MB." }
             }
-            @match live_from {
-                Some(from) => {
+            @match (live_from, drawn) {
+                (Some(from), _) => {
                     p #live-state { "Running: the log grows below as the run goes (with JavaScript; without it, reload the page)." }
-                    pre #log data-live={ (check_href(record)) "/log/live?from=" (from) } { (log) }
-                    script src="/static/live.js" {}
+                    pre #log data-live={ (check_href(record)) "/log/live?from=" (from) } { (printable::log(log)) }
+                    script src="/static/page.js" {}
                 }
-                None => { pre #log { (log) } }
+                (None, Some(drawn)) => { (drawn) }
+                (None, None) => {}
             }
         },
     )
@@ -366,11 +426,11 @@ pub fn queue(key: &str, queue: &QueueState, checks: &HashMap<&str, &CheckRecord>
                     @for entry in &queue.entries {
                         tr {
                             td { "pull/" (entry.number) @if entry.retry { " (retry)" } }
-                            td.commit { (format::short(&entry.head)) }
+                            td.commit data-label="head" { (format::short(&entry.head)) }
                             td { (status(entry.state.as_str())) }
                             td { @if let Some(reason) = &entry.reason { (name(reason)) } }
-                            td { @for run_id in &entry.preflights { (check_link(run_id)) } }
-                            td.commit { @if let Some(batch) = &entry.batch { (format::short(batch)) } }
+                            td data-label="pre-flights" { @for run_id in &entry.preflights { (check_link(run_id)) } }
+                            td.commit data-label="batch" { @if let Some(batch) = &entry.batch { (format::short(batch)) } }
                         }
                     }
                 }
@@ -382,12 +442,12 @@ pub fn queue(key: &str, queue: &QueueState, checks: &HashMap<&str, &CheckRecord>
                 tbody {
                     @for batch in queue.batches.iter().rev() {
                         tr {
-                            td.commit { (format::short(&batch.commit)) }
-                            td.commit { (format::short(&batch.base)) }
+                            td.commit data-label="batch" { (format::short(&batch.commit)) }
+                            td.commit data-label="base" { (format::short(&batch.base)) }
                             td { @for number in &batch.pulls { "pull/" (number) " " } }
                             td { (status(batch.status.as_str())) }
                             td { @if let Some(cause) = &batch.cause { (name(cause)) } }
-                            td { @for run_id in &batch.runs { (check_link(run_id)) } }
+                            td data-label="checks" { @for run_id in &batch.runs { (check_link(run_id)) } }
                         }
                     }
                 }

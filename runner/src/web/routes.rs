@@ -18,11 +18,13 @@ use serde::Deserialize;
 
 use super::outputs;
 use super::pages::{self, ShownOutput};
+use super::view::{CommitInfo, View};
 use super::{App, api, auth, live};
 use crate::checks::{CheckRecord, now_ms};
 
 const STYLE: &str = include_str!("static/style.css");
-const SCRIPT: &str = include_str!("static/live.js");
+const SCRIPT: &str = include_str!("static/page.js");
+const ICON: &str = include_str!("static/favicon.svg");
 
 /// Every route, behind the credentials check and the hardening headers.
 pub(super) fn router(app: App) -> Router {
@@ -40,9 +42,11 @@ pub(super) fn router(app: App) -> Router {
         .merge(api::router())
         .route("/static/style.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE) }))
         .route(
-            "/static/live.js",
+            "/static/page.js",
             get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT) }),
         )
+        .route("/static/favicon.svg", get(icon))
+        .route("/favicon.ico", get(icon))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(app.clone(), guard));
     Router::new()
@@ -55,6 +59,11 @@ pub(super) fn router(app: App) -> Router {
         .with_state(app)
 }
 
+/// The page's icon (also at `/favicon.ico`, where browsers look when a page names none).
+async fn icon() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "image/svg+xml"), (header::CACHE_CONTROL, "max-age=86400")], ICON)
+}
+
 /// Lets through what the credentials allow; 401 otherwise.
 async fn guard(State(app): State<App>, request: Request, next: Next) -> Response {
     if app.auth.allows(request.headers()) {
@@ -64,6 +73,30 @@ async fn guard(State(app): State<App>, request: Request, next: Next) -> Response
         (StatusCode::UNAUTHORIZED, "a token or a session is needed: see docs/guide/status-page.md\n").into_response();
     response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     response
+}
+
+/// The subjects and authors of the first `count` commits `records` ran on, by the commit each
+/// ran on: a pull's head's for a pull's merge (what its author wrote).
+fn commits_of<'a>(
+    view: &View,
+    key: &str,
+    records: impl Iterator<Item = &'a CheckRecord>,
+    count: usize,
+) -> HashMap<String, CommitInfo> {
+    let mut shown: Vec<(&str, &str)> = Vec::new();
+    for record in records {
+        let commit = record.target.commit.as_str();
+        if shown.iter().any(|(ran, _)| *ran == commit) {
+            continue;
+        }
+        if shown.len() == count {
+            break;
+        }
+        shown.push((commit, record.target.head.as_deref().unwrap_or(commit)));
+    }
+    let hashes: Vec<&str> = shown.iter().map(|(_, hash)| *hash).collect();
+    let found = view.commits(key, &hashes);
+    shown.into_iter().filter_map(|(ran, hash)| Some((ran.to_string(), found.get(hash)?.clone()))).collect()
 }
 
 /// Runs a read of the view off the async workers.
@@ -118,7 +151,9 @@ async fn repository(State(app): State<App>, Path(key): Path<String>) -> Result<R
         let repository = view.repository(&key)?;
         let records = view.records(&key);
         let unreadable = view.unreadable(&key);
-        Some(pages::repository(&repository, &records, &unreadable, &view.queue_branches(&key), now_ms()))
+        let commits = commits_of(view, &key, records.iter().rev().map(|record| record.as_ref()), pages::RECENT_COMMITS);
+        let queues = view.queue_branches(&key);
+        Some(pages::repository(&repository, &records, &unreadable, &queues, &commits, now_ms()))
     })
     .await
     .map(page)
@@ -156,8 +191,9 @@ async fn check(State(app): State<App>, Path((key, run)): Path<(String, String)>)
             let whole = bytes.iter().rposition(|&byte| byte == b'\n').map_or(0, |end| end + 1);
             (&bytes[..whole], Some(whole as u64))
         };
-        let log = crate::printable::log(shown_bytes);
-        Some(pages::check(&record, &shown, &log, live_from, now_ms()))
+        let commits = commits_of(view, &key, std::iter::once(&record), 1);
+        let commit = commits.get(&record.target.commit);
+        Some(pages::check(&record, commit, &shown, shown_bytes, live_from, now_ms()))
     })
     .await
     .map(page)

@@ -382,7 +382,7 @@ async fn the_live_log_streams_whole_lines_as_they_come_and_ends_with_the_run() {
     let addr = serve(dir.path(), false, None).await;
     let page = get(addr, "/repositories/repo-a/checks/run-live").await;
     assert!(page.body.contains(r#"data-live="/repositories/repo-a/checks/run-live/log/live?from=8""#), "{}", page.body);
-    assert!(page.body.contains(r#"<script src="/static/live.js">"#), "{}", page.body);
+    assert!(page.body.contains(r#"<script src="/static/page.js">"#), "{}", page.body);
     let path = "/repositories/repo-a/checks/run-live/log/live?from=0";
     let mut stream = open_stream(addr, path, None).await;
     let mut read = String::new();
@@ -695,4 +695,59 @@ async fn the_metrics_are_served_on_the_page_behind_its_credentials_and_alone_on_
     for elsewhere in ["/", "/api/runner", "/repositories/repo-a", "/metrics/x"] {
         assert_eq!(get(alone, elsewhere).await.status, 404, "{elsewhere}");
     }
+}
+
+/// The repository and check pages show a commit's subject and author from the mirror, escaped;
+/// a commit the mirror does not hold shows its hash alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_show_their_subject_and_author() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path();
+    let mirror = state.join("mirrors/repo-c.git");
+    std::fs::create_dir_all(&mirror).expect("mkdir");
+    let git = crate::forge::Git::in_folder(&mirror);
+    git.run(&["init", "-q", "--bare"]).await.expect("init");
+    let tree = git.text(&["mktree"]).await.expect("the empty tree");
+    let commit = git
+        .output_with(
+            &["commit-tree", tree.trim(), "-m", "Fix the <b>parser</b>\u{1b}[31m\n\nThe body."],
+            &[
+                ("GIT_AUTHOR_NAME", "Ada & co"),
+                ("GIT_AUTHOR_EMAIL", "ada@example.com"),
+                ("GIT_AUTHOR_DATE", "2020-01-01T00:00:00Z"),
+                ("GIT_COMMITTER_NAME", "c"),
+                ("GIT_COMMITTER_EMAIL", "c@example.com"),
+            ],
+        )
+        .await
+        .expect("commit-tree");
+    let commit = String::from_utf8_lossy(&commit.stdout).trim().to_string();
+    assert_eq!(commit.len(), 40, "{commit}");
+    let store = CheckStore::new(state);
+    let mut known = record("repo-c", "run-known", &[]);
+    known.target.commit = commit.clone();
+    store.put(&known).expect("put");
+    let mut unknown = record("repo-c", "run-unknown", &[]);
+    unknown.target.commit = "abababababababababababababababababababab".into();
+    store.put(&unknown).expect("put");
+    let addr = serve(state, false, None).await;
+    let page = get(addr, "/repositories/repo-c/checks/run-known").await;
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("<span class=\"subject\">Fix the &lt;b&gt;parser&lt;/b&gt;\\x1b[31m</span>"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("Ada &amp; co, <time title=\"2020-01-01 00:00:00 UTC\">"), "{}", page.body);
+    assert!(!page.body.contains("The body."));
+    let other = get(addr, "/repositories/repo-c/checks/run-unknown").await;
+    assert_eq!(other.status, 200);
+    assert!(!other.body.contains("class=\"subject\""), "{}", other.body);
+    let api = get(addr, "/api/repositories/repo-c/checks/run-known").await;
+    let api: serde_json::Value = serde_json::from_str(&api.body).expect("JSON");
+    assert_eq!(api["commit_info"]["subject"], "Fix the <b>parser</b>\u{1b}[31m");
+    assert_eq!(api["commit_info"]["authored_at"], 1_577_836_800_000u64);
+    let repository = get(addr, "/repositories/repo-c").await;
+    assert!(repository.body.contains("Fix the &lt;b&gt;parser&lt;/b&gt;"), "{}", repository.body);
+    assert!(repository.body.contains("Ada &amp; co, authored <time"), "{}", repository.body);
 }

@@ -17,6 +17,7 @@ use crate::checks::{CheckRecord, CheckStore};
 use crate::daemon::state::{InFlight, STATE_FILE, State, Sweep};
 use crate::forge::Seen;
 use crate::queue::{QueueState, QueueStore};
+use knotless_protocol::sdk::lock;
 
 /// What the runner said of itself at start, for the runner page.
 #[derive(Debug, Clone, Serialize)]
@@ -94,6 +95,23 @@ struct Stamp {
 /// the next change (file systems stamp times at a coarse tick).
 const SETTLE: Duration = Duration::from_secs(2);
 
+/// A commit as people know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitInfo {
+    /// The first line of its message.
+    pub subject: String,
+    /// Its author's name.
+    pub author: String,
+    /// When it was authored (Unix milliseconds).
+    pub authored_ms: u64,
+}
+
+/// How many commits' subjects and authors the view keeps (a commit never changes).
+const KEPT_COMMITS: usize = 10_000;
+
+/// How long one lookup of commits in a mirror may take.
+const COMMIT_LOOKUP: Duration = Duration::from_secs(5);
+
 /// The read-only view.
 pub struct View {
     state: PathBuf,
@@ -103,6 +121,37 @@ pub struct View {
     folders: Mutex<HashMap<String, Folder>>,
     /// Whether the page is public, so shows no path of the runner's host.
     hide_host_paths: bool,
+    /// Commits looked up (`None`: not in the mirror), by hash.
+    commits: Mutex<HashMap<String, Option<CommitInfo>>>,
+}
+
+/// `hashes` looked up in the git folder `mirror`, by one `git log`; those it does not hold are
+/// left out.
+fn look_up(mirror: &Path, hashes: &[&str]) -> HashMap<String, CommitInfo> {
+    let mut args = vec!["log", "--no-walk=unsorted", "--ignore-missing", "--format=%H%x1f%an%x1f%at%x1f%s%x1e"];
+    args.extend(hashes);
+    args.push("--");
+    let git = crate::forge::Git::in_folder(mirror);
+    let lookup = git.run_within(&args, COMMIT_LOOKUP);
+    let output = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime.block_on(lookup),
+        Err(_) => return HashMap::new(),
+    };
+    let Ok(output) = output else { return HashMap::new() };
+    String::from_utf8_lossy(&output)
+        .split('\x1e')
+        .filter_map(|entry| {
+            let mut fields = entry.trim_start_matches('\n').splitn(4, '\x1f');
+            let (hash, author, at, subject) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+            let subject: String = subject.chars().take(200).collect();
+            let info = CommitInfo {
+                subject,
+                author: author.chars().take(100).collect(),
+                authored_ms: at.parse::<u64>().ok()? * 1000,
+            };
+            Some((hash.to_string(), info))
+        })
+        .collect()
 }
 
 /// `text` with each word that is an absolute path (after an opening quote or bracket) as `PATH`.
@@ -142,7 +191,31 @@ impl View {
             runner,
             folders: Mutex::new(HashMap::new()),
             hide_host_paths: false,
+            commits: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The subjects and authors of `hashes` (full hexadecimal object names) in the mirror of
+    /// repository `key`: one `git log` for those not looked up before, none for the rest.
+    /// Blocks: called off the async workers.
+    pub fn commits(&self, key: &str, hashes: &[&str]) -> HashMap<String, CommitInfo> {
+        let hex = |hash: &&str| matches!(hash.len(), 40 | 64) && hash.bytes().all(|byte| byte.is_ascii_hexdigit());
+        let wanted: Vec<&str> = hashes.iter().copied().filter(hex).collect();
+        let missing: Vec<&str> =
+            { wanted.iter().copied().filter(|hash| !lock(&self.commits).contains_key(*hash)).collect() };
+        let mirror = self.state.join("mirrors").join(format!("{key}.git"));
+        if !missing.is_empty() && is_plain_name(key) && mirror.is_dir() {
+            let found = look_up(&mirror, &missing);
+            let mut commits = lock(&self.commits);
+            if commits.len() + missing.len() > KEPT_COMMITS {
+                commits.clear();
+            }
+            for hash in &missing {
+                commits.insert(hash.to_string(), found.get(*hash).cloned());
+            }
+        }
+        let commits = lock(&self.commits);
+        wanted.iter().filter_map(|hash| Some((hash.to_string(), commits.get(*hash)?.clone()?))).collect()
     }
 
     /// This view, showing no path of the runner's host when `hide` (a public page): no outputs

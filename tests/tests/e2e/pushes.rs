@@ -113,6 +113,40 @@ fn a_round_stuck_on_a_fetch_holds_up_neither_a_notify_nor_a_stop() {
     eventually("no process of the stuck fetch left", || (!process_running("sleep 917354")).then_some(()));
 }
 
+/// Without a notify, each poll sees what changed in a local repository (watched with inotify,
+/// so an idle one costs a round nothing): a commit, a new branch, and a commit in a bare
+/// repository pushed to, one after another.
+#[test]
+fn polls_see_each_change_of_a_local_repository_without_a_notify() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, first) = repo_with(dir.path(), &[("pass", PASS)]);
+    let bare = dir.path().join("bare.git");
+    repo.git(&["clone", "-q", "--bare", ".", &bare.display().to_string()]);
+    let bare_url = bare.display().to_string();
+    let runner = Runner::start(
+        &dir.path().join("state"),
+        &[
+            vec!["--executor", "shell", "--runner-id", "e2e-poll", "--poll", "1", "--disk-floor", "0"],
+            vec![repo.url().as_str(), bare_url.as_str()],
+        ]
+        .concat(),
+    );
+    runner.final_checks(&repo.url(), &first, 1);
+    runner.final_checks(&bare_url, &first, 1);
+    for round in 0..3 {
+        repo.write("file", &round.to_string());
+        let commit = repo.commit(&format!("round {round}"));
+        let checks = runner.final_checks(&repo.url(), &commit, 1);
+        assert_eq!(checks[0]["status"], "success", "{checks:#?}");
+        repo.git(&["push", "-q", &bare_url, "HEAD:main"]);
+        runner.final_checks(&bare_url, &commit, 1);
+    }
+    repo.git(&["checkout", "-q", "-b", "feature"]);
+    repo.write("file", "feature");
+    let feature = repo.commit("on a new branch");
+    runner.final_checks(&repo.url(), &feature, 1);
+}
+
 fn pass_run(checks: &[serde_json::Value]) -> &str {
     by_workflow(checks, "pass")["run_id"].as_str().expect("a run id")
 }

@@ -29,6 +29,17 @@ pub(crate) fn queue_repo(dir: &Path, record: Option<&str>) -> (Repo, String) {
     (repo, base)
 }
 
+/// Queues pull 1, whose pre-flight fails, and pull 2, which conflicts with main once main
+/// moves, then moves main and queues pull 3 off it, which lands; gives main's new head.
+pub(crate) fn three_fates(repo: &Repo, base: &str) -> String {
+    queue_pull(repo, 1, base, "preflight-fails", "x\n");
+    queue_pull(repo, 2, base, "base.txt", "the pull's\n");
+    repo.write("base.txt", "main's\n");
+    let moved = repo.commit("main moves");
+    queue_pull(repo, 3, &moved, "a.txt", "a\n");
+    moved
+}
+
 /// A pull `number` off `from` adding `file`, queued for landing on main.
 pub(crate) fn queue_pull(repo: &Repo, number: u64, from: &str, file: &str, text: &str) -> String {
     queue_pull_by(repo, number, from, (file, text), "test <test@example.com>", &format!("pull {number}"))
@@ -133,11 +144,7 @@ fn a_queued_pull_lands_only_through_the_queue() {
 fn failing_pre_flights_conflicts_and_pulls_that_fail_together_are_ejected() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (repo, base) = queue_repo(dir.path(), None);
-    queue_pull(&repo, 1, &base, "preflight-fails", "x\n");
-    queue_pull(&repo, 2, &base, "base.txt", "the pull's\n");
-    repo.write("base.txt", "main's\n");
-    let moved = repo.commit("main moves");
-    queue_pull(&repo, 3, &moved, "a.txt", "a\n");
+    let moved = three_fates(&repo, &base);
     queue_pull(&repo, 4, &moved, "b.txt", "b\n");
     let url = repo.url();
     let work = dir.path().join("work");

@@ -244,12 +244,11 @@ fn a_batch_workflow_pinned_away_from_the_lander_ejects_naming_the_fix() {
     assert_eq!(repo.git(&["rev-parse", "main"]), base, "the pull did not land unchecked");
 }
 
-#[test]
-fn a_pre_flight_the_pull_runner_ran_on_the_same_merge_is_taken_not_run_again() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // The two-runner example: the first runner runs the pull runs, the second lands.
-    let record = "runners: [e2e-qg-pone, e2e-qg-ptwo]\npushers: [e2e-qg-ptwo]\n";
-    let (repo, _) = queue_repo(dir.path(), Some(record));
+/// The two-runner example (the first of `runners` runs the pull runs, the second lands), a
+/// pre-flight `both` that is also a pull check, and pull 1 off main; gives its head.
+fn two_runner_pull(dir: &std::path::Path, [pulls, lands]: [&str; 2]) -> (knotless_tests::Repo, String) {
+    let record = format!("runners: [{pulls}, {lands}]\npushers: [{lands}]\n");
+    let (repo, _) = queue_repo(dir, Some(&record));
     repo.write(".knotless/workflows/both.yml", "on: [pull]\nqueue: first\nsteps:\n  - name: both\n    run: 'true'\n");
     let base = repo.commit("a pre-flight that is a pull check too");
     repo.git(&["checkout", "-q", "-b", "pull-1", &base]);
@@ -257,6 +256,13 @@ fn a_pre_flight_the_pull_runner_ran_on_the_same_merge_is_taken_not_run_again() {
     let head = repo.commit("pull 1");
     repo.git(&["checkout", "-q", "main"]);
     repo.git(&["update-ref", "refs/pulls/1/head", &head]);
+    (repo, head)
+}
+
+#[test]
+fn a_pre_flight_the_pull_runner_ran_on_the_same_merge_is_taken_not_run_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, head) = two_runner_pull(dir.path(), ["e2e-qg-pone", "e2e-qg-ptwo"]);
     let url = repo.url();
     let extra = ["--queue", "--pulls", "--force-shell"];
     let one = Runner::start(&dir.path().join("one"), &[flags("e2e-qg-pone", &extra), vec![&url]].concat());
@@ -281,4 +287,36 @@ fn a_pre_flight_the_pull_runner_ran_on_the_same_merge_is_taken_not_run_again() {
     assert_eq!(kept[0]["runner_id"], "e2e-qg-pone");
     let preflights = entry(&queue, 1)["preflights"].as_array().cloned().unwrap_or_default();
     assert!(preflights.contains(&ran[0]["run_id"]), "its pre-flights: {queue:#}");
+}
+
+/// The lander that sees a queued pull before the pull runner has made its pull run waits for
+/// that runner's run instead of racing it: one check of the workflow on the merge, the pull
+/// runner's.
+#[test]
+fn the_lander_that_sees_a_pull_first_waits_for_the_pull_runners_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, head) = two_runner_pull(dir.path(), ["e2e-qg-wone", "e2e-qg-wtwo"]);
+    repo.git(&["update-ref", "refs/queue/main/1", &head]);
+    let url = repo.url();
+    let extra = ["--queue", "--pulls", "--force-shell"];
+    // The lander first: the pull runner is not started yet.
+    let two = Runner::start(&dir.path().join("two"), &[flags("e2e-qg-wtwo", &extra), vec![&url]].concat());
+    eventually("the lander to wait for the pull run", || {
+        let queue = queue_of(&two, &url);
+        let reason = queue["entries"].as_array()?.first()?["reason"].as_str()?.to_string();
+        reason.contains("waiting for runner e2e-qg-wone's pull run of pre-flight both").then_some(())
+    });
+    let one = Runner::start(&dir.path().join("one"), &[flags("e2e-qg-wone", &extra), vec![&url]].concat());
+    let queue = settled(&two, &url, 1);
+    assert_eq!(entry(&queue, 1)["state"], "merged", "{queue:#}");
+    let both = |runner: &Runner| -> Vec<serde_json::Value> {
+        let checks = runner.checks(&url, None).into_iter();
+        checks.filter(|check| check["workflow"] == "both" && check["event"] == "pull").collect()
+    };
+    let ran = both(&one);
+    assert_eq!(ran.len(), 1, "{ran:#?}");
+    let kept = both(&two);
+    assert_eq!(kept.len(), 1, "the lander ran it too: {kept:#?}");
+    assert_eq!(kept[0]["run_id"], ran[0]["run_id"], "the lander keeps the pull run's check: {kept:#?}");
+    assert_eq!(kept[0]["runner_id"], "e2e-qg-wone");
 }
