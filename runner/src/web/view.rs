@@ -126,19 +126,15 @@ pub struct View {
 }
 
 /// `hashes` looked up in the git folder `mirror`, by one `git log`; those it does not hold are
-/// left out.
-fn look_up(mirror: &Path, hashes: &[&str]) -> HashMap<String, CommitInfo> {
+/// left out; `None` when the lookup failed (timed out, say).
+fn look_up(mirror: &Path, hashes: &[&str]) -> Option<HashMap<String, CommitInfo>> {
     let mut args = vec!["log", "--no-walk=unsorted", "--ignore-missing", "--format=%H%x1f%an%x1f%at%x1f%s%x1e"];
     args.extend(hashes);
     args.push("--");
     let git = crate::forge::Git::in_folder(mirror);
     let lookup = git.run_within(&args, COMMIT_LOOKUP);
-    let output = match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => runtime.block_on(lookup),
-        Err(_) => return HashMap::new(),
-    };
-    let Ok(output) = output else { return HashMap::new() };
-    String::from_utf8_lossy(&output)
+    let output = tokio::runtime::Handle::try_current().ok()?.block_on(lookup).ok()?;
+    let found = String::from_utf8_lossy(&output)
         .split('\x1e')
         .filter_map(|entry| {
             let mut fields = entry.trim_start_matches('\n').splitn(4, '\x1f');
@@ -151,7 +147,8 @@ fn look_up(mirror: &Path, hashes: &[&str]) -> HashMap<String, CommitInfo> {
             };
             Some((hash.to_string(), info))
         })
-        .collect()
+        .collect();
+    Some(found)
 }
 
 /// `text` with each word that is an absolute path (after an opening quote or bracket) as `PATH`.
@@ -201,11 +198,18 @@ impl View {
     pub fn commits(&self, key: &str, hashes: &[&str]) -> HashMap<String, CommitInfo> {
         let hex = |hash: &&str| matches!(hash.len(), 40 | 64) && hash.bytes().all(|byte| byte.is_ascii_hexdigit());
         let wanted: Vec<&str> = hashes.iter().copied().filter(hex).collect();
-        let missing: Vec<&str> =
-            { wanted.iter().copied().filter(|hash| !lock(&self.commits).contains_key(*hash)).collect() };
+        let missing: Vec<&str> = {
+            let commits = lock(&self.commits);
+            wanted.iter().copied().filter(|hash| !commits.contains_key(*hash)).collect()
+        };
         let mirror = self.state.join("mirrors").join(format!("{key}.git"));
-        if !missing.is_empty() && is_plain_name(key) && mirror.is_dir() {
-            let found = look_up(&mirror, &missing);
+        // A lookup that failed is tried again at the next page; a commit the mirror does not
+        // hold is remembered as such.
+        if !missing.is_empty()
+            && is_plain_name(key)
+            && mirror.is_dir()
+            && let Some(found) = look_up(&mirror, &missing)
+        {
             let mut commits = lock(&self.commits);
             if commits.len() + missing.len() > KEPT_COMMITS {
                 commits.clear();

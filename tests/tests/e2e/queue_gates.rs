@@ -259,6 +259,12 @@ fn two_runner_pull(dir: &std::path::Path, [pulls, lands]: [&str; 2]) -> (knotles
     (repo, head)
 }
 
+/// The pull checks of `both` a runner holds.
+fn both_pull_checks(runner: &Runner, url: &str) -> Vec<serde_json::Value> {
+    let checks = runner.checks(url, None).into_iter();
+    checks.filter(|check| check["workflow"] == "both" && check["event"] == "pull").collect()
+}
+
 #[test]
 fn a_pre_flight_the_pull_runner_ran_on_the_same_merge_is_taken_not_run_again() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -266,10 +272,7 @@ fn a_pre_flight_the_pull_runner_ran_on_the_same_merge_is_taken_not_run_again() {
     let url = repo.url();
     let extra = ["--queue", "--pulls", "--force-shell"];
     let one = Runner::start(&dir.path().join("one"), &[flags("e2e-qg-pone", &extra), vec![&url]].concat());
-    let both = |runner: &Runner| -> Vec<serde_json::Value> {
-        let checks = runner.checks(&url, None).into_iter();
-        checks.filter(|check| check["workflow"] == "both" && check["event"] == "pull").collect()
-    };
+    let both = |runner: &Runner| both_pull_checks(runner, &url);
     eventually("the pull run", || both(&one).first().filter(|check| knotless_tests::is_final(check)).cloned());
     repo.git(&["update-ref", "refs/queue/main/1", &head]);
     one.notify(&url);
@@ -309,10 +312,7 @@ fn the_lander_that_sees_a_pull_first_waits_for_the_pull_runners_run() {
     let one = Runner::start(&dir.path().join("one"), &[flags("e2e-qg-wone", &extra), vec![&url]].concat());
     let queue = settled(&two, &url, 1);
     assert_eq!(entry(&queue, 1)["state"], "merged", "{queue:#}");
-    let both = |runner: &Runner| -> Vec<serde_json::Value> {
-        let checks = runner.checks(&url, None).into_iter();
-        checks.filter(|check| check["workflow"] == "both" && check["event"] == "pull").collect()
-    };
+    let both = |runner: &Runner| both_pull_checks(runner, &url);
     let ran = both(&one);
     assert_eq!(ran.len(), 1, "{ran:#?}");
     let kept = both(&two);
