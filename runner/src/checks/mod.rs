@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use log::LiveLog;
 
-use crate::engine::{LOG_CAP, OutputFile, RunReport, RunStatus, StepReport};
+use crate::engine::{LOG_CAP, OutputFile, RunReport, RunStatus, StepReport, StepStatus};
 use crate::workflow::Event;
 
 /// What a run was for.
@@ -93,9 +93,12 @@ pub struct CheckRecord {
     pub status: RunStatus,
     /// Why it did not succeed.
     pub cause: Option<String>,
-    /// Each step.
+    /// Each step: while the run goes, those that ended or were skipped and the one running.
     #[serde(default)]
     pub steps: Vec<StepReport>,
+    /// While the run goes: the step in `steps` running now (its status is not yet known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_step: Option<usize>,
     /// The outputs (images flagged).
     #[serde(default)]
     pub outputs: Vec<OutputFile>,
@@ -153,6 +156,7 @@ impl CheckRecord {
             status: RunStatus::Queued,
             cause: None,
             steps: Vec::new(),
+            running_step: None,
             outputs: Vec::new(),
             outputs_dir: None,
             caches: Vec::new(),
@@ -173,6 +177,7 @@ impl CheckRecord {
         self.status = report.status;
         self.cause = report.cause.clone();
         self.steps = report.steps.clone();
+        self.running_step = None;
         self.outputs = report.outputs.clone();
         self.log_truncated = report.log_truncated;
         self.duration_ms = Some(report.duration_ms);
@@ -183,6 +188,10 @@ impl CheckRecord {
     pub fn end(&mut self, status: RunStatus, cause: impl Into<String>) {
         self.status = status;
         self.cause = Some(cause.into());
+        // A step running when the run ended without a report ended with it.
+        if let Some(step) = self.running_step.take().and_then(|at| self.steps.get_mut(at)) {
+            step.status = if status == RunStatus::Cancelled { StepStatus::Cancelled } else { StepStatus::Error };
+        }
         self.finished_at = Some(now_ms());
     }
 }
@@ -327,6 +336,42 @@ mod tests {
         let mut record = CheckRecord::queued(run_id.into(), ("/srv/demo", "demo-1"), "build", &target, true, "r");
         record.queued_at = queued_at;
         record
+    }
+
+    #[test]
+    fn a_run_ended_without_a_report_ends_its_running_step_and_a_finished_one_runs_none() {
+        let step = |name: &str, status| StepReport {
+            name: name.into(),
+            status,
+            exit_code: None,
+            duration_ms: 0,
+            reason: None,
+        };
+        let mut stopped = record("a", 1);
+        stopped.status = RunStatus::Running;
+        stopped.steps = vec![step("build", StepStatus::Success), step("test", StepStatus::Skipped)];
+        stopped.running_step = Some(1);
+        stopped.end(RunStatus::Error, "the runner stopped during this run");
+        assert_eq!(stopped.running_step, None);
+        assert_eq!(stopped.steps[0].status, StepStatus::Success);
+        assert_eq!(stopped.steps[1].status, StepStatus::Error, "it was running, not skipped");
+        let text = serde_json::to_string(&stopped).expect("encode");
+        assert!(!text.contains("running_step"), "{text}");
+        let mut finished = record("b", 1);
+        finished.running_step = Some(0);
+        let report = RunReport {
+            run_id: "b".into(),
+            workflow: "build".into(),
+            status: RunStatus::Success,
+            cause: None,
+            steps: vec![step("build", StepStatus::Success)],
+            outputs: Vec::new(),
+            duration_ms: 5,
+            log_truncated: false,
+            log: String::new(),
+        };
+        finished.finish(&report);
+        assert_eq!(finished.running_step, None);
     }
 
     #[test]

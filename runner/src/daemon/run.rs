@@ -12,13 +12,18 @@ use super::schedule::Job;
 use super::state::InFlightStatus;
 use crate::cache::check_disk_floor;
 use crate::checks::now_ms;
-use crate::engine::{self, LogLine, LogSink, RunPlan, RunStatus};
+use crate::engine::{self, LogLine, LogSink, RunPlan, RunStatus, StepReport};
 use crate::forge::Forge;
 use crate::secrets::{SEALED_FILE, open_sealed_file, read_operator_file};
 
-/// A sink that feeds the check's live log and keeps the daemon's own notes for the final log.
+/// Saves a running check's record with its steps as far as they have got.
+type StepsSaver = Box<dyn FnMut(&[StepReport], Option<usize>) + Send>;
+
+/// A sink that feeds the check's live log, keeps the daemon's own notes for the final log, and
+/// saves the check's steps as they start and end (the status page shows them).
 struct Tee {
     live: Option<Box<dyn LogSink>>,
+    steps: Option<StepsSaver>,
 }
 
 impl Tee {
@@ -43,6 +48,12 @@ impl LogSink for Tee {
     fn flush(&mut self) {
         if let Some(live) = self.live.as_mut() {
             live.flush();
+        }
+    }
+
+    fn steps(&mut self, steps: &[StepReport], running: Option<usize>) {
+        if let Some(save) = self.steps.as_mut() {
+            save(steps, running);
         }
     }
 }
@@ -89,7 +100,15 @@ impl<F: Forge> Daemon<F> {
                     None
                 }
             };
-            let mut tee = Tee { live };
+            let saver = {
+                let (daemon, mut check) = (Arc::clone(&self), check.clone());
+                Box::new(move |steps: &[StepReport], running: Option<usize>| {
+                    check.steps = steps.to_vec();
+                    check.running_step = running;
+                    daemon.put_check(&check);
+                }) as StepsSaver
+            };
+            let mut tee = Tee { live, steps: Some(saver) };
             let mut prelude = String::new();
             if let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor) {
                 tee.note(&mut prelude, &format!("error: {cause}"));

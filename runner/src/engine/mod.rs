@@ -318,6 +318,7 @@ async fn in_session(
         if let Some(reason) = skip_reason(plan, step, &env, failed.is_some()) {
             log.note(format!("step {} skipped: {reason}", step.name));
             steps[index].reason = Some(reason);
+            log.steps(&steps[..=index], None);
             continue;
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -335,6 +336,7 @@ async fn in_session(
         }
         let secrets = step_secrets(plan, step, log);
         log.note(format!("step {} ({}/{})", step.name, index + 1, workflow.steps.len()));
+        log.steps(&steps[..=index], Some(index));
         log.begin_step(&step.name);
         let params = CommandParams {
             session: session.id().to_string(),
@@ -358,7 +360,9 @@ async fn in_session(
         log.end_step();
         let report = &mut steps[index];
         report.duration_ms = step_started.elapsed().as_millis() as u64;
-        match step_ended(step, result, timeout, report, log) {
+        let ended = step_ended(step, result, timeout, report, log);
+        log.steps(&steps[..=index], None);
+        match ended {
             Ok(()) => {}
             // A step that failed or timed out: later steps may still run after it.
             Err(ended) if ended.status == RunStatus::Failure => {

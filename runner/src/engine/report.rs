@@ -186,6 +186,11 @@ pub trait LogSink: Send {
     /// How far a transfer that has taken more than a second has got; `None` once it ended.
     /// Not part of the log.
     fn progress(&mut self, _progress: Option<&Progress<'_>>) {}
+
+    /// The steps as far as the run has got, masked: each one that ended or was skipped, in
+    /// order, and last the one that is `running` (its status not yet known), if one is. Told
+    /// as each step starts and ends; not part of the log.
+    fn steps(&mut self, _steps: &[StepReport], _running: Option<usize>) {}
 }
 
 /// A transfer under way.
@@ -304,6 +309,20 @@ impl<'a> RunLog<'a> {
         }
     }
 
+    /// Tells the sink how far the run's steps have got (see [`LogSink::steps`]), their names
+    /// and reasons masked as the report's are.
+    pub(crate) fn steps(&mut self, steps: &[StepReport], running: Option<usize>) {
+        let masked: Vec<StepReport> = steps
+            .iter()
+            .map(|step| StepReport {
+                name: self.mask_text(&step.name),
+                reason: step.reason.as_deref().map(|reason| self.mask_text(reason)),
+                ..step.clone()
+            })
+            .collect();
+        self.sink.steps(&masked, running);
+    }
+
     /// Starts attributing output to `step`. Its lines are labelled with its name masked and
     /// with every control character escaped, as a note writes it: a line of the log is one
     /// line, whatever the step is named.
@@ -391,6 +410,37 @@ pub(crate) mod tests {
         fn line(&mut self, line: &LogLine<'_>) {
             self.0.push(line.text.to_string());
         }
+    }
+
+    /// Keeps the steps a sink is told of.
+    #[derive(Default)]
+    struct Steps(Vec<(Vec<StepReport>, Option<usize>)>);
+
+    impl LogSink for Steps {
+        fn line(&mut self, _: &LogLine<'_>) {}
+
+        fn steps(&mut self, steps: &[StepReport], running: Option<usize>) {
+            self.0.push((steps.to_vec(), running));
+        }
+    }
+
+    #[test]
+    fn the_steps_a_sink_is_told_of_are_masked() {
+        let mut sink = Steps::default();
+        let mut log = RunLog::new(Masker::new(["hunter2".to_string()]).expect("a masker"), &mut sink);
+        let step = StepReport {
+            name: "deploy hunter2".into(),
+            status: StepStatus::Skipped,
+            exit_code: None,
+            duration_ms: 0,
+            reason: Some("if: env.X == 'hunter2' is false".into()),
+        };
+        log.steps(std::slice::from_ref(&step), Some(0));
+        let told = format!("{:?}", sink.0);
+        assert!(!told.contains("hunter2"), "{told}");
+        assert_eq!(sink.0.len(), 1);
+        assert_eq!(sink.0[0].1, Some(0));
+        assert!(sink.0[0].0[0].name.starts_with("deploy "), "{told}");
     }
 
     #[test]

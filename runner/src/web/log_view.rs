@@ -1,7 +1,9 @@
-//! A finished check's log as a page shows it: a section per step (`<details>`, the failed step
-//! open and the others closed, each with its status and duration), each line numbered with an
-//! anchor (`#L42`: the number is a link, so a click puts it in the address bar), stderr lines
-//! marked, colours drawn ([`super::terminal`]); and the failed step's last lines, shown first.
+//! A check's log as a page shows it: a section per step (`<details>`, the failed step open and
+//! the others closed, each with its status and duration), each line numbered with an anchor
+//! (`#L42`: the number is a link, so a click puts it in the address bar), stderr lines marked,
+//! colours drawn ([`super::terminal`]); and the failed step's last lines, shown first. The
+//! live log ([`super::live`]) draws the lines of a running check with the same [`Drawer`], so
+//! the lines it adds are numbered and coloured as the page's.
 
 use maud::{Markup, html};
 
@@ -17,11 +19,94 @@ pub const TAIL_LINES: usize = 20;
 
 /// What a line is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Kind {
     Out,
     Err,
     Note,
     Stray,
+}
+
+impl Kind {
+    /// The line's classes in the stylesheet.
+    pub fn class(self) -> &'static str {
+        match self {
+            Kind::Out => "line",
+            Kind::Err => "line err",
+            Kind::Note => "line note",
+            Kind::Stray => "line stray",
+        }
+    }
+}
+
+/// A line of the log as drawn: its number (from 1 in the whole log), what it is, its styled
+/// runs, and for a `step NAME (I/N)` note the step it starts (the name as the log gives it,
+/// and `I`).
+pub struct Drawn {
+    pub number: usize,
+    pub kind: Kind,
+    pub starts: Option<(String, usize)>,
+    pub runs: Vec<(Style, String)>,
+}
+
+/// Draws a log line by line as it grows: the same numbers and colours whether the log is read
+/// at once (a finished check) or piece by piece (the live log, and the page it continues).
+pub struct Drawer {
+    reader: Reader,
+    number: usize,
+    /// The style each stream of the current step left, carried from line to line as a
+    /// terminal carries it; a step starts plain.
+    out: Style,
+    err: Style,
+}
+
+impl Drawer {
+    /// A drawer of the log of a run whose steps (as far as known) are `steps`.
+    pub fn new(steps: &[StepReport]) -> Drawer {
+        let reader = Reader::new(steps.iter().map(|step| step.name.clone()));
+        Drawer { reader, number: 0, out: Style::default(), err: Style::default() }
+    }
+
+    /// Takes the next `text` of the log and gives `each` its lines drawn; a line not yet
+    /// whole waits for the rest unless the log is `finished`.
+    pub fn push(&mut self, text: &str, finished: bool, mut each: impl FnMut(Drawn)) {
+        let Drawer { reader, number, out, err } = self;
+        reader.push(text, finished, |line, _| {
+            *number += 1;
+            let plain = |text: String| vec![(Style::default(), text)];
+            let drawn = match line {
+                Line::Note(note) => {
+                    let starts = step_note(note).map(|(name, index, _)| (name.to_string(), index));
+                    if starts.is_some() {
+                        (*out, *err) = (Style::default(), Style::default());
+                    }
+                    let runs = plain(format!("==> {}", printable::name(note)));
+                    Drawn { number: *number, kind: Kind::Note, starts, runs }
+                }
+                Line::Step { text, stderr, .. } => {
+                    let style = if stderr { &mut *err } else { &mut *out };
+                    let (runs, end) = terminal::spans(text, *style);
+                    *style = end;
+                    Drawn { number: *number, kind: if stderr { Kind::Err } else { Kind::Out }, starts: None, runs }
+                }
+                Line::Stray(text) => {
+                    let runs = plain(printable::line(text).into_owned());
+                    Drawn { number: *number, kind: Kind::Stray, starts: None, runs }
+                }
+            };
+            each(drawn);
+        });
+    }
+}
+
+/// The place in `steps` of the step a `step NAME (I/N)` note starts: the `I`th when its name
+/// is that, else the first of that name.
+fn step_at(steps: &[StepReport], name: &str, index: usize) -> Option<usize> {
+    let named = |step: &StepReport| printable::name(&step.name) == name;
+    steps
+        .get(index.wrapping_sub(1))
+        .filter(|step| named(step))
+        .map(|_| index - 1)
+        .or_else(|| steps.iter().position(named))
 }
 
 /// A line, numbered from 1 in the whole log, drawn.
@@ -38,42 +123,25 @@ struct Sections {
     after: Vec<Shown>,
 }
 
-/// Reads `log` into sections; each step's section with the index of its step in `steps`.
-fn sections(log: &[u8], steps: &[StepReport]) -> Sections {
+/// Reads `log` into sections; each step's section with the index of its step in `steps`. A
+/// log that is not `finished` keeps its run's last notes in the last step's section, and a
+/// line that may not be whole yet out (the live log sends it).
+fn sections(log: &[u8], steps: &[StepReport], finished: bool) -> Sections {
     let text = String::from_utf8_lossy(log);
-    let mut reader = Reader::new(steps.iter().map(|step| step.name.clone()));
+    let mut drawer = Drawer::new(steps);
     let mut sections = Sections { before: Vec::new(), steps: Vec::new(), after: Vec::new() };
-    let mut number = 0;
-    // The style a step's colours left, carried from line to line of that step's stream.
-    let (mut out_style, mut err_style) = (Style::default(), Style::default());
-    reader.push(&text, true, |line, _| {
-        number += 1;
-        let shown = match line {
-            Line::Note(note) => {
-                if let Some((name, index, _)) = step_note(note) {
-                    let at = steps
-                        .get(index.wrapping_sub(1))
-                        .filter(|step| printable::name(&step.name) == name)
-                        .map(|_| index - 1)
-                        .or_else(|| steps.iter().position(|step| printable::name(&step.name) == name));
-                    sections.steps.push((name.to_string(), at, Vec::new()));
-                    (out_style, err_style) = (Style::default(), Style::default());
-                }
-                Shown { number, kind: Kind::Note, html: html! { "==> " (printable::name(note)) } }
-            }
-            Line::Step { text, stderr, .. } => {
-                let style = if stderr { &mut err_style } else { &mut out_style };
-                Shown { number, kind: if stderr { Kind::Err } else { Kind::Out }, html: terminal::render(text, style) }
-            }
-            Line::Stray(text) => Shown { number, kind: Kind::Stray, html: html! { (printable::line(text)) } },
-        };
+    drawer.push(&text, finished, |drawn| {
+        if let Some((name, index)) = &drawn.starts {
+            sections.steps.push((name.clone(), step_at(steps, name, *index), Vec::new()));
+        }
+        let shown = Shown { number: drawn.number, kind: drawn.kind, html: terminal::markup(&drawn.runs) };
         match sections.steps.last_mut() {
             Some((_, _, lines)) => lines.push(shown),
             None => sections.before.push(shown),
         }
     });
     // The notes after the last step's lines are the run's end, not the step's.
-    if let Some((_, _, lines)) = sections.steps.last_mut() {
+    if finished && let Some((_, _, lines)) = sections.steps.last_mut() {
         let notes = lines.iter().rev().take_while(|line| line.kind == Kind::Note).count();
         let keep = lines.len() - notes;
         // The step's own note stays with it.
@@ -89,15 +157,9 @@ fn failed(step: &StepReport) -> bool {
 }
 
 fn line(shown: &Shown, anchor: bool) -> Markup {
-    let class = match shown.kind {
-        Kind::Out => "line",
-        Kind::Err => "line err",
-        Kind::Note => "line note",
-        Kind::Stray => "line stray",
-    };
     let id = format!("L{}", shown.number);
     html! {
-        div class=(class) id=[anchor.then_some(id.as_str())] {
+        div class=(shown.kind.class()) id=[anchor.then_some(id.as_str())] {
             a.ln href={ "#" (id) } { (shown.number) }
             @if shown.kind == Kind::Err { span.mark title="stderr" { "!" } }
             span.tx { (shown.html) }
@@ -105,26 +167,33 @@ fn line(shown: &Shown, anchor: bool) -> Markup {
     }
 }
 
-/// The log of a finished check, and, when a step failed, its last lines to show first.
-pub fn render(record: &CheckRecord, log: &[u8]) -> (Markup, Option<Markup>) {
-    let sections = sections(log, &record.steps);
+/// The log of a check, and, when a step failed, its last lines to show first. The log of a
+/// running check is drawn as far as its lines are whole, its running step open, with the
+/// address of its `live` stream.
+pub fn render(record: &CheckRecord, log: &[u8], live: Option<&str>) -> (Markup, Option<Markup>) {
+    let sections = sections(log, &record.steps, live.is_none());
     let failed_step = record.steps.iter().position(failed);
+    let running = record.running_step.filter(|_| live.is_some());
+    let last = sections.steps.len().saturating_sub(1);
     let mut tail = None;
     let body = html! {
-        div.log #log {
+        div.log #log data-live=[live] {
             @if !sections.before.is_empty() {
                 details.section {
                     summary { "Set up" }
                     @for shown in &sections.before { (line(shown, true)) }
                 }
             }
-            @for (name, at, lines) in &sections.steps {
+            @for (n, (name, at, lines)) in sections.steps.iter().enumerate() {
                 @let step = at.and_then(|at| record.steps.get(at));
-                @let open = step.is_none_or(failed);
-                details.section.step open[open] {
+                @let is_running = at.is_some() && *at == running;
+                @let open = is_running || (live.is_some() && n == last) || step.is_none_or(failed);
+                details.section.step open[open] data-step=[*at] {
                     summary {
                         span.step { (name) }
-                        @if let Some(step) = step {
+                        @if is_running {
+                            " " (status("running"))
+                        } @else if let Some(step) = step {
                             " " (status(step.status.as_str()))
                             " " span.meta { (super::format::duration(step.duration_ms)) }
                         }
@@ -136,6 +205,7 @@ pub fn render(record: &CheckRecord, log: &[u8]) -> (Markup, Option<Markup>) {
         }
     };
     if let Some(index) = failed_step
+        && live.is_none()
         && let Some((name, _, lines)) = sections.steps.iter().find(|(_, at, _)| *at == Some(index))
     {
         let output: Vec<&Shown> = lines.iter().filter(|line| matches!(line.kind, Kind::Out | Kind::Err)).collect();
@@ -182,17 +252,22 @@ mod tests {
             log.push_str(&format!("[test] line {n}\n"));
         }
         log.push_str("[test!] \x1b[1;31merror\x1b[0m: boom\n==> environment removed\n==> failure\n");
-        let sections = sections(log.as_bytes(), &steps);
+        let sections = sections(log.as_bytes(), &steps, true);
         assert_eq!(sections.before.len(), 1);
         assert_eq!(sections.steps.len(), 2);
         assert_eq!(sections.steps[1].2.len(), 32, "the note, 30 lines and the error");
         assert_eq!(sections.after.len(), 2, "the run's end is its own");
         let record = example(steps.to_vec());
-        let (body, tail) = render(&record, log.as_bytes());
+        let (body, tail) = render(&record, log.as_bytes(), None);
         let body = body.into_string();
-        assert!(body.contains("<details class=\"section step\"><summary><span class=\"step\">build</span>"), "{body}");
         assert!(
-            body.contains("<details class=\"section step\" open><summary><span class=\"step\">test</span>"),
+            body.contains("<details class=\"section step\" data-step=\"0\"><summary><span class=\"step\">build</span>"),
+            "{body}"
+        );
+        assert!(
+            body.contains(
+                "<details class=\"section step\" open data-step=\"1\"><summary><span class=\"step\">test</span>"
+            ),
             "{body}"
         );
         assert!(body.contains("<span class=\"f2\">ok</span>"), "{body}");
@@ -212,10 +287,10 @@ mod tests {
     #[test]
     fn a_passing_run_shows_no_tail_and_a_log_without_steps_is_shown_whole() {
         let record = example(vec![step("a", StepStatus::Success)]);
-        let (body, tail) = render(&record, b"==> step a (1/1)\n[a] hi\n==> success\n");
+        let (body, tail) = render(&record, b"==> step a (1/1)\n[a] hi\n==> success\n", None);
         assert!(tail.is_none());
-        assert!(body.into_string().contains("<details class=\"section step\"><summary>"));
-        let (body, tail) = render(&example(Vec::new()), b"==> error: no executor\n");
+        assert!(body.into_string().contains("<details class=\"section step\" data-step=\"0\"><summary>"));
+        let (body, tail) = render(&example(Vec::new()), b"==> error: no executor\n", None);
         assert!(tail.is_none());
         assert!(body.into_string().contains("==&gt; error: no executor"));
     }

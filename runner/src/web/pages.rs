@@ -106,15 +106,57 @@ fn commit_line(commit: &CommitInfo, now_ms: u64) -> Markup {
     }
 }
 
-/// A status by colour and word.
-pub fn status(word: &str) -> Markup {
-    let class = match word {
+/// The class a status word is drawn in.
+pub fn status_class(word: &str) -> &'static str {
+    match word {
         "success" | "passed" | "landed" | "merged" => "ok",
         "failure" | "error" | "failed" | "ejected" | "timed out" => "bad",
         "running" | "in batch" | "in-batch" => "live",
         _ => "idle",
-    };
-    html! { span class={ "status " (class) } { (word) } }
+    }
+}
+
+/// A status by colour and word.
+pub fn status(word: &str) -> Markup {
+    html! { span class={ "status " (status_class(word)) } { (word) } }
+}
+
+/// A row of a check's steps, as its page and its live log's stream show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StepRow {
+    pub name: String,
+    pub status: &'static str,
+    pub class: &'static str,
+    pub reason: Option<String>,
+    pub exit: String,
+    pub time: String,
+}
+
+/// The rows of a check's steps: while it runs, those that ended or were skipped and the one
+/// running.
+pub fn step_rows(record: &CheckRecord) -> Vec<StepRow> {
+    let running = record.running_step.filter(|_| !record.status.is_final());
+    record
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(at, step)| {
+            let word = if running == Some(at) { "running" } else { step.status.as_str() };
+            let ended = running != Some(at);
+            StepRow {
+                name: printable::name(&step.name).into_owned(),
+                status: word,
+                class: status_class(word),
+                reason: step.reason.as_deref().filter(|_| ended).map(|reason| printable::name(reason).into_owned()),
+                exit: match step.exit_code {
+                    Some(code) => code.to_string(),
+                    None if ended => "none".to_string(),
+                    None => String::new(),
+                },
+                time: if ended { format::duration(step.duration_ms) } else { String::new() },
+            }
+        })
+        .collect()
 }
 
 /// A row per check: workflow, status, duration, runner, trust.
@@ -315,14 +357,9 @@ pub fn check(
     live_from: Option<u64>,
     now_ms: u64,
 ) -> Markup {
-    // A finished log is drawn in sections, a live one grows as text.
-    let (drawn, tail) = match live_from {
-        None => {
-            let (drawn, tail) = super::log_view::render(record, log);
-            (Some(drawn), tail)
-        }
-        Some(_) => (None, None),
-    };
+    // A live log is drawn as far as it is whole, and grows from there.
+    let live = live_from.map(|from| format!("{}/log/live?from={from}", check_href(record)));
+    let (drawn, tail) = super::log_view::render(record, log, live.as_deref());
     let title = format!("{} on {}", record.workflow, format::short(&record.target.commit));
     let repository = repository_href(&record.repository_key);
     layout(
@@ -350,18 +387,19 @@ pub fn check(
                 tr { th { "duration" } td { (format::check_duration(record, now_ms)) } }
             }
             h2 { "Steps" }
-            @if record.steps.is_empty() {
-                p.none { @if record.status.is_final() { "No step ran." } @else { "Steps are listed when the run ends; its log grows below." } }
+            @if record.steps.is_empty() && record.status.is_final() {
+                p.none { "No step ran." }
             } @else {
+                @if record.steps.is_empty() { p.none #no-steps { "No step has started yet." } }
                 table.steps {
                     thead { tr { th { "step" } th { "status" } th { "exit code" } th { "time" } } }
-                    tbody {
-                        @for step in &record.steps {
+                    tbody #steps {
+                        @for row in step_rows(record) {
                             tr {
-                                td.step { (name(&step.name)) }
-                                td { (status(step.status.as_str())) @if let Some(reason) = &step.reason { " " span.reason { "(" (name(reason)) ")" } } }
-                                td { @if let Some(code) = step.exit_code { (code) } @else { "none" } }
-                                td { (format::duration(step.duration_ms)) }
+                                td.step { (row.name) }
+                                td { span class={ "status " (row.class) } { (row.status) } @if let Some(reason) = &row.reason { " " span.reason { "(" (reason) ")" } } }
+                                td { (row.exit) }
+                                td { (row.time) }
                             }
                         }
                     }
@@ -390,15 +428,11 @@ pub fn check(
                 a href={ (check_href(record)) "/log" } { "Plain text" } "."
                 @if record.log_truncated { " The log was cut at its cap of 1 MB." }
             }
-            @match (live_from, drawn) {
-                (Some(from), _) => {
-                    p #live-state { "Running: the log grows below as the run goes (with JavaScript; without it, reload the page)." }
-                    pre #log data-live={ (check_href(record)) "/log/live?from=" (from) } { (printable::log(log)) }
-                    script src="/static/page.js" {}
-                }
-                (None, Some(drawn)) => { (drawn) }
-                (None, None) => {}
+            @if live.is_some() {
+                p #live-state { "Running: the log grows below as the run goes (with JavaScript; without it, reload the page)." }
             }
+            (drawn)
+            @if live.is_some() { script src="/static/page.js" {} }
         },
     )
 }

@@ -23,8 +23,9 @@ pub struct Style {
 }
 
 impl Style {
-    /// The classes of the stylesheet that draw it (`b`, `d`, `i`, `u`, `fN`, `gN`).
-    fn classes(&self) -> String {
+    /// The classes of the stylesheet that draw it (`b`, `d`, `i`, `u`, `fN`, `gN`); empty for
+    /// plain text.
+    pub fn classes(&self) -> String {
         let mut classes = Vec::new();
         for (on, class) in [(self.bold, "b"), (self.dim, "d"), (self.italic, "i"), (self.underline, "u")] {
             if on {
@@ -215,16 +216,22 @@ pub fn spans(line: &str, style: Style) -> (Vec<(Style, String)>, Style) {
     (spans.spans, end)
 }
 
-/// `line` as styled spans, starting in `style`; gives the style it ends in (a colour set on one
-/// line holds on the next, as in a terminal).
-pub fn render(line: &str, style: &mut Style) -> Markup {
-    let (runs, end) = spans(line, *style);
-    *style = end;
+/// Styled runs as markup.
+pub fn markup(runs: &[(Style, String)]) -> Markup {
     html! {
-        @for (style, text) in &runs {
+        @for (style, text) in runs {
             @if *style == Style::default() { (text) } @else { span class=(style.classes()) { (text) } }
         }
     }
+}
+
+/// `line` as styled spans, starting in `style`; gives the style it ends in (a colour set on one
+/// line holds on the next, as in a terminal).
+#[cfg(test)]
+pub fn render(line: &str, style: &mut Style) -> Markup {
+    let (runs, end) = spans(line, *style);
+    *style = end;
+    markup(&runs)
 }
 
 #[cfg(test)]

@@ -369,39 +369,74 @@ async fn open_stream(addr: SocketAddr, path: &str, last_event: Option<&str>) -> 
 }
 
 #[tokio::test]
-async fn the_live_log_streams_whole_lines_as_they_come_and_ends_with_the_run() {
+async fn the_live_log_streams_whole_lines_drawn_and_the_steps_as_they_go_and_ends_with_the_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     state_folder(dir.path());
     let store = CheckStore::new(dir.path());
     let mut running = record("repo-a", "run-live", &[]);
     running.status = RunStatus::Running;
-    running.steps.clear();
+    running.steps = vec![
+        StepReport {
+            name: "b".into(),
+            status: StepStatus::Success,
+            exit_code: Some(0),
+            duration_ms: 1200,
+            reason: None,
+        },
+        StepReport { name: "s".into(), status: StepStatus::Skipped, exit_code: None, duration_ms: 0, reason: None },
+    ];
+    running.running_step = Some(1);
     store.put(&running).expect("put");
     let log = store.log_path("repo-a", "run-live");
-    std::fs::write(&log, "[s] one\n[s] tw").expect("log");
+    // 17 + 7 + 17 + 8 bytes of whole lines, then a line not yet whole.
+    let head = "==> step b (1/2)\n[b] ok\n==> step s (2/2)\n[s] one\n";
+    std::fs::write(&log, format!("{head}[s] tw")).expect("log");
     let addr = serve(dir.path(), false, None).await;
     let page = get(addr, "/repositories/repo-a/checks/run-live").await;
-    assert!(page.body.contains(r#"data-live="/repositories/repo-a/checks/run-live/log/live?from=8""#), "{}", page.body);
+    assert!(
+        page.body.contains(r#"data-live="/repositories/repo-a/checks/run-live/log/live?from=49""#),
+        "{}",
+        page.body
+    );
     assert!(page.body.contains(r#"<script src="/static/page.js">"#), "{}", page.body);
+    // The page draws the log so far in sections, the running step's open.
+    assert!(page.body.contains(r#"<details class="section step" data-step="0"><summary><span class="step">b</span> <span class="status ok">success</span>"#), "{}", page.body);
+    assert!(page.body.contains(r#"<details class="section step" open data-step="1"><summary><span class="step">s</span> <span class="status live">running</span>"#), "{}", page.body);
+    assert!(page.body.contains(r#"<tbody id="steps"><tr><td class="step">b</td><td><span class="status ok">success</span></td><td>0</td><td>1.2 s</td></tr><tr><td class="step">s</td><td><span class="status live">running</span></td><td></td><td></td></tr></tbody>"#), "{}", page.body);
+    assert!(page.body.contains(r#"id="L4""#) && !page.body.contains(r#"id="L5""#), "{}", page.body);
+
     let path = "/repositories/repo-a/checks/run-live/log/live?from=0";
     let mut stream = open_stream(addr, path, None).await;
     let mut read = String::new();
-    read_until(&mut stream, &mut read, "\"[s] one\\n\"").await;
-    assert!(read.contains("content-type: text/event-stream") && read.contains("id: 8"), "{read}");
+    read_until(&mut stream, &mut read, r#"{"n":4,"c":"line","s":[["","one"]]}"#).await;
+    assert!(read.contains("content-type: text/event-stream") && read.contains("id: 49"), "{read}");
+    assert!(read.contains(r#"{"n":3,"c":"line note","s":[["","==> step s (2/2)"]],"step":["s",1]}"#), "{read}");
+    assert!(
+        read.contains(r#"event: steps"#)
+            && read.contains(r#"{"name":"s","status":"running","class":"live","reason":null,"exit":"","time":""}"#),
+        "{read}"
+    );
     assert!(!read.contains("tw"), "only whole lines: {read}");
-    std::fs::write(&log, "[s] one\n[s] two \u{1b}[1m<b>\n").expect("log");
-    read_until(&mut stream, &mut read, "\"[s] two \\\\x1b[1m<b>\\n\"").await;
-    running.status = RunStatus::Success;
-    store.put_log("repo-a", "run-live", "[s] one\n[s] two \u{1b}[1m<b>\n==> success\n").expect("log");
+    std::fs::write(&log, format!("{head}[s] two \u{1b}[1m<b>\n[s!] bad\n")).expect("log");
+    read_until(&mut stream, &mut read, r#"{"n":5,"c":"line","s":[["","two "],["b","<b>"]]}"#).await;
+    read_until(&mut stream, &mut read, r#"{"n":6,"c":"line err","s":[["","bad"]]}"#).await;
+    running.status = RunStatus::Failure;
+    running.steps[1] =
+        StepReport { status: StepStatus::Failure, exit_code: Some(1), duration_ms: 30, ..running.steps[1].clone() };
+    running.running_step = None;
+    store.put_log("repo-a", "run-live", &format!("{head}[s] two \u{1b}[1m<b>\n[s!] bad\n==> failure\n")).expect("log");
     store.put(&running).expect("put");
     read_until(&mut stream, &mut read, "event: end").await;
-    read_until(&mut stream, &mut read, "\"success\"").await;
-    assert!(read.contains("\"==> success\\n\""), "{read}");
-    // A browser that reconnects goes on from the last event it had.
-    let mut resumed = open_stream(addr, path, Some("8")).await;
+    read_until(&mut stream, &mut read, "\"failure\"").await;
+    assert!(read.contains(r#"{"n":7,"c":"line note","s":[["","==> failure"]]}"#), "{read}");
+    // A browser that reconnects goes on from the last event it had, numbered as before.
+    let mut resumed = open_stream(addr, path, Some("49")).await;
     let mut again = String::new();
     read_until(&mut resumed, &mut again, "event: end").await;
-    assert!(!again.contains("[s] one") && again.contains("[s] two"), "{again}");
+    assert!(
+        !again.contains(r#""n":4"#) && again.contains(r#"{"n":5,"c":"line","s":[["","two "],["b","<b>"]]}"#),
+        "{again}"
+    );
 }
 
 /// Connections that send nothing, or a header line at a time, are closed at the header timeout,

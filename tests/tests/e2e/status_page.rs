@@ -35,15 +35,19 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
     let dir = tempfile::tempdir().expect("tempdir");
     let go = dir.path().join("go");
     let proceed = dir.path().join("proceed");
+    let last = dir.path().join("last");
     let workflow = format!(
         "steps:\n  - name: draw\n    run: cp plot.png \"$KNOTLESS_RUN_OUTPUTS/plot.png\" && \
          printf 'notes <b>bold</b>\\n' > \"$KNOTLESS_RUN_OUTPUTS/notes.txt\" && \
          printf '\\033[32mgreen\\033[0m and \\033[1;31mbold red\\033[0m\\n'\n  \
          - name: \"<script>alert(1)</script>\"\n    run: |\n      \
          while [ ! -e '{go}' ]; do sleep 0.05; done\n      echo first-line\n      \
-         while [ ! -e '{proceed}' ]; do sleep 0.05; done\n      echo second-line\n",
+         printf '\\033[35mviolet\\033[0m\\n'\n      \
+         while [ ! -e '{proceed}' ]; do sleep 0.05; done\n      echo second-line\n  \
+         - name: last\n    run: while [ ! -e '{last}' ]; do sleep 0.05; done; echo third-line\n",
         go = go.display(),
-        proceed = proceed.display()
+        proceed = proceed.display(),
+        last = last.display()
     );
     let repo = Repo::init(&dir.path().join("repo"));
     repo.workflow("page", &workflow);
@@ -84,23 +88,56 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
     );
     assert_eq!(browser.eval("window.__same_page"), true, "the page was not reloaded");
     browser.open(&check_url);
+    browser.eval("window.__same_page = true");
     assert_eq!(browser.eval("alert('probe'); window.__alerts.splice(0).length"), 1, "alerts are recorded");
     let log = "document.getElementById('log').textContent";
     assert!(
         !browser.eval(log).as_str().expect("the log").contains("first-line"),
         "the step waits before its first line"
     );
+    // The steps so far: the first ended, the second running, its section open.
+    let rows = "Array.from(document.querySelectorAll('#steps tr')).map((row) => Array.from(row.cells).slice(0, 2).map((cell) => cell.textContent).join(' '))";
+    browser.wait_for(
+        "the running step in the table",
+        &format!("{rows}.join('|') === 'draw success|<script>alert(1)</script> running'"),
+    );
+    assert_eq!(browser.eval("document.querySelector('#log details.step[data-step=\"1\"]').open"), true);
     std::fs::write(&go, "").expect("let the step print its first line");
     browser.wait_for("the first line to stream in", &format!("{log}.includes('first-line')"));
+    // Streamed lines are drawn as the finished log's are: coloured, numbered, in their step.
+    browser.wait_for("the coloured line", "document.querySelector('#log span.f5')?.textContent === 'violet'");
+    assert_eq!(
+        browser.eval("document.querySelector('#log span.f5').closest('details').dataset.step"),
+        "1",
+        "the line is in its step's section"
+    );
+    let numbered = browser.eval("(() => { const line = document.querySelector('#log span.f5').closest('.line'); return line.id === 'L' + line.querySelector('a.ln').textContent; })()");
+    assert_eq!(numbered, true);
     assert!(!browser.eval(log).as_str().expect("the log").contains("second-line"), "the step still waits");
     browser.screenshot(&shots.join("running.png"));
+    // The next step appears as it starts, and the one before shows how it ended.
     std::fs::write(&proceed, "").expect("let the step end");
+    browser.wait_for(
+        "the next step to start",
+        &format!("{rows}.join('|') === 'draw success|<script>alert(1)</script> success|last running'"),
+    );
+    assert_eq!(
+        browser.eval("document.querySelector('#log details.step[data-step=\"2\"] .status').textContent"),
+        "running"
+    );
+    assert_eq!(
+        browser.eval("document.querySelector('#log details.step[data-step=\"1\"] .status').textContent"),
+        "success"
+    );
+    assert_eq!(browser.eval("document.querySelector('h1 .status').textContent"), "running");
+    std::fs::write(&last, "").expect("let the last step end");
     let ended = browser.wait_for("the page to turn into the finished check", "document.body.dataset.ended");
     assert_eq!(ended, "success");
     // No reload: the badge, the steps and the log are the finished check's.
+    assert_eq!(browser.eval("window.__same_page"), true, "the page was not reloaded");
     assert_eq!(browser.eval("document.querySelector('h1 .status').textContent"), "success");
-    assert_eq!(browser.eval("document.querySelectorAll('td.step').length"), 2);
-    assert!(browser.eval(log).as_str().expect("the log").contains("second-line"), "the rest streamed in");
+    assert_eq!(browser.eval("document.querySelectorAll('td.step').length"), 3);
+    assert!(browser.eval(log).as_str().expect("the log").contains("third-line"), "the rest streamed in");
     assert_eq!(browser.eval("document.getElementById('live-state')"), serde_json::Value::Null);
 
     let checks = runner.final_checks(&repo.url(), &commit, 3);
@@ -110,7 +147,7 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
     let width = browser.eval("(() => { const image = document.querySelector('img.output'); return image && image.complete ? image.naturalWidth : 0; })()");
     assert_eq!(width, WIDTH, "the PNG output is decoded at its natural width");
     let steps = browser.eval("Array.from(document.querySelectorAll('td.step')).map((cell) => cell.textContent)");
-    assert_eq!(steps, serde_json::json!(["draw", "<script>alert(1)</script>"]));
+    assert_eq!(steps, serde_json::json!(["draw", "<script>alert(1)</script>", "last"]));
     assert_eq!(browser.eval("document.querySelectorAll('script').length"), 0, "a finished check's page runs no script");
     assert_eq!(browser.eval("window.__alerts.length"), 0);
     let preview = browser.eval("document.querySelector('pre.preview').textContent");
