@@ -6,7 +6,7 @@ BIN := target/debug
 # Where cargo writes (CARGO_TARGET_DIR when set), for the release binaries `install` takes.
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: build release test lint unit conformance conformance-docker conformance-kubernetes demo bench install uninstall
+.PHONY: build release test lint unit conformance conformance-docker conformance-kubernetes demo bench install install-user uninstall
 
 build:
 	$(CARGO) build --workspace --bins
@@ -58,6 +58,15 @@ bench: release
 # (deploy/install.sh says what, and keeps a manifest); DESTDIR stages it all.
 install: release
 	DESTDIR='$(DESTDIR)' PREFIX='$(PREFIX)' bash deploy/install.sh --bin-dir '$(TARGET_DIR)/release'
+
+# For one user, without root, for local runs: the runner into $(PREFIX)/bin and its executors
+# into $(PREFIX)/libexec/knotless, where it finds them (PREFIX defaults to ~/.local here); the
+# four binaries built once in release mode.
+install-user:
+	$(CARGO) build --release --bins -p knotless-run -p knotless-executor-shell -p knotless-executor-docker \
+		-p knotless-executor-kubernetes
+	bash deploy/install-user.sh --bin-dir '$(TARGET_DIR)/release' \
+		--prefix '$(if $(filter command line environment,$(origin PREFIX)),$(PREFIX),$(HOME)/.local)'
 
 # Removes what `install` added; the env file and the state stay (deploy/uninstall.sh --purge
 # removes them too).

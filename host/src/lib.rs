@@ -562,6 +562,21 @@ impl ExecutorHost {
         Ok(result)
     }
 
+    /// Sweeps as [`ExecutorHost::cleanup`] does, and also removes the environments of sessions
+    /// kept with `keep` whose owner is gone (`remove_kept`): what `run --cleanup` asks for.
+    pub async fn cleanup_kept(&self, timeout: Duration) -> Result<CleanupResult, HostError> {
+        let params = CleanupParams {
+            keep: self.sessions_in_flight(),
+            remove_kept: true,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        let swept = self.call::<rpc::Cleanup>(&params, timeout, &CancellationToken::new()).await;
+        self.counters.count_cleanup(&swept);
+        let result: CleanupResult = swept?;
+        log_cleanup(self.name(), "sweep of kept sessions", &result);
+        Ok(result)
+    }
+
     /// What this host has counted since it started: executor processes started again in place
     /// of lost ones, and what its sweeps removed and failed to.
     pub fn counters(&self) -> &HostCounters {

@@ -1,6 +1,7 @@
 //! Finding an executor's program: `--executor-plugin PATH`, or `knotless-executor-NAME` next to
-//! the runner's own binary, in `--plugin-dir` (as `NAME` or `knotless-executor-NAME`), then on
-//! `PATH`.
+//! the runner's own binary, `NAME` in `../libexec/knotless` of the binary's folder (a user's
+//! install: `~/.local/bin/knotless-run` finds `~/.local/libexec/knotless/NAME`), in
+//! `--plugin-dir` (as `NAME` or `knotless-executor-NAME`), then on `PATH`.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,9 @@ use crate::printable;
 
 /// The executors `make install` puts in `/usr/libexec/knotless`.
 const INSTALLED: &[&str] = &["kubernetes", "docker", "shell"];
+
+/// Where a prefix's executors are, beside its `bin`: `PREFIX/libexec/knotless`.
+const LIBEXEC: &str = "libexec/knotless";
 
 /// Where to look for executors.
 #[derive(Debug, Clone)]
@@ -35,6 +39,9 @@ impl PluginSearch {
         let mut candidates = Vec::new();
         if let Some(beside) = &self.beside {
             candidates.push(beside.join(&program));
+            if let Some(prefix) = beside.parent() {
+                candidates.push(prefix.join(LIBEXEC).join(name));
+            }
         }
         candidates.push(self.plugin_dir.join(name));
         candidates.push(self.plugin_dir.join(&program));
@@ -58,6 +65,9 @@ impl PluginSearch {
         let mut places = Vec::new();
         if let Some(beside) = &self.beside {
             places.push(format!("beside knotless-run in {}", shown(beside)));
+            if let Some(prefix) = beside.parent() {
+                places.push(format!("in {}", shown(&prefix.join(LIBEXEC))));
+            }
         }
         places.push(format!("in --plugin-dir {} (as {} or {program})", shown(&self.plugin_dir), printable::name(name)));
         let path: Vec<String> = self
@@ -74,8 +84,9 @@ impl PluginSearch {
         });
         let install = if INSTALLED.contains(&name) {
             format!(
-                "`make install` (from the source) puts it in /usr/libexec/knotless, the default --plugin-dir; \
-                 or copy {program} beside knotless-run, pass --plugin-dir DIR, or give its path with --executor-plugin PATH"
+                "`make install` (from the source) puts it in /usr/libexec/knotless, the default --plugin-dir, \
+                 and `make install-user` in ~/.local/libexec/knotless; or copy {program} beside knotless-run, \
+                 pass --plugin-dir DIR, or give its path with --executor-plugin PATH"
             )
         } else {
             format!(
@@ -109,6 +120,7 @@ mod tests {
             shown,
             [
                 "/opt/knotless/bin/knotless-executor-docker",
+                "/opt/knotless/libexec/knotless/docker",
                 "/usr/libexec/knotless/docker",
                 "/usr/libexec/knotless/knotless-executor-docker",
                 "/usr/local/bin/knotless-executor-docker",
@@ -136,9 +148,11 @@ mod tests {
         assert_eq!(
             error,
             "no executor \"shell\": looked for knotless-executor-shell beside knotless-run in /opt/alone, \
+             in /opt/libexec/knotless, \
              in --plugin-dir /usr/libexec/knotless (as shell or knotless-executor-shell), \
              on PATH (/usr/local/bin:.:/bin\\nfake); `make install` (from the source) puts it in \
-             /usr/libexec/knotless, the default --plugin-dir; or copy knotless-executor-shell beside \
+             /usr/libexec/knotless, the default --plugin-dir, and `make install-user` in \
+             ~/.local/libexec/knotless; or copy knotless-executor-shell beside \
              knotless-run, pass --plugin-dir DIR, or give its path with --executor-plugin PATH"
         );
         let search = PluginSearch { beside: None, plugin_dir: "/x\u{1b}[2J".into(), path_variable: None };

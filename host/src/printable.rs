@@ -37,6 +37,48 @@ pub fn line(text: &str) -> Cow<'_, str> {
     escape(text, true)
 }
 
+/// A line of step output for a colour terminal: its colour and style sequences (SGR,
+/// `ESC [ digits ; ... m`) kept, every other control character escaped as [`line`] does (a
+/// cursor move, a title, a screen clear, a newline or carriage return never act), and the style
+/// reset at its end when it set one, so nothing it set reaches the next line.
+pub fn coloured_line(text: &str) -> Cow<'_, str> {
+    if is_plain(text.as_bytes(), true) {
+        return Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    let mut rest = text;
+    let mut styled = false;
+    while let Some(at) = rest.find('\u{1b}') {
+        shown.push_str(&line(&rest[..at]));
+        rest = &rest[at..];
+        match sgr_len(rest) {
+            Some(len) => {
+                shown.push_str(&rest[..len]);
+                styled = true;
+                rest = &rest[len..];
+            }
+            None => {
+                shown.push_str("\\x1b");
+                rest = &rest[1..];
+            }
+        }
+    }
+    shown.push_str(&line(rest));
+    if styled {
+        shown.push_str("\u{1b}[0m");
+    }
+    Cow::Owned(shown)
+}
+
+/// The length of the SGR sequence `text` starts with, if it starts with one: `ESC [`, at most
+/// 64 digits, `;` and `:`, then `m`.
+fn sgr_len(text: &str) -> Option<usize> {
+    let params = text.strip_prefix("\u{1b}[")?;
+    let digits =
+        params.bytes().take(65).take_while(|byte| byte.is_ascii_digit() || *byte == b';' || *byte == b':').count();
+    (digits <= 64 && params.as_bytes().get(digits) == Some(&b'm')).then_some(2 + digits + 1)
+}
+
 fn escape(text: &str, keep_tabs: bool) -> Cow<'_, str> {
     let unsafe_char = |c: char| c.is_control() && !(keep_tabs && c == '\t');
     if is_plain(text.as_bytes(), keep_tabs) {
@@ -128,7 +170,34 @@ mod tests {
         assert_eq!(log(b"one\x1b[2J\ntwo\r\n\xff"), "one\\x1b[2J\ntwo\\r\n\u{fffd}");
     }
 
+    #[test]
+    fn a_colour_terminal_gets_colours_and_nothing_else_raw() {
+        assert_eq!(coloured_line("plain\ttext"), "plain\ttext");
+        assert_eq!(coloured_line("\u{1b}[1;31merror\u{1b}[0m: x"), "\u{1b}[1;31merror\u{1b}[0m: x\u{1b}[0m");
+        assert_eq!(coloured_line("\u{1b}[38:5:208mo"), "\u{1b}[38:5:208mo\u{1b}[0m");
+        // What is not a colour shows as the plain log shows it.
+        assert_eq!(coloured_line("a\u{1b}[2Jb\u{1b}[31"), "a\\x1b[2Jb\\x1b[31");
+        assert_eq!(coloured_line("\u{1b}]0;title\u{7}\u{1b}(B\u{1b}[m"), "\\x1b]0;title\\x07\\x1b(B\u{1b}[m\u{1b}[0m");
+        assert_eq!(coloured_line("fake\r==> success"), "fake\\r==> success");
+        assert_eq!(coloured_line(&format!("\u{1b}[{}m", "1;".repeat(40))), format!("\\x1b[{}m", "1;".repeat(40)));
+    }
+
     proptest::proptest! {
+        /// Only whole colour sequences reach a colour terminal raw, and the line ends plain.
+        #[test]
+        fn a_coloured_line_holds_no_control_but_whole_colours(text in "(?s).*|[\\x00-\\x{ff}\\x1b\\[;m0-9]*") {
+            let shown = coloured_line(&text);
+            let mut rest = shown.as_ref();
+            let mut styled = false;
+            while let Some(at) = rest.find(|c: char| c.is_control() && c != '\t') {
+                let len = sgr_len(&rest[at..]);
+                proptest::prop_assert!(len.is_some(), "a raw control in {:?}", shown);
+                styled = true;
+                rest = &rest[at + len.unwrap_or(1)..];
+            }
+            proptest::prop_assert!(!styled || shown.ends_with("\u{1b}[0m"), "{:?}", shown);
+        }
+
         /// The byte check agrees with decoding every character.
         #[test]
         fn the_byte_check_agrees_with_the_characters(text in "(?s).*|[\\x00-\\x{ff}]*", keep_tabs: bool) {

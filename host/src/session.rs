@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use knotless_protocol::channel::ChannelListener;
 use knotless_protocol::messages::*;
-use knotless_protocol::tarball::{self, Unpacked};
+use knotless_protocol::tarball;
 use knotless_protocol::{ErrorKind, ExecutorError, FailureClass};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
@@ -31,6 +31,15 @@ pub struct Session {
     moved: Arc<AtomicU64>,
     /// Set once `stop` was sent: a session dropped before has its process shut down.
     stopped: bool,
+}
+
+/// What a download brought: the bytes of tar stream and the entries unpacked, and what the
+/// executor said it left out of the stream (at most [`MAX_LEFT_OUT`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Downloaded {
+    pub bytes: u64,
+    pub entries: u64,
+    pub left_out: Vec<LeftOut>,
 }
 
 impl Session {
@@ -183,7 +192,7 @@ impl Session {
         max_bytes: u64,
         timeout: Duration,
         cancel: &CancellationToken,
-    ) -> Result<Unpacked, HostError> {
+    ) -> Result<Downloaded, HostError> {
         let (listener, params) = self.transfer(path, max_bytes, timeout)?;
         let abandon = CancellationToken::new();
         let _abandoned_when_dropped = abandon.clone().drop_guard();
@@ -221,7 +230,9 @@ impl Session {
                 unpacked.bytes, result.bytes
             )));
         }
-        Ok(unpacked)
+        let mut left_out = result.left_out;
+        left_out.truncate(MAX_LEFT_OUT);
+        Ok(Downloaded { bytes: unpacked.bytes, entries: unpacked.entries, left_out })
     }
 
     fn transfer(

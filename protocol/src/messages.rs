@@ -513,6 +513,24 @@ pub struct TransferResult {
     /// The bytes of tar stream the executor read (`upload`) or wrote (`download`). The runner
     /// compares it with its own count: a difference is a lost stream.
     pub bytes: u64,
+    /// `download` only: the entries the executor left out of the stream, each with why (a
+    /// FIFO, a socket, a device node, a symlink whose target leaves the folder), at most
+    /// [`MAX_LEFT_OUT`]. Absent when none was. The runner keeps no cache a download left
+    /// something out of: it would not work as the steps left it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
+}
+
+/// The most entries a `download` result lists as left out.
+pub const MAX_LEFT_OUT: usize = 64;
+
+/// An entry a `download` left out of its stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LeftOut {
+    /// Its path, relative to the folder downloaded.
+    pub path: String,
+    /// Why, in a few words: `a FIFO`, `a symlink whose target leaves the folder`.
+    pub reason: String,
 }
 
 /// The parameters of `ping` and `shutdown`, and the result of `ping`, `shutdown`: an empty

@@ -93,9 +93,14 @@ impl Checkout {
         match rev {
             Some(rev) => {
                 let spec = format!("{rev}^{{commit}}");
-                let commit = git_line(&root, &["rev-parse", "--verify", "--quiet", &spec])
-                    .await
-                    .with_context(|| format!("--rev {rev}: no such commit in {}", root.display()))?;
+                // `--quiet` says nothing of why: the message says it, without git's empty words.
+                let commit = git_line(&root, &["rev-parse", "--verify", "--quiet", &spec]).await.map_err(|_| {
+                    anyhow::anyhow!(
+                        "--rev {}: no such commit in {} (a branch, a tag or a commit id it holds)",
+                        crate::printable::name(rev),
+                        root.display()
+                    )
+                })?;
                 let full_ref = git_line(&root, &["rev-parse", "--symbolic-full-name", rev]).await.unwrap_or_default();
                 let info = CheckoutInfo { commit: commit.clone(), git_ref: full_ref, repository };
                 Ok((Checkout::Revision { repo: root, commit }, info))

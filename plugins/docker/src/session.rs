@@ -103,11 +103,12 @@ fn memory(config: &Config, params: &StartParams) -> Result<u64, ExecutorError> {
     Ok(bytes)
 }
 
-/// `start`: `docker run --detach` of the session's container, then its folders.
+/// `start`: `docker run --detach` of the session's container, then its folders. (It sends no
+/// `log`: the result's description names the container.)
 pub async fn start(
     executor: &DockerExecutor,
     params: StartParams,
-    context: Context,
+    _context: Context,
 ) -> Result<StartResult, ExecutorError> {
     let config = executor.config.get()?;
     check_name("session id", &params.session)?;
@@ -154,7 +155,7 @@ pub async fn start(
                 // A mark left of an earlier session of this id, which the operator removed by hand.
                 knotless_protocol::kept::unmark(&config.runner_id, &params.session);
             }
-            finish_start(executor, session, &spec, &context).await
+            finish_start(executor, session, &spec)
         }
         Err(error) => {
             // Whatever was made before the failure goes with it.
@@ -295,11 +296,10 @@ async fn remove_made(docker: &Docker, made: &Made, session: Option<&str>) -> Res
 }
 
 /// Records a started session and answers `start`.
-async fn finish_start(
+fn finish_start(
     executor: &DockerExecutor,
     session: Session,
     spec: &ContainerSpec,
-    context: &Context,
 ) -> Result<StartResult, ExecutorError> {
     let mut description = format!("container {} from {}", session.container, session.image);
     if let Some(network) = &session.network {
@@ -309,7 +309,8 @@ async fn finish_start(
     }
     tracing::info!(session = %session.id, container = %session.container, image = %session.image,
         network = spec.network, services = session.services.len(), "container started");
-    context.log(&session.id, LogLevel::Info, description.clone()).await;
+    // The description is the run's note of it (`environment: container ...`): no log says it
+    // twice.
     executor.sessions.lock().insert(session.id.clone(), Arc::new(session));
     let paths = SessionPaths { work: "/work".into(), steps: "/steps".into(), outputs: "/outputs".into() };
     Ok(StartResult { paths, description: Some(description) })

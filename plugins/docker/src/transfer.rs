@@ -178,8 +178,7 @@ pub async fn download(
     let skipped =
         copied.map_err(|error| ExecutorError::infrastructure(format!("the download of {path} broke off: {error}")))?;
     for entry in skipped {
-        let message = format!("left {} out of the download of {}: {}", entry.path.display(), params.path, entry.reason);
-        context.log(&session.id, LogLevel::Warn, message).await;
+        context.left_out(&session.id, &params.path, &entry.path.display().to_string(), entry.reason).await;
     }
     tracing::info!(session = %session.id, container = %session.container, %path, "downloaded");
     Ok(())

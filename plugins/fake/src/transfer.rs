@@ -69,7 +69,7 @@ pub async fn upload(setup: &Setup, params: &TransferParams) -> Result<Value, Fau
         Ok(input.bytes)
     })
     .await?;
-    result(&TransferResult { bytes })
+    result(&TransferResult { bytes, left_out: Vec::new() })
 }
 
 /// Writes a tar stream of the contents of the path.
@@ -99,7 +99,7 @@ pub async fn download(setup: &Setup, params: &TransferParams) -> Result<Value, F
     } else {
         bytes
     };
-    result(&TransferResult { bytes })
+    result(&TransferResult { bytes, left_out: Vec::new() })
 }
 
 /// The rest of each session's broken download, by session, with its stream (`break-download`).

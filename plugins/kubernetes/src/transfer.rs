@@ -192,8 +192,7 @@ pub async fn download(
         }
     }
     for entry in skipped {
-        let message = format!("left {} out of the download of {}: {}", entry.path.display(), params.path, entry.reason);
-        context.log(&session.id, LogLevel::Warn, message).await;
+        context.left_out(&session.id, &params.path, &entry.path.display().to_string(), entry.reason).await;
     }
     tracing::info!(job = %session.job, namespace = %session.namespace, path = %path, "downloaded");
     Ok(())

@@ -99,7 +99,10 @@ pub async fn run(
             tracing::info!(session = %session.id, step = params.step, killed, "step killed");
             return Err(match ending {
                 Ending::TimedOut => {
-                    let message = format!("step {step_name} passed its timeout of {} ms", params.timeout_ms);
+                    let message = format!(
+                        "step {step_name} passed its timeout of {}",
+                        knotless_protocol::sdk::timeout_text(params.timeout_ms)
+                    );
                     context.log(&session.id, LogLevel::Error, message.clone()).await;
                     ExecutorError::timeout(message)
                 }

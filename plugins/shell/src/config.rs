@@ -26,8 +26,9 @@ pub struct Config {
 
 /// The variables of the user's environment a step gets, besides `PATH` and every `LC_*`:
 /// what tools look for their configuration and caches by (`rustup` and `cargo` under `HOME`,
-/// a shell's settings, the terminal's kind).
-pub const HOST_VARIABLES: &[&str] = &["HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "TZ"];
+/// a shell's settings). Never `TERM`: the step's output is a pipe, not the user's terminal, and
+/// a tool told it has one (`tput`, `cargo fmt`) writes that terminal's sequences into the log.
+pub const HOST_VARIABLES: &[&str] = &["HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ"];
 
 /// The executor's own values of [`HOST_VARIABLES`] and `LC_*`, the empty ones left out.
 fn host_env() -> Vec<(String, String)> {

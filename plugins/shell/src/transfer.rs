@@ -75,8 +75,7 @@ pub async fn download(
     .map_err(|error| ExecutorError::infrastructure(format!("the download of {shown} failed: {error}")))?;
     let skipped = packed.map_err(|error| ExecutorError::infrastructure(format!("cannot download {shown}: {error}")))?;
     for entry in skipped {
-        let message = format!("left {} out of the download of {}: {}", entry.path.display(), params.path, entry.reason);
-        context.log(&session.id, LogLevel::Warn, message).await;
+        context.left_out(&session.id, &params.path, &entry.path.display().to_string(), entry.reason).await;
     }
     tracing::debug!(session = %session.id, path = %shown, "downloaded");
     Ok(())

@@ -43,6 +43,16 @@ pub use serve::{serve, serve_io};
 pub use state::{Initialized, Sessions, lock};
 pub use transfer::{DownloadStream, UploadStream};
 
+/// A timeout in milliseconds as people write it in a workflow: `2 s` for 2000, `1.5 s`,
+/// `250 ms`, so that an executor's message reads as the `timeout:` it enforces.
+pub fn timeout_text(ms: u64) -> String {
+    match ms {
+        0..1000 => format!("{ms} ms"),
+        _ if ms.is_multiple_of(1000) => format!("{} s", ms / 1000),
+        _ => format!("{:.1} s", ms as f64 / 1000.0),
+    }
+}
+
 /// An executor: what the runner's six operations do in one kind of environment.
 ///
 /// The SDK handles framing, version negotiation, `ping`, `shutdown`, cancellation
@@ -122,7 +132,12 @@ pub struct Context {
     cancel: CancellationToken,
     notifier: Notifier,
     received: Instant,
+    /// What a `download` left out of its stream, for its result.
+    left_out: LeftOutList,
 }
+
+/// The entries a download left out, shared by the request's context and the SDK.
+pub(crate) type LeftOutList = std::sync::Arc<std::sync::Mutex<Vec<crate::messages::LeftOut>>>;
 
 impl Context {
     /// Resolves when the runner cancels this request (or the runner went away).
@@ -154,6 +169,29 @@ impl Context {
     /// A handle that can send notifications after this request has ended.
     pub fn notifier(&self) -> Notifier {
         self.notifier.clone()
+    }
+
+    /// Says that a `download` of `folder` left `path` out of its stream, and why (`a FIFO`, `a
+    /// symlink whose target leaves the folder`): a warning `log` for the run's log, and an
+    /// entry of the result's `left_out` (the first [`crate::messages::MAX_LEFT_OUT`]), by which
+    /// the runner keeps no cache that would not work.
+    pub async fn left_out(&self, session: &str, folder: &str, path: &str, reason: &str) {
+        let listed = {
+            let mut list = self.left_out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let room = list.len() < crate::messages::MAX_LEFT_OUT;
+            if room {
+                list.push(crate::messages::LeftOut { path: path.to_string(), reason: reason.to_string() });
+            }
+            room
+        };
+        if listed {
+            self.log(session, LogLevel::Warn, format!("left {path} out of the download of {folder}: {reason}")).await;
+        }
+    }
+
+    /// Takes the entries [`Context::left_out`] recorded.
+    pub(crate) fn take_left_out(&self) -> Vec<crate::messages::LeftOut> {
+        std::mem::take(&mut *self.left_out.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 }
 
@@ -223,6 +261,14 @@ pub fn tail(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeout_reads_as_a_workflow_writes_it() {
+        assert_eq!(timeout_text(2000), "2 s");
+        assert_eq!(timeout_text(1500), "1.5 s");
+        assert_eq!(timeout_text(500), "500 ms");
+        assert_eq!(timeout_text(3_600_000), "3600 s");
+    }
 
     #[test]
     fn a_tail_is_one_printable_line_and_bounded() {

@@ -644,7 +644,8 @@ pub async fn run_step<S: Shell>(
                     ExecutorError::new(ErrorKind::StepFailed, message)
                 }
                 (Ending::TimedOut, None) => {
-                    let message = format!("step {name} passed its timeout of {} ms", params.timeout_ms);
+                    let message =
+                        format!("step {name} passed its timeout of {}", super::timeout_text(params.timeout_ms));
                     context.log(&params.session, LogLevel::Error, message.clone()).await;
                     ExecutorError::timeout(message)
                 }
@@ -891,6 +892,7 @@ mod tests {
             cancel: tokio_util::sync::CancellationToken::new(),
             notifier: crate::sdk::Notifier { frames },
             received: Instant::now(),
+            left_out: Default::default(),
         };
         let params = CommandParams {
             session: "s".into(),

@@ -262,7 +262,12 @@ async fn dispatch<E: Executor>(
         return error_response(id, ErrorCode::MethodNotFound.code(), &format!("unknown method {method}"));
     };
     let mut extensions = Extensions::new();
-    extensions.insert(Context { cancel: token, notifier: state.notifier.clone(), received: Instant::now() });
+    extensions.insert(Context {
+        cancel: token,
+        notifier: state.notifier.clone(),
+        received: Instant::now(),
+        left_out: Default::default(),
+    });
     let response = callback(id, params, ConnectionId(0), usize::MAX, extensions).await;
     let mut line = response.into_json().get().as_bytes().to_vec();
     line.push(b'\n');
@@ -285,6 +290,7 @@ fn context(extensions: &Extensions) -> Context {
         cancel: CancellationToken::new(),
         notifier: Notifier { frames: mpsc::channel(1).0 },
         received: Instant::now(),
+        left_out: Default::default(),
     })
 }
 
@@ -355,11 +361,9 @@ fn methods<E: Executor>(state: Arc<State<E>>) -> anyhow::Result<RpcModule<State<
     register::<rpc::Download, E, _, _>(&mut module, |state, params, context| async move {
         let work = async {
             let (download, counter) = DownloadStream::new(connect(&params).await?, params.max_bytes);
-            transfer_result(
-                state.executor.download(&params, download, context.clone()).await,
-                &counter,
-                params.max_bytes,
-            )
+            let done = state.executor.download(&params, download, context.clone()).await;
+            transfer_result(done, &counter, params.max_bytes)
+                .map(|result| TransferResult { left_out: context.take_left_out(), ..result })
         };
         guarded(&context, params.timeout_ms, "download", work).await
     })?;
@@ -433,7 +437,7 @@ fn transfer_result(
             format!("the tar stream is over its bound of {max_bytes} bytes"),
         ));
     }
-    result.map(|()| TransferResult { bytes: counter.bytes() })
+    result.map(|()| TransferResult { bytes: counter.bytes(), left_out: Vec::new() })
 }
 
 #[cfg(test)]

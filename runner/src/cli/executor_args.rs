@@ -12,6 +12,9 @@ use knotless_protocol::messages::RunnerInfo;
 
 use crate::host::{HostConfig, PluginSearch, ProcessSpec};
 
+/// Where installed executors live unless `--plugin-dir` says otherwise.
+pub const PLUGIN_DIR: &str = "/usr/libexec/knotless";
+
 /// Choosing and configuring the executor.
 #[derive(Debug, Clone, Args)]
 pub struct ExecutorArgs {
@@ -22,9 +25,10 @@ pub struct ExecutorArgs {
     /// The path of an executor program, instead of --executor.
     #[arg(long, value_name = "PATH", conflicts_with = "executor", help_heading = "Executor")]
     pub executor_plugin: Option<PathBuf>,
-    /// Where installed executors live.
-    #[arg(long, value_name = "DIR", default_value = "/usr/libexec/knotless", help_heading = "Executor")]
-    pub plugin_dir: PathBuf,
+    /// Where installed executors live [default: /usr/libexec/knotless; for `run`, `plugin-dir`
+    /// of run.toml first].
+    #[arg(long, value_name = "DIR", help_heading = "Executor")]
+    pub plugin_dir: Option<PathBuf>,
     /// An executor option, passed to the executor in its handshake (repeatable).
     #[arg(long = "executor-option", value_name = "KEY=VALUE", help_heading = "Executor")]
     pub executor_options: Vec<String>,
@@ -130,7 +134,8 @@ impl ExecutorArgs {
                 }
                 path.clone()
             }
-            None => PluginSearch::from_environment(self.plugin_dir.clone()).find(&name)?,
+            None => PluginSearch::from_environment(self.plugin_dir.clone().unwrap_or_else(|| PLUGIN_DIR.into()))
+                .find(&name)?,
         };
         let runner_id = self.runner_id.clone().unwrap_or_else(|| default_runner_id.to_string());
         if runner_id.is_empty()

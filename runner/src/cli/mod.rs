@@ -1,6 +1,7 @@
 //! The command line: flags parsed with clap, validated into the host's configuration, and one
 //! file per subcommand.
 
+mod cache;
 mod checks;
 mod completions;
 mod daemon;
@@ -39,10 +40,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a repository's workflows once, locally, and exit non-zero when one does not succeed.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Work with executor plugins.
     #[command(subcommand)]
-    Plugin(plugin::PluginCommand),
+    Plugin(Box<plugin::PluginCommand>),
     /// List a repository's checks.
     Checks(checks::ChecksArgs),
     /// Print a run's log.
@@ -59,6 +60,9 @@ pub enum Command {
     /// The Kubernetes executor's scoped credential: make it, check it.
     #[command(subcommand)]
     Kubeconfig(kubeconfig::KubeconfigCommand),
+    /// List or prune the caches `run` keeps.
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
     /// Print the completion script of SHELL for knotless-run.
     Completions(completions::CompletionsArgs),
     /// Print the manual page (roff), or write every page into --dir (for packagers).
@@ -81,12 +85,12 @@ pub fn main() -> ExitCode {
         match cli.command {
             // As a task on a worker, not `block_on`'s own future: each answer of the executor
             // then wakes the run on the thread that read it, not across threads, once a step.
-            Some(Command::Run(args)) => match tokio::spawn(run::main(args)).await {
+            Some(Command::Run(args)) => match tokio::spawn(run::main(*args)).await {
                 Ok(result) => result,
                 Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
                 Err(error) => Err(anyhow::anyhow!("the run was stopped: {error}")),
             },
-            Some(Command::Plugin(command)) => plugin::main(command).await,
+            Some(Command::Plugin(command)) => plugin::main(*command).await,
             Some(Command::Checks(args)) => checks::checks(args).await,
             Some(Command::Logs(args)) => logs::main(args).await,
             Some(Command::Notify(args)) => notify::main(args).await,
@@ -94,6 +98,7 @@ pub fn main() -> ExitCode {
             Some(Command::Rerun(args)) => rerun::main(args).await,
             Some(Command::Secrets(command)) => secrets::main(command).await,
             Some(Command::Kubeconfig(command)) => kubeconfig::main(command).await,
+            Some(Command::Cache(command)) => cache::main(command).await,
             Some(Command::Completions(args)) => completions::main(args),
             Some(Command::Manpage(args)) => manpage::main(args),
             None => daemon::main(cli.daemon).await,

@@ -12,6 +12,9 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 mod defaults;
+mod select;
+
+pub(crate) use select::table;
 
 use super::ExecutorArgs;
 use crate::cache::{CacheStore, check_disk_floor};
@@ -31,13 +34,37 @@ pub struct RunArgs {
     /// Run this commit (any git revision) instead of the working tree.
     #[arg(long, value_name = "REV")]
     pub rev: Option<String>,
-    /// Run only this workflow (repeatable).
+    /// Run only this workflow (repeatable), with the workflows it needs (`needs:`), which run
+    /// first. A matrix's file stem names all its combinations.
     #[arg(long = "workflow", value_name = "NAME")]
     pub workflows: Vec<String>,
+    /// With `--workflow`: run the named workflows without the workflows they need.
+    #[arg(long, requires = "workflows")]
+    pub no_needs: bool,
+    /// List the workflows, what triggers each, what it needs, its steps, and whether it runs
+    /// for this event and branch (or why not); run nothing.
+    #[arg(long, short = 'l', conflicts_with = "dry_run")]
+    pub list: bool,
+    /// Say what would run, in which order, and why each other workflow would not; run
+    /// nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Exit 0 when no workflow runs (by default that is exit 1, each workflow's reason said).
+    #[arg(long)]
+    pub allow_empty: bool,
+    /// Remove the environments earlier runs kept (`--keep`) and whatever killed runs left,
+    /// under this executor and runner id; run nothing.
+    #[arg(long, conflicts_with_all = ["list", "dry_run", "keep"])]
+    pub cleanup: bool,
     /// Give the steps that ask for it the secret NAME, its value read from the variable NAME
     /// of this environment (repeatable). Its value is masked in the output.
     #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
+    /// Secrets from FILE: `NAME=VALUE` a line, the value taken as it is; blank lines and lines
+    /// starting with `#` are skipped. `--secret` wins over it. Keep the file readable by you
+    /// alone: `run` warns when it is not.
+    #[arg(long = "secret-file", value_name = "FILE")]
+    pub secret_file: Option<PathBuf>,
     /// A variable for every step: `NAME=VALUE`, or `NAME` for its value in this environment
     /// (repeatable). A workflow's or a step's own `env` wins over it.
     #[arg(long = "env", value_name = "NAME[=VALUE]")]
@@ -63,7 +90,7 @@ pub struct RunArgs {
     pub outputs: Option<PathBuf>,
     /// Run up to N workflows at once, their lines prefixed with their names (default: `jobs`
     /// in run.toml, or 1).
-    #[arg(long, short = 'j', value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, short = 'j', value_name = "N", value_parser = jobs_value)]
     pub jobs: Option<u16>,
     /// Run without caches: no workflow's `cache:` is restored or kept.
     #[arg(long)]
@@ -72,6 +99,24 @@ pub struct RunArgs {
     #[command(flatten)]
     pub executor: ExecutorArgs,
 }
+
+/// `--jobs`'s value: a number from 1 to 64. A name is what act's `-j` takes: the error says
+/// which flag runs one workflow.
+fn jobs_value(text: &str) -> Result<u16, String> {
+    match text.parse::<u16>() {
+        Ok(jobs) if (1..=64).contains(&jobs) => Ok(jobs),
+        Ok(_) => Err("how many workflows run at once is from 1 to 64".to_string()),
+        Err(_) => Err(format!(
+            "-j is --jobs, how many workflows run at once (as make's -j); to run the workflow {0}, use --workflow {0}",
+            printable::name(text)
+        )),
+    }
+}
+
+/// The variables that tell tools to colour what they print although their output is a pipe
+/// (`CLICOLOR_FORCE`: cargo's and many C and Go tools', `FORCE_COLOR`: Node's and Python's),
+/// given to steps when `run` colours its own output.
+const COLOUR_VARIABLES: [&str; 2] = ["CLICOLOR_FORCE", "FORCE_COLOR"];
 
 /// `--event`'s values, listed by `--help`.
 impl clap::ValueEnum for Event {
@@ -137,9 +182,9 @@ impl Paint {
 /// other's lines.
 struct Terminal {
     workflow: String,
-    /// The last lines of the latest step that wrote any, repeated under the summary when
-    /// that step failed.
-    tail: StepTail,
+    /// The last lines of each step that wrote any and did not pass (the running one's too),
+    /// repeated under the summary for each that failed.
+    tails: Vec<StepTail>,
     out: Vec<u8>,
     /// The latest step's name and the prefix its lines are shown with.
     prefix: Option<(String, String)>,
@@ -158,7 +203,7 @@ impl Terminal {
     fn new(workflow: String, paint: Paint, live_progress: bool) -> Terminal {
         Terminal {
             workflow,
-            tail: StepTail::default(),
+            tails: Vec::new(),
             out: Vec::with_capacity(TERMINAL_BUFFER),
             prefix: None,
             paint,
@@ -206,7 +251,12 @@ impl LogSink for Terminal {
     fn line(&mut self, line: &LogLine<'_>) {
         self.clear_progress();
         if let Some(step) = line.step {
-            self.tail.push(step, line.text);
+            if self.tails.last().is_none_or(|tail| tail.step.as_deref() != Some(step)) {
+                self.tails.push(StepTail::default());
+            }
+            if let Some(tail) = self.tails.last_mut() {
+                tail.push(step, line.text);
+            }
         }
         match line.step {
             Some(step) => {
@@ -216,7 +266,9 @@ impl LogSink for Terminal {
                     _ => (step.to_string(), format!("{}/{} | ", printable::name(workflow), printable::name(step))),
                 };
                 self.out.extend_from_slice(prefix.as_bytes());
-                self.out.extend_from_slice(printable::line(line.text).as_bytes());
+                // A colour terminal gets the step's colours; nothing else of its controls.
+                let text = if self.paint.0 { printable::coloured_line(line.text) } else { printable::line(line.text) };
+                self.out.extend_from_slice(text.as_bytes());
                 self.out.push(b'\n');
                 self.prefix = Some((name, prefix));
             }
@@ -261,13 +313,28 @@ impl LogSink for Terminal {
         }
         self.flush();
     }
+
+    fn steps(&mut self, steps: &[engine::StepReport], running: Option<usize>) {
+        // A step that ended well: its lines need not be repeated.
+        let Some(ended) = steps.last().filter(|_| running.is_none()) else { return };
+        let failed = matches!(ended.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error);
+        if !failed
+            && let Some(tail) = self.tails.last()
+            && tail.step.as_deref() == Some(&*printable::name(&ended.name))
+        {
+            self.tails.pop();
+        }
+    }
 }
 
 /// Runs the subcommand.
 pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
+    if args.cleanup {
+        return cleanup(&args).await;
+    }
     let (checkout, info) = Checkout::resolve(&args.path, args.rev.as_deref()).await?;
     let defaults = defaults::load(defaults::user_file().as_deref(), checkout.root())?;
-    let (mut workflows, errors) = checkout.workflows().await?;
+    let (workflows, errors) = checkout.workflows().await?;
     if workflows.is_empty() && errors.is_empty() {
         // Nothing ran is no pass: a script must not read it as one.
         bail!("no workflows in {}: add .knotless/workflows/NAME.yml", checkout.describe());
@@ -275,13 +342,13 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     for error in &errors {
         crate::say_err!("error: {}", printable::name(&error.to_string()));
     }
+    for note in &defaults.notes {
+        crate::say_err!("note: {note}");
+    }
     if !args.workflows.is_empty() {
-        // A matrix's file stem selects all its combinations; a combination's name, that one.
-        let selects = |workflow: &crate::workflow::Workflow, name: &String| {
-            &workflow.name == name || workflow.base.as_ref() == Some(name)
-        };
+        // A matrix's file stem names all its combinations; a combination's name, that one.
         for name in &args.workflows {
-            if !workflows.iter().any(|workflow| selects(workflow, name))
+            if !workflows.iter().any(|workflow| workflow.is_named(name))
                 && !errors.iter().any(|error| error.file.contains(name.as_str()))
             {
                 let known: Vec<_> = workflows.iter().map(|workflow| workflow.name.as_str()).collect();
@@ -292,7 +359,6 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
                 );
             }
         }
-        workflows.retain(|workflow| args.workflows.iter().any(|name| selects(workflow, name)));
     }
     let mut info = info;
     if let Some(branch) = &args.branch {
@@ -316,16 +382,50 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(why) => Some(why),
         None => workflow.skip_reason(facts, &extra_env(&step_env, args.event, workflow)),
     };
-    let (selected, skipped): (Vec<_>, Vec<_>) = workflows.into_iter().partition(|workflow| why_not(workflow).is_none());
-    for workflow in &skipped {
-        let why = why_not(workflow).unwrap_or_default();
-        crate::say!("{} ==> skipped: {}", printable::name(&workflow.name), printable::name(&why));
+    if args.list {
+        for line in select::list(&workflows, why_not) {
+            crate::say!("{line}");
+        }
+        return Ok(if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
+    let selection = select::choose(workflows, &args.workflows, args.no_needs, why_not);
+    if args.dry_run {
+        for line in select::dry_run(&selection) {
+            crate::say!("{line}");
+        }
+    } else {
+        for (name, by) in &selection.brought {
+            let name = printable::name(name);
+            crate::say!("{name} ==> runs first: {} needs it", printable::name(&by.join(", ")));
+        }
+        for (name, dropped) in &selection.alone {
+            let dropped = dropped.join(", ");
+            crate::say!("{} ==> runs without {} (--no-needs)", printable::name(name), printable::name(&dropped));
+        }
+        for (name, why) in &selection.not_run {
+            crate::say!("{} ==> skipped: {}", printable::name(name), printable::name(why));
+        }
+    }
+    let mut selected = selection.runs;
+    default_image(&mut selected, &args.executor, &defaults);
     if selected.is_empty() && errors.is_empty() {
-        crate::say!("no workflow to run in {}", args.path.display());
-        return Ok(ExitCode::SUCCESS);
+        // Nothing ran is no pass: a script must not read it as one.
+        let path = printable::name(&args.path.display().to_string()).into_owned();
+        if args.allow_empty {
+            crate::say!("no workflow to run in {path}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let why = if selection.not_run.is_empty() { "" } else { " (each one's reason is above)" };
+        crate::say_err!("knotless-run: no workflow runs in {path}{why}; --allow-empty exits 0 when none does");
+        return Ok(ExitCode::FAILURE);
     }
-    let mut secrets = BTreeMap::new();
+    if args.dry_run {
+        return Ok(if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+    }
+    let mut secrets = match &args.secret_file {
+        Some(file) => secret_file(file)?,
+        None => BTreeMap::new(),
+    };
     for name in &args.secrets {
         let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
         secrets.insert(name.clone(), value);
@@ -336,14 +436,23 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let jobs = args.jobs.map(usize::from).or(defaults.jobs).unwrap_or(1);
     let executor = executor_flags(&args.executor, &defaults);
     let paint = Paint(args.color.enabled());
+    let mut step_env = step_env;
+    if paint.0 {
+        // Tools colour what they print when told to, as they would on the terminal they lack.
+        for name in COLOUR_VARIABLES {
+            step_env.entry(name.to_string()).or_insert_with(|| "1".to_string());
+        }
+    }
     let runner_id = local_runner_id();
     let config = executor.host_config("shell", &runner_id)?;
     let name = config.process.name.clone();
     let host = ExecutorHost::start(config).await?;
-    let isolation = host.info().await?.capabilities.isolation;
-    if !matches!(isolation, Isolation::Container | Isolation::Vm) {
+    let capabilities = host.info().await?.capabilities;
+    let (isolation, images) = (capabilities.isolation, capabilities.images);
+    if !matches!(isolation, Isolation::Container | Isolation::Vm) && defaults.isolation_warning != Some(false) {
         crate::say_err!(
-            "warning: executor {} declares isolation {}: it isolates nothing, steps run as this user on this host",
+            "warning: executor {} declares isolation {}: it isolates nothing, steps run as this user on this host \
+             (isolation-warning = false in ~/.config/knotless/run.toml once you know)",
             printable::name(&name),
             super::daemon::isolation_name(isolation)
         );
@@ -380,16 +489,25 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         outputs_root,
         caches: if args.no_cache { None } else { open_cache_store() },
         repository_folder,
+        executor: name.clone(),
+        images,
+        image: executor.image.clone(),
         paint,
         live_progress: jobs == 1 && std::io::stdout().is_terminal(),
         cancel,
     };
+    let context_keep = context.keep;
     let ran = run_graph(&context, selected, jobs).await;
     host.shutdown().await;
     let (reports, tails): (Vec<_>, Vec<_>) =
         ran.into_iter().map(|(report, outputs, tail)| ((report, outputs), tail)).unzip();
     print_summary(&reports, &errors, paint);
     print_failed_tails(&reports, &tails);
+    if context_keep {
+        crate::say!(
+            "the environments stay (--keep); `knotless-run run --cleanup` removes them (with the same executor flags)"
+        );
+    }
     let cancelled = reports.iter().any(|(report, _)| report.status == RunStatus::Cancelled);
     let all_passed = errors.is_empty() && reports.iter().all(|(report, _)| report.status == RunStatus::Success);
     Ok(if cancelled {
@@ -401,8 +519,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// What one workflow of a run gave: its report, its outputs folder, its failed step's tail.
-type Ran = (RunReport, Option<PathBuf>, StepTail);
+/// What one workflow of a run gave: its report, its outputs folder, its failed steps' tails.
+type Ran = (RunReport, Option<PathBuf>, Vec<StepTail>);
 
 /// Runs `selected`, up to `jobs` at once, each once every workflow it needs has passed; one
 /// whose need did not pass, or does not run here, is skipped with the reason. The results are
@@ -429,7 +547,7 @@ async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, 
                     note(&mut terminal, &format!("skipped: {cause}"));
                     terminal.flush();
                     ended.insert(workflow.name.clone(), RunStatus::Skipped);
-                    results[at] = Some((skipped(&workflow, cause), None, terminal.tail));
+                    results[at] = Some((skipped(&workflow, cause), None, terminal.tails));
                 }
                 Readiness::Ready if running.len() < jobs && !at_max_parallel(&waiting[index].1, &active) => {
                     let (at, workflow) = waiting.remove(index);
@@ -525,7 +643,7 @@ fn readiness(
                 None => wait = true,
                 Some(RunStatus::Success) => {}
                 Some(status) => {
-                    return Readiness::Skip(format!("it needs {need}, and {name} ended {}", status.as_str()));
+                    return Readiness::Skip(format!("it needs {need}, and {name} {}", status.outcome()));
                 }
             }
         }
@@ -569,6 +687,11 @@ struct Context {
     caches: Option<CacheStore>,
     /// The repository's folder name under the cache and outputs folders.
     repository_folder: String,
+    /// The executor's name, and whether it takes images and `--image`: a cache is kept per
+    /// executor and image.
+    executor: String,
+    images: bool,
+    image: Option<String>,
     paint: Paint,
     live_progress: bool,
     cancel: CancellationToken,
@@ -599,7 +722,7 @@ impl Context {
 
     /// Runs one workflow, unless the run was cancelled before it started: its report, its
     /// outputs folder when it has outputs, and its failed step's last lines.
-    async fn run(&self, workflow: crate::workflow::Workflow) -> Option<(RunReport, Option<PathBuf>, StepTail)> {
+    async fn run(&self, workflow: crate::workflow::Workflow) -> Option<Ran> {
         if self.cancel.is_cancelled() {
             return None;
         }
@@ -609,8 +732,12 @@ impl Context {
         // A push keeps its caches when it passes, as the daemon does; a pull or a queue batch
         // reads the apart base and keeps nothing.
         let trusted = self.event == Event::Push;
+        // A cache is kept per executor and image: what one environment built may not run in
+        // another (a host's binaries in a container, glibc's in musl's).
+        let image = if self.images { workflow.image.as_deref().or(self.image.as_deref()) } else { None };
+        let cache_key = cache_key(&name, &self.executor, image);
         let leases = match &self.caches {
-            Some(store) => match store.lease(&self.repository_folder, &name, &workflow.cache, trusted, &run_id) {
+            Some(store) => match store.lease(&self.repository_folder, &cache_key, &workflow.cache, trusted, &run_id) {
                 Ok(leases) => leases,
                 Err(error) => {
                     note(&mut terminal, &format!("caches off for this run: {error:#}"));
@@ -652,7 +779,7 @@ impl Context {
                 note(&mut terminal, &format!("caches not kept: {cause}"));
                 promote = false;
             }
-            let notes = store.settle(&self.repository_folder, &name, &run_id, &plan.caches, promote).await;
+            let notes = store.settle(&self.repository_folder, &cache_key, &run_id, &plan.caches, promote).await;
             for cache in notes {
                 let warm = if cache.warm { "warm" } else { "cold" };
                 note(&mut terminal, &format!("cache {} (started {warm}): {}", cache.path, cache.outcome));
@@ -666,8 +793,44 @@ impl Context {
             // No folder for a run without outputs (the last run's were cleared for this one).
             let _ = std::fs::remove_dir_all(&dir);
         }
-        Some((report, outputs, terminal.tail))
+        Some((report, outputs, terminal.tails))
     }
+}
+
+/// `run --cleanup`: the executor's sweep with the kept sessions too, what it removed said.
+async fn cleanup(args: &RunArgs) -> anyhow::Result<ExitCode> {
+    let defaults = defaults::load_user(defaults::user_file().as_deref())?;
+    let executor = executor_flags(&args.executor, &defaults);
+    let config = executor.host_config("shell", &local_runner_id())?;
+    let host = ExecutorHost::start(config).await?;
+    let swept = host.cleanup_kept(std::time::Duration::from_secs(300)).await;
+    host.shutdown().await;
+    let result = swept?;
+    for resource in &result.removed {
+        crate::say!("removed {} {}", printable::name(&resource.kind), printable::name(&resource.name));
+    }
+    for failure in &result.failures {
+        crate::say_err!("knotless-run: could not remove: {}", printable::name(failure));
+    }
+    crate::say!("{} removed, {} could not be", result.removed.len(), result.failures.len());
+    Ok(if result.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// The name a workflow's caches are kept under: `NAME@EXECUTOR`, and `@IMAGE` (its characters
+/// other than letters, digits, `.`, `_` and `-` made `_`, and a hash of it) when the executor
+/// runs it in an image.
+pub(crate) fn cache_key(workflow: &str, executor: &str, image: Option<&str>) -> String {
+    let safe = |text: &str| -> String {
+        text.chars()
+            .take(48)
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+            .collect()
+    };
+    let mut key = format!("{workflow}@{}", safe(executor));
+    if let Some(image) = image {
+        key.push_str(&format!("@{}-{:08x}", safe(image), crate::cache::fnv(image.as_bytes()) as u32));
+    }
+    key
 }
 
 /// Shows a note of `run`'s own as the engine's notes are shown.
@@ -756,18 +919,7 @@ pub(crate) fn step_variables(
     let mut variables: BTreeMap<String, String> =
         defaults.iter().map(|(name, (value, _))| (name.clone(), value.clone())).collect();
     if let Some(file) = file {
-        let text = std::fs::read_to_string(file).with_context(|| format!("--env-file {}", file.display()))?;
-        for (index, line) in text.lines().enumerate() {
-            let place = || format!("--env-file {}, line {}", file.display(), index + 1);
-            if line.trim().is_empty() || line.trim_start().starts_with('#') {
-                continue;
-            }
-            let Some((name, value)) = line.split_once('=') else {
-                bail!("{}: expected NAME=VALUE", place());
-            };
-            check(name, &place)?;
-            variables.insert(name.to_string(), value.to_string());
-        }
+        variables.extend(pairs_file(file, "--env-file")?);
     }
     for entry in given {
         let place = || format!("--env {}", printable::name(entry));
@@ -785,9 +937,46 @@ pub(crate) fn step_variables(
     Ok(variables)
 }
 
+/// The `NAME=VALUE` lines of `file`, given by `flag`: the value taken as it is, blank lines
+/// and lines starting with `#` skipped, each name checked.
+fn pairs_file(file: &std::path::Path, flag: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let shown = printable::name(&file.display().to_string()).into_owned();
+    let text = std::fs::read_to_string(file).with_context(|| format!("{flag} {shown}"))?;
+    let mut pairs = BTreeMap::new();
+    for (index, line) in text.lines().enumerate() {
+        let place = || format!("{flag} {shown}, line {}", index + 1);
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            // Never the line itself: it may hold a secret.
+            bail!("{}: expected NAME=VALUE", place());
+        };
+        check_variable_name(name).map_err(|error| anyhow::anyhow!("{}: {error}", place()))?;
+        pairs.insert(name.to_string(), value.to_string());
+    }
+    Ok(pairs)
+}
+
+/// The secrets of `--secret-file FILE`, with a warning when others may read the file.
+fn secret_file(file: &std::path::Path) -> anyhow::Result<BTreeMap<String, String>> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let secrets = pairs_file(file, "--secret-file")?;
+    if let Ok(metadata) = std::fs::metadata(file)
+        && metadata.permissions().mode() & 0o077 != 0
+    {
+        let shown = printable::name(&file.display().to_string()).into_owned();
+        crate::say_err!(
+            "warning: --secret-file {shown} may be read by others (mode {:o}): chmod 600 {shown}",
+            metadata.permissions().mode() & 0o777
+        );
+    }
+    Ok(secrets)
+}
+
 /// `run`'s own folder: `$XDG_CACHE_HOME/knotless`, or `~/.cache/knotless`. Its caches are
 /// under `caches/`, its outputs under `outputs/`, its lock files at its top.
-fn cache_home() -> PathBuf {
+pub(crate) fn cache_home() -> PathBuf {
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .filter(|dir| !dir.is_empty())
         .map(PathBuf::from)
@@ -805,7 +994,7 @@ fn default_outputs_root() -> PathBuf {
 /// The folder of one repository's outputs under the default root: its folder's name (letters,
 /// digits, `.`, `_` and `-` kept) and a hash of its path, so that two repositories' workflows
 /// of the same name keep their outputs apart.
-fn repository_folder(root: &std::path::Path, name: &str) -> String {
+pub(crate) fn repository_folder(root: &std::path::Path, name: &str) -> String {
     use sha2::Digest as _;
     let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
     let digest = sha2::Sha256::digest(root.as_os_str().as_encoded_bytes());
@@ -872,37 +1061,52 @@ fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::work
 }
 
 /// The last lines of each failed step, so that they need not be found by scrolling.
-fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[StepTail]) {
-    for ((report, _), tail) in reports.iter().zip(tails) {
-        let Some(step) = &tail.step else { continue };
-        // The tail's step is named as its lines are labelled: escaped.
-        let failed = report.steps.iter().any(|ran| {
-            printable::name(&ran.name) == step.as_str()
-                && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
-        });
-        if !failed {
-            continue;
-        }
-        let (workflow, step) = (printable::name(&report.workflow), printable::name(step));
-        crate::say!();
-        crate::say!("{workflow}: the last {} line(s) of step {step}:", tail.lines.len());
-        for line in &tail.lines {
-            crate::say!("{workflow}/{step} | {}", printable::line(line));
+fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[Vec<StepTail>]) {
+    for ((report, _), tails) in reports.iter().zip(tails) {
+        for tail in tails {
+            let Some(step) = &tail.step else { continue };
+            // The tail's step is named as its lines are labelled: escaped.
+            let failed = report.steps.iter().any(|ran| {
+                printable::name(&ran.name) == step.as_str()
+                    && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
+            });
+            if !failed {
+                continue;
+            }
+            let (workflow, step) = (printable::name(&report.workflow), printable::name(step));
+            crate::say!();
+            crate::say!("{workflow}: the last {} line(s) of step {step}:", tail.lines.len());
+            for line in &tail.lines {
+                crate::say!("{workflow}/{step} | {}", printable::line(line));
+            }
         }
     }
 }
 
-/// The executor flags a run goes by: its own, and a defaults file's `executor` and `image`
-/// where it gives none. Only these become executor options: nothing the operator did not give.
+/// The executor flags a run goes by: its own, and a defaults file's `executor` and
+/// `plugin-dir` where it gives none. Only these become executor options: nothing the operator
+/// did not give. (A defaults file's `image` is the image of the workflows that name none, not
+/// an option: see [`default_image`].)
 fn executor_flags(given: &ExecutorArgs, defaults: &defaults::Defaults) -> ExecutorArgs {
     let mut executor = given.clone();
     if executor.executor.is_none() && executor.executor_plugin.is_none() {
         executor.executor = defaults.executor.clone();
     }
-    if executor.image.is_none() {
-        executor.image = defaults.image.clone();
+    if executor.plugin_dir.is_none() {
+        executor.plugin_dir = defaults.plugin_dir.clone();
     }
     executor
+}
+
+/// A defaults file's `image` as the image of each workflow that names none, unless `--image`
+/// gives the executor's: an executor that takes images runs them in it, one that takes none
+/// says it ignores it, as it does a workflow's own `image:`.
+fn default_image(workflows: &mut [crate::workflow::Workflow], given: &ExecutorArgs, defaults: &defaults::Defaults) {
+    if let (None, Some(image)) = (&given.image, &defaults.image) {
+        for workflow in workflows.iter_mut().filter(|workflow| workflow.image.is_none()) {
+            workflow.image = Some(image.clone());
+        }
+    }
 }
 
 fn millis(ms: u64) -> String {
@@ -929,9 +1133,10 @@ mod tests {
         assert_eq!(options(&[], &none), []);
         // Flags that are not executor options pass none either.
         assert_eq!(options(&["--keep", "--runner-id", "r", "--executor-grace", "3", "--jobs", "2"], &none), []);
-        // A defaults file's image is the operator's own, as --image is.
+        // A defaults file's image is no option (an executor without images would refuse it):
+        // it is the image of the workflows that name none.
         let image = super::defaults::Defaults { image: Some("rust:1.95".into()), ..Default::default() };
-        assert_eq!(options(&[], &image), [("image".to_string(), "rust:1.95".to_string())]);
+        assert_eq!(options(&[], &image), []);
         assert_eq!(options(&["--image", "alpine"], &image), [("image".to_string(), "alpine".to_string())]);
     }
 

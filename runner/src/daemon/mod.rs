@@ -601,7 +601,7 @@ impl<F: Forge> Daemon<F> {
                 Some(RunStatus::Success) => {}
                 Some(status) => {
                     let mut check = job.check;
-                    let cause = format!("it needs {need}, and {name} ended {}", status.as_str());
+                    let cause = format!("it needs {need}, and {name} {}", status.outcome());
                     check.end(RunStatus::Skipped, cause.clone());
                     tracing::info!(run_id = %check.run_id, "run {} of {} skipped: {cause}", check.run_id, check.workflow);
                     self.finish(&check, &format!("==> skipped: {cause}\n"));

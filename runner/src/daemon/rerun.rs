@@ -238,7 +238,7 @@ fn need_on(records: &[CheckRecord], target: &CheckTarget, need: &str) -> Need {
     }
     match newest.values().find(|record| record.status != RunStatus::Success) {
         Some(record) => {
-            Need::Unmet(format!("run {} of {} ended {}", record.run_id, record.workflow, record.status.as_str()))
+            Need::Unmet(format!("run {} of {} {}", record.run_id, record.workflow, record.status.outcome()))
         }
         None => Need::Met,
     }
@@ -282,7 +282,7 @@ mod tests {
         assert!(!met(&matrix, "m"));
         assert!(met(&matrix[..1], "m"));
         match need_on(&matrix, &target, "m") {
-            Need::Unmet(why) => assert_eq!(why, "run b of m (2) ended error"),
+            Need::Unmet(why) => assert_eq!(why, "run b of m (2) ended in error"),
             Need::Met => panic!("a failed combination"),
         }
     }

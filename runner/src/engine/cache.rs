@@ -112,9 +112,16 @@ pub(super) async fn save(session: &Session, plan: &RunPlan, caches: &[CacheLease
         let download = session.download(&source, upper, lease.max_bytes, plan.limits.transfer_timeout, &never);
         let result = super::watched(log, session, &format!("cache {}", lease.path), download).await;
         match result {
-            Ok(unpacked) => {
-                lease.saved.record(unpacked.bytes);
-                log.note(format!("cache {}: saved {} bytes of tar", lease.path, unpacked.bytes));
+            // A cache without what the executor left out would not work as the steps left it
+            // (a virtualenv whose `bin/python3` links to the system's): none is kept.
+            Ok(downloaded) if !downloaded.left_out.is_empty() => {
+                log.note(format!("cache {}: not saved: {}", lease.path, left_out_cause(&downloaded.left_out)));
+                let gone = upper.clone();
+                let _ = super::blocking(move || std::fs::remove_dir_all(gone)).await;
+            }
+            Ok(downloaded) => {
+                lease.saved.record(downloaded.bytes);
+                log.note(format!("cache {}: saved {} bytes of tar", lease.path, downloaded.bytes));
             }
             Err(HostError::Answered { error, .. }) if error.kind == ErrorKind::NotFound => {
                 lease.saved.record(0);
@@ -129,9 +136,43 @@ pub(super) async fn save(session: &Session, plan: &RunPlan, caches: &[CacheLease
     }
 }
 
+/// Why a cache the download left entries out of is not kept: the first entries by name.
+fn left_out_cause(left_out: &[knotless_protocol::messages::LeftOut]) -> String {
+    let named: Vec<String> =
+        left_out.iter().take(3).map(|entry| format!("{} ({})", entry.path, entry.reason)).collect();
+    let more = match left_out.len().saturating_sub(3) {
+        0 => String::new(),
+        more => format!(" and {more} more"),
+    };
+    format!(
+        "the executor left {}{more} out of it; a cache holds only what is inside its folder, and without \
+         them it would not work (a link to outside the folder: make it a copy, or cache what it points into)",
+        named.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_left_incomplete_names_what_is_missing() {
+        let entry = |path: &str| knotless_protocol::messages::LeftOut {
+            path: path.into(),
+            reason: "a symlink whose target leaves the folder".into(),
+        };
+        let cause = left_out_cause(&[entry("bin/python3")]);
+        assert!(
+            cause.starts_with("the executor left bin/python3 (a symlink whose target leaves the folder) out of it;"),
+            "{cause}"
+        );
+        let cause = left_out_cause(&(0..5).map(|n| entry(&format!("l{n}"))).collect::<Vec<_>>());
+        assert!(
+            cause.contains("l0 (a symlink whose target leaves the folder), l1 (")
+                && cause.contains(" and 2 more out of it"),
+            "{cause}"
+        );
+    }
 
     #[test]
     fn relative_paths_resolve_under_the_work_folder() {

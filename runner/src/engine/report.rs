@@ -53,6 +53,20 @@ impl RunStatus {
         }
     }
 
+    /// How the run went, as a sentence says it after the run's name: `build failed`,
+    /// `docs was skipped`.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "is queued",
+            RunStatus::Running => "is running",
+            RunStatus::Success => "passed",
+            RunStatus::Failure => "failed",
+            RunStatus::Error => "ended in error",
+            RunStatus::Cancelled => "was cancelled",
+            RunStatus::Skipped => "was skipped",
+        }
+    }
+
     /// Whether the run is over.
     pub fn is_final(self) -> bool {
         !matches!(self, RunStatus::Queued | RunStatus::Running)

@@ -163,6 +163,32 @@ fn the_defaults_files_give_executor_env_and_jobs_and_flags_win() {
     let refused = run_in(&repo, cache.path(), config.path(), &[]);
     assert_eq!(refused.code, Some(2), "{}", refused.both());
     assert!(refused.stderr.contains("outputs: only your own"), "{}", refused.both());
+
+    // Nor lower the isolation the user chose: the user's executor stands, and says so.
+    std::fs::write(config.path().join("knotless/run.toml"), "executor = \"nowhere\"\n").expect("write");
+    repo.write(".knotless/run.toml", "executor = \"shell\"\n");
+    let path = repo.path().display().to_string();
+    let mut lowered = knotless_run(&["run", &path]);
+    lowered.env("XDG_CACHE_HOME", cache.path()).env("XDG_CONFIG_HOME", config.path());
+    let lowered = ran(lowered);
+    assert_eq!(lowered.code, Some(2), "the user's executor, not the repository's shell: {}", lowered.both());
+    assert!(lowered.stderr.contains("knotless-executor-nowhere"), "{}", lowered.both());
+    assert!(
+        lowered.stderr.contains("asks for executor shell;") && lowered.stderr.contains("chose nowhere, which stands"),
+        "{}",
+        lowered.both()
+    );
+
+    // An image in a defaults file, under an executor that takes none: noted, and the run goes.
+    std::fs::write(config.path().join("knotless/run.toml"), "image = \"rust:1.95\"\n").expect("write");
+    repo.write(".knotless/run.toml", "jobs = 1\n");
+    let image = run_in(&repo, cache.path(), config.path(), &[]);
+    assert_eq!(image.code, Some(0), "{}", image.both());
+    assert!(
+        image.stdout.contains("show ==> image rust:1.95 ignored: executor shell does not take images"),
+        "{}",
+        image.both()
+    );
 }
 
 #[test]
@@ -236,4 +262,200 @@ fn a_step_starts_with_every_signal_at_its_default_whatever_knotless_run_was_star
     assert_eq!(executor & 0b111, 0b111, "the executor did not start with HUP, INT and QUIT ignored\n{}", run.both());
     assert!(run.stdout.contains("signals/show | SigIgn:\t0000000000000000"), "{}", run.both());
     assert!(run.stdout.contains("signals/show | SigBlk:\t0000000000000000"), "{}", run.both());
+}
+
+/// `install-user.sh` into a prefix of a user's: the runner finds its executors in the prefix's
+/// `libexec/knotless` with nothing on `PATH`; a runner copied elsewhere alone finds them through
+/// `plugin-dir` of the user's run.toml, and never through a repository's.
+#[test]
+fn a_users_install_finds_its_executors_and_run_toml_may_say_where_they_are() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prefix = dir.path().join("home/.local");
+    let (cache, config, work) = (dir.path().join("cache"), dir.path().join("config"), dir.path().join("work"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/install-user.sh");
+    let bin_dir = knotless_tests::bin_dir();
+    let mut install = std::process::Command::new("bash");
+    install.arg(&script).arg("--bin-dir").arg(&bin_dir).arg("--prefix").arg(&prefix).env("PATH", "/usr/bin:/bin");
+    let installed = ran(install);
+    assert_eq!(installed.code, Some(0), "{}", installed.both());
+    for file in
+        ["bin/knotless-run", "libexec/knotless/shell", "libexec/knotless/docker", "share/man/man1/knotless-run-run.1"]
+    {
+        assert!(prefix.join(file).is_file(), "no {file}:\n{}", installed.both());
+    }
+    assert!(installed.stderr.contains("bin is not on your PATH"), "{}", installed.both());
+
+    let repo = Repo::new();
+    repo.workflow("ci", "steps:\n  - name: go\n    run: echo installed-run\n");
+    let work_dir = format!("work-dir={}", work.display());
+    let run = |runner: &Path, repo: &Repo| {
+        let mut command = std::process::Command::new(runner);
+        command
+            .args(["run", &repo.path().display().to_string(), "--executor-option", &work_dir])
+            .env("PATH", "/usr/bin:/bin")
+            .env("XDG_CACHE_HOME", &cache)
+            .env("XDG_CONFIG_HOME", &config)
+            .env_remove("KNOTLESS_LOG");
+        ran(command)
+    };
+    let first = run(&prefix.join("bin/knotless-run"), &repo);
+    assert_eq!(first.code, Some(0), "{}", first.both());
+    assert!(first.stdout.contains("ci/go | installed-run"), "{}", first.both());
+
+    // The runner alone elsewhere: not found, and the error names where it looked.
+    let alone = dir.path().join("alone");
+    std::fs::create_dir_all(&alone).expect("mkdir");
+    std::fs::copy(prefix.join("bin/knotless-run"), alone.join("knotless-run")).expect("copy");
+    let lost = run(&alone.join("knotless-run"), &repo);
+    assert_eq!(lost.code, Some(2), "{}", lost.both());
+    assert!(lost.stderr.contains("no executor \"shell\"") && lost.stderr.contains("install-user"), "{}", lost.both());
+    // A repository cannot say where executors are.
+    let hostile = Repo::new();
+    hostile.workflow("ci", "steps:\n  - name: go\n    run: echo installed-run\n");
+    std::fs::write(
+        hostile.path().join(".knotless/run.toml"),
+        format!("plugin-dir = \"{}\"\n", prefix.join("libexec/knotless").display()),
+    )
+    .expect("write");
+    let refused = run(&alone.join("knotless-run"), &hostile);
+    assert_eq!(refused.code, Some(2), "{}", refused.both());
+    assert!(refused.stderr.contains("plugin-dir: only your own"), "{}", refused.both());
+    // The user's run.toml can.
+    std::fs::create_dir_all(config.join("knotless")).expect("mkdir");
+    std::fs::write(
+        config.join("knotless/run.toml"),
+        format!("plugin-dir = \"{}\"\nisolation-warning = false\n", prefix.join("libexec/knotless").display()),
+    )
+    .expect("write");
+    let found = run(&alone.join("knotless-run"), &repo);
+    assert_eq!(found.code, Some(0), "{}", found.both());
+    assert!(found.stdout.contains("ci/go | installed-run"), "{}", found.both());
+    assert!(!found.stderr.contains("isolates nothing"), "the warning, once understood, is off: {}", found.both());
+    assert!(first.stderr.contains("isolates nothing"), "{}", first.both());
+    assert_eq!(crate::sessions_in(&work), Vec::<String>::new());
+}
+
+/// A cache is kept per executor and image: a host's build never lands in a container; `cache
+/// list` shows each, and `cache prune` removes those of a workflow that is gone.
+#[test]
+fn caches_are_kept_per_executor_and_image_listed_and_pruned() {
+    let (cache, config) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let repo = Repo::new();
+    repo.workflow("build", &cached_workflow("host", 0));
+    let shell = run_in(&repo, cache.path(), config.path(), &[]);
+    assert!(shell.stdout.contains("build/use | held=nothing"), "{}", shell.both());
+    let path = repo.path().display().to_string();
+    let in_docker = || {
+        let mut command = knotless_run(&["run", &path, "--executor", "docker", "--image", "knotless-test/busybox:1"]);
+        command.env("XDG_CACHE_HOME", cache.path()).env("XDG_CONFIG_HOME", config.path());
+        ran(command)
+    };
+    let docker = in_docker();
+    assert_eq!(docker.code, Some(0), "{}", docker.both());
+    // The container is named once, by the environment's note.
+    assert_eq!(docker.stdout.matches("build ==> environment: container ").count(), 1, "{}", docker.both());
+    assert!(!docker.stdout.contains("build ==> container "), "said twice:\n{}", docker.both());
+    assert!(docker.stdout.contains("build/use | held=nothing"), "not the host's cache:\n{}", docker.both());
+    let again = in_docker();
+    assert!(again.stdout.contains("build/use | held=host"), "its own:\n{}", again.both());
+    let shell = run_in(&repo, cache.path(), config.path(), &[]);
+    assert!(shell.stdout.contains("build/use | held=host"), "{}", shell.both());
+
+    let cache_command = |args: &[&str]| {
+        let mut command = knotless_run(&[&["cache"][..], args].concat());
+        command.env("XDG_CACHE_HOME", cache.path()).current_dir(repo.path());
+        ran(command)
+    };
+    let listed = cache_command(&["list"]);
+    assert_eq!(listed.code, Some(0), "{}", listed.both());
+    let rows: Vec<&str> = listed.stdout.lines().filter(|line| line.contains(" build ")).collect();
+    assert_eq!(rows.len(), 2, "{}", listed.both());
+    assert!(rows.iter().any(|row| row.contains(" shell ") && row.contains(" trusted ")), "{}", listed.both());
+    assert!(
+        rows.iter().any(|row| row.contains(" docker ") && row.contains("knotless-test_busybox_1")),
+        "{}",
+        listed.both()
+    );
+    assert!(listed.stdout.contains("2 cache(s), "), "{}", listed.both());
+
+    // A workflow renamed: its caches are no one's.
+    std::fs::remove_file(repo.path().join(".knotless/workflows/build.yml")).expect("rm");
+    repo.workflow("compile", &cached_workflow("x", 0));
+    let would = cache_command(&["prune", "--dry-run"]);
+    assert_eq!(would.stdout.matches("would remove ").count(), 2, "{}", would.both());
+    assert!(would.stdout.contains("no workflow build any more"), "{}", would.both());
+    assert_eq!(cache_command(&["list"]).stdout.lines().filter(|line| line.contains(" build ")).count(), 2);
+    let pruned = cache_command(&["prune"]);
+    assert_eq!(pruned.code, Some(0), "{}", pruned.both());
+    assert_eq!(pruned.stdout.matches("removed ").count(), 2, "{}", pruned.both());
+    assert!(cache_command(&["list"]).stdout.starts_with("no cache in "), "everything of build went");
+}
+
+/// A cached folder holding a link that leaves it (a virtualenv's `bin/python3`) is not kept,
+/// and the run says which link; one whose links stay inside comes back whole, links and all.
+#[test]
+fn a_cache_with_a_link_out_of_its_folder_is_not_kept_and_one_with_links_inside_round_trips() {
+    let (cache, config) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let repo = Repo::new();
+    let workflow = |outside: bool| {
+        format!(
+            "cache: [.venv]\nsteps:\n  - name: use\n    run: |\n      \
+             echo \"held=$(cat .venv/marker 2>/dev/null || echo nothing) inside=$(cat .venv/inside 2>/dev/null || echo none)\"\n      \
+             mkdir -p .venv/bin && echo kept > .venv/marker && ln -sf marker .venv/inside\n      {}\n",
+            if outside { "ln -sf /bin/sh .venv/bin/python3" } else { "ln -sf ../marker .venv/bin/python3" }
+        )
+    };
+    repo.workflow("venv", &workflow(true));
+    let broken = run_in(&repo, cache.path(), config.path(), &[]);
+    assert_eq!(broken.code, Some(0), "{}", broken.both());
+    assert!(
+        broken.stdout.contains(
+            "venv ==> cache .venv: not saved: the executor left bin/python3 (a symlink whose target leaves the folder) out of it"
+        ),
+        "{}",
+        broken.both()
+    );
+    let next = run_in(&repo, cache.path(), config.path(), &[]);
+    assert!(next.stdout.contains("venv/use | held=nothing inside=none"), "no half cache was kept:\n{}", next.both());
+
+    repo.workflow("venv", &workflow(false));
+    let whole = run_in(&repo, cache.path(), config.path(), &[]);
+    assert!(whole.stdout.contains("venv ==> cache .venv (started cold): promoted ("), "{}", whole.both());
+    let warm = run_in(&repo, cache.path(), config.path(), &[]);
+    assert!(warm.stdout.contains("venv/use | held=kept inside=kept"), "{}", warm.both());
+}
+
+/// `--keep` leaves the environment and says how to remove it; `run --cleanup` removes it (and
+/// only with `remove_kept` does a sweep take it: a plain run's sweep leaves it).
+#[test]
+fn kept_environments_stay_until_run_cleanup_removes_them() {
+    let (cache, config, work) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let repo = Repo::new();
+    repo.workflow("ci", "steps:\n  - name: go\n    run: echo kept > left-here\n");
+    let work_dir = format!("work-dir={}", work.path().display());
+    let path = repo.path().display().to_string();
+    let run = |extra: &[&str]| {
+        let mut command = knotless_run(&[&["run", &path, "--executor-option", &work_dir][..], extra].concat());
+        command.env("XDG_CACHE_HOME", cache.path()).env("XDG_CONFIG_HOME", config.path());
+        ran(command)
+    };
+    let kept = run(&["--keep"]);
+    assert_eq!(kept.code, Some(0), "{}", kept.both());
+    assert!(kept.stdout.contains("`knotless-run run --cleanup` removes them"), "{}", kept.both());
+    assert_eq!(crate::sessions_in(work.path()).len(), 1, "{}", kept.both());
+    let plain = run(&[]);
+    assert_eq!(plain.code, Some(0), "{}", plain.both());
+    assert_eq!(crate::sessions_in(work.path()).len(), 1, "a plain run's sweep leaves a kept environment");
+    let cleaned = run(&["--cleanup"]);
+    assert_eq!(cleaned.code, Some(0), "{}", cleaned.both());
+    assert!(
+        cleaned.stdout.contains("removed folder ") && cleaned.stdout.contains("1 removed, 0 could not be"),
+        "{}",
+        cleaned.both()
+    );
+    assert_eq!(crate::sessions_in(work.path()), Vec::<String>::new());
 }

@@ -2,6 +2,7 @@
 //! repositories; the fake executor for faults. No test sleeps to win a race: each polls with a
 //! deadline.
 
+mod act_habits;
 mod caches;
 mod capabilities;
 mod checks_and_logs;

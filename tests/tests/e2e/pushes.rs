@@ -358,7 +358,7 @@ fn a_workflow_waits_for_what_it_needs_and_is_skipped_when_that_fails() {
     assert_eq!(by_workflow(&checks, "lint")["status"], "success");
     let test = by_workflow(&checks, "test");
     assert_eq!(test["status"], "skipped", "{test:#}");
-    assert_eq!(test["cause"], "it needs build, and build ended failure", "{test:#}");
+    assert_eq!(test["cause"], "it needs build, and build failed", "{test:#}");
 
     // Fixed: the dependent runs after its need passed.
     repo.write(".knotless/workflows/build.yml", "steps:\n  - name: go\n    run: echo built\n");
@@ -506,7 +506,7 @@ fn rerun_runs_a_check_again_on_its_commit_and_refuses_what_cannot_run() {
         assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains(why), "{args:?}: {stderr}");
     };
-    refused(&[&url, &skipped_run], &format!("after needs flaky, and run {failed_run} of flaky ended failure"));
+    refused(&[&url, &skipped_run], &format!("after needs flaky, and run {failed_run} of flaky failed"));
     refused(&[&url, "nope-123"], "has no run nope-123");
     refused(&[&url, "../../state"], "is not a run id");
     refused(&[&dir.path().join("elsewhere").display().to_string(), &failed_run], "does not watch");
@@ -570,7 +570,7 @@ fn conditions_on_changed_paths_skip_a_workflow_its_dependents_and_steps_with_the
     assert_eq!(docs["cause"], "if: changed('docs/**') is false", "{checks:#?}");
     let after = by_workflow(&checks, "after");
     assert_eq!(after["status"], "skipped", "{checks:#?}");
-    assert_eq!(after["cause"], "it needs docs, and docs ended skipped", "{checks:#?}");
+    assert_eq!(after["cause"], "it needs docs, and docs was skipped", "{checks:#?}");
     let ci = by_workflow(&checks, "ci");
     assert_eq!(ci["status"], "success", "{checks:#?}");
     assert_eq!(ci["steps"][0]["status"], "success", "{checks:#?}");

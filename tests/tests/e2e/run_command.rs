@@ -51,6 +51,37 @@ fn a_failed_steps_last_lines_are_repeated_under_the_summary() {
 }
 
 #[test]
+fn each_failed_steps_last_lines_are_repeated_whatever_ran_after_it() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ci",
+        "steps:\n  - name: soft\n    continue-on-error: true\n    run: echo soft-out; exit 2\n  \
+         - name: broken\n    run: echo broken-out; echo broken-err >&2; exit 4\n  \
+         - name: report\n    if: failure()\n    run: echo reported\n  \
+         - name: cleanup\n    if: always()\n    run: echo cleaned\n",
+    );
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.both());
+    let after: Vec<&str> = run.stdout.lines().skip_while(|line| !line.starts_with("workflow  status")).collect();
+    let tail = |step: &str| -> Vec<&str> {
+        let Some(at) = after
+            .iter()
+            .position(|line| line.starts_with("ci: the last ") && line.ends_with(&format!(" of step {step}:")))
+        else {
+            return Vec::new();
+        };
+        after[at + 1..].iter().copied().take_while(|line| line.starts_with(&format!("ci/{step} | "))).collect()
+    };
+    assert_eq!(tail("soft"), ["ci/soft | soft-out"], "{}", run.both());
+    let broken = tail("broken");
+    assert_eq!(broken.len(), 2, "{}", run.both());
+    assert!(broken.contains(&"ci/broken | broken-out") && broken.contains(&"ci/broken | broken-err"), "{}", run.both());
+    assert!(tail("report").is_empty() && tail("cleanup").is_empty(), "passing steps are not repeated: {}", run.both());
+    let summary = after.join("\n");
+    assert!(summary.find("of step soft:") < summary.find("of step broken:"), "in the steps' order: {}", run.both());
+}
+
+#[test]
 fn two_repositories_keep_their_outputs_apart_and_a_run_without_outputs_makes_no_folder() {
     let cache = tempfile::tempdir().expect("tempdir");
     let repos = [Repo::new(), Repo::new()];
@@ -407,7 +438,14 @@ fn env_and_env_file_reach_every_step_under_the_workflows_own_env() {
 #[test]
 fn on_a_terminal_statuses_are_coloured_unless_no_color_and_logs_are_one_text_warning() {
     let repo = Repo::new();
-    repo.workflow("ci", "steps:\n  - name: pass\n    run: echo fine\n");
+    // A step that says what it was told of colours and terminals, and prints a colour and a
+    // screen clear.
+    repo.workflow(
+        "ci",
+        "steps:\n  - name: pass\n    run: |\n      echo fine\n      \
+         echo \"force=${CLICOLOR_FORCE:-}/${FORCE_COLOR:-} term=${TERM:-none}\"\n      \
+         printf '\\033[31mred\\033[0m \\033[2Jclear\\n'\n",
+    );
     let work = tempfile::tempdir().expect("tempdir");
     let args = shell_args(&repo, work.path());
     let line = std::iter::once(knotless_tests::bin("knotless-run").display().to_string())
@@ -418,6 +456,7 @@ fn on_a_terminal_statuses_are_coloured_unless_no_color_and_logs_are_one_text_war
     let on_terminal = |no_color: Option<&str>| {
         let mut command = std::process::Command::new("script");
         command.args(["-qec", &line, "/dev/null"]).env_remove("NO_COLOR").env_remove("KNOTLESS_LOG");
+        command.env("TERM", "xterm-256color");
         if let Some(value) = no_color {
             command.env("NO_COLOR", value);
         }
@@ -427,22 +466,30 @@ fn on_a_terminal_statuses_are_coloured_unless_no_color_and_logs_are_one_text_war
     assert_eq!(coloured.code, Some(0), "{}", coloured.both());
     assert!(coloured.stdout.contains("\x1b[32msuccess"), "{:?}", coloured.stdout);
     assert!(coloured.stdout.contains("\x1b[36mci ==> "), "notes stand apart: {:?}", coloured.stdout);
+    // The step is told to colour, is not told of a terminal it does not have, and its colour
+    // reaches the terminal, reset at the line's end; its screen clear does not.
+    assert!(coloured.stdout.contains("ci/pass | force=1/1 term=none"), "{:?}", coloured.stdout);
+    assert!(coloured.stdout.contains("ci/pass | \x1b[31mred\x1b[0m \\x1b[2Jclear\x1b[0m"), "{:?}", coloured.stdout);
     let plain = on_terminal(Some("1"));
     assert_eq!(plain.code, Some(0), "{}", plain.both());
     assert!(!plain.stdout.contains('\x1b'), "an escape under NO_COLOR: {:?}", plain.stdout);
     assert!(plain.stdout.contains("ci: success in "), "{}", plain.both());
+    assert!(plain.stdout.contains("ci/pass | force=/ term=none"), "{}", plain.both());
+    assert!(plain.stdout.contains("ci/pass | \\x1b[31mred\\x1b[0m \\x1b[2Jclear"), "{}", plain.both());
     // Not on a terminal, with the default log filter: no JSON log lines among the output, and
     // the shell warning once.
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut command = knotless_run(&arg_refs);
-    command.env_remove("KNOTLESS_LOG");
+    command.env_remove("KNOTLESS_LOG").env("TERM", "xterm-256color");
     let piped = ran(command);
     assert_eq!(piped.code, Some(0), "{}", piped.both());
     assert!(!piped.stdout.contains('\x1b') && !piped.stderr.contains('\x1b'), "{:?}", piped.both());
     assert!(!piped.stderr.contains("{\"timestamp\""), "JSON logs in a run's output:\n{}", piped.stderr);
     assert_eq!(piped.stderr.matches("isolates nothing").count(), 1, "{}", piped.stderr);
+    assert!(piped.stdout.contains("ci/pass | force=/ term=none"), "{}", piped.both());
     let forced = run_shell(&repo, &["--color", "always"]);
     assert!(forced.stdout.contains("\x1b[32msuccess"), "{:?}", forced.stdout);
+    assert!(forced.stdout.contains("ci/pass | force=1/1 term=none"), "{:?}", forced.stdout);
 }
 
 #[test]
@@ -454,8 +501,9 @@ fn branch_runs_as_if_on_that_branch_and_a_skip_names_the_filter() {
     );
     repo.commit("first");
     repo.git(&["checkout", "-q", "-b", "feature"]);
+    // Nothing ran: no pass.
     let skipped = run_shell(&repo, &[]);
-    assert_eq!(skipped.code, Some(0), "{}", skipped.both());
+    assert_eq!(skipped.code, Some(1), "{}", skipped.both());
     assert!(
         skipped
             .stdout

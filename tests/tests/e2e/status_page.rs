@@ -41,7 +41,7 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
          printf 'notes <b>bold</b>\\n' > \"$KNOTLESS_RUN_OUTPUTS/notes.txt\" && \
          printf '\\033[32mgreen\\033[0m and \\033[1;31mbold red\\033[0m\\n'\n  \
          - name: \"<script>alert(1)</script>\"\n    run: |\n      \
-         while [ ! -e '{go}' ]; do sleep 0.05; done\n      echo first-line\n      \
+         while [ ! -e '{go}' ]; do sleep 0.05; done\n      seq 1 60 | sed 's/^/row /'\n      echo first-line\n      \
          printf '\\033[35mviolet\\033[0m\\n'\n      \
          while [ ! -e '{proceed}' ]; do sleep 0.05; done\n      echo second-line\n  \
          - name: last\n    run: while [ ! -e '{last}' ]; do sleep 0.05; done; echo third-line\n",
@@ -102,7 +102,9 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
         &format!("{rows}.join('|') === 'draw success|<script>alert(1)</script> running'"),
     );
     assert_eq!(browser.eval("document.querySelector('#log details.step[data-step=\"1\"]').open"), true);
-    std::fs::write(&go, "").expect("let the step print its first line");
+    // A reader at the bottom of the page follows the lines as they come.
+    browser.eval("window.scrollTo(0, document.scrollingElement.scrollHeight)");
+    std::fs::write(&go, "").expect("let the step print its first lines");
     browser.wait_for("the first line to stream in", &format!("{log}.includes('first-line')"));
     // Streamed lines are drawn as the finished log's are: coloured, numbered, in their step.
     browser.wait_for("the coloured line", "document.querySelector('#log span.f5')?.textContent === 'violet'");
@@ -114,7 +116,13 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
     let numbered = browser.eval("(() => { const line = document.querySelector('#log span.f5').closest('.line'); return line.id === 'L' + line.querySelector('a.ln').textContent; })()");
     assert_eq!(numbered, true);
     assert!(!browser.eval(log).as_str().expect("the log").contains("second-line"), "the step still waits");
+    let bottom = "(() => { const page = document.scrollingElement; return [page.scrollTop, page.scrollHeight - page.scrollTop - page.clientHeight]; })()";
+    let at = browser.eval(bottom);
+    assert!(at[0].as_f64().is_some_and(|top| top > 0.0), "the page grew below the window: {at}");
+    assert!(at[1].as_f64().is_some_and(|below| below <= 24.0), "it followed the new lines: {at}");
     browser.screenshot(&shots.join("running.png"));
+    // A reader who scrolled up stays where they are while lines come.
+    browser.eval("window.scrollTo(0, 0)");
     // The next step appears as it starts, and the one before shows how it ended.
     std::fs::write(&proceed, "").expect("let the step end");
     browser.wait_for(
@@ -130,6 +138,8 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
         "success"
     );
     assert_eq!(browser.eval("document.querySelector('h1 .status').textContent"), "running");
+    browser.wait_for("the second step's last line", &format!("{log}.includes('second-line')"));
+    assert_eq!(browser.eval("document.scrollingElement.scrollTop"), 0, "the reader stayed at the top");
     std::fs::write(&last, "").expect("let the last step end");
     let ended = browser.wait_for("the page to turn into the finished check", "document.body.dataset.ended");
     assert_eq!(ended, "success");

@@ -154,19 +154,44 @@ fn needs_run_workflows_in_order_and_skip_what_a_failure_leaves_behind() {
     let failed = go("3");
     assert_eq!(failed.code, Some(1), "{}", failed.both());
     assert!(failed.stdout.contains("lint/go | linted"), "{}", failed.both());
-    assert!(failed.stdout.contains("test ==> skipped: it needs build, and build ended failure"), "{}", failed.both());
-    assert!(failed.stdout.contains("deploy ==> skipped: it needs test, and test ended skipped"), "{}", failed.both());
+    assert!(failed.stdout.contains("test ==> skipped: it needs build, and build failed"), "{}", failed.both());
+    assert!(failed.stdout.contains("deploy ==> skipped: it needs test, and test was skipped"), "{}", failed.both());
     assert!(!failed.stdout.contains("tested") && !failed.stdout.contains("deployed"), "{}", failed.both());
     assert!(failed.stdout.lines().any(|line| line.starts_with("deploy    skipped")), "{}", failed.both());
 
-    // A need that is not selected: the dependent says so.
-    let alone = run_with(&repo, &["--workflow", "deploy"]);
-    assert_eq!(alone.code, Some(1), "{}", alone.both());
+    // A workflow named alone brings what it needs (and what that needs), run first.
+    std::fs::remove_file(mark.path().join("build")).expect("the mark of the last build");
+    let env = ["--env", &mark_env, "--env", "BUILD_EXIT=0"];
+    let brought = run_with(&repo, &[&["--workflow", "deploy"][..], &env].concat());
+    assert_eq!(brought.code, Some(0), "{}", brought.both());
+    let at = |text: &str| brought.stdout.find(text).unwrap_or_else(|| panic!("{text:?} missing:\n{}", brought.both()));
+    assert!(at("build ==> runs first: test needs it") < at("build ==> success"), "{}", brought.both());
+    assert!(at("test ==> runs first: deploy needs it") < at("test/go | tested"), "{}", brought.both());
+    assert!(at("build ==> success") < at("test/go | tested"), "{}", brought.both());
+    assert!(at("test ==> success") < at("deploy/go | deployed"), "{}", brought.both());
+    assert!(!brought.stdout.contains("linted"), "lint is needed by none: {}", brought.both());
+    // --no-needs runs it alone.
+    std::fs::remove_file(mark.path().join("build")).expect("the mark of the last build");
+    let alone = run_with(&repo, &[&["--workflow", "test", "--no-needs"][..], &env].concat());
+    assert_eq!(alone.code, Some(1), "test fails without build's mark: {}", alone.both());
+    assert!(alone.stdout.contains("test ==> runs without build (--no-needs)"), "{}", alone.both());
+    assert!(!alone.stdout.contains("built") && !alone.stdout.contains("deployed"), "{}", alone.both());
+    // A need the event does not trigger: the dependent says so.
+    repo.workflow("build", &format!("on: [pull]\n{}", step("true")));
+    let untriggered = run_with(&repo, &["--workflow", "deploy"]);
+    assert_eq!(untriggered.code, Some(1), "{}", untriggered.both());
+    assert!(untriggered.stdout.contains("build ==> skipped: not triggered by push"), "{}", untriggered.both());
     assert!(
-        alone.stdout.contains("deploy ==> skipped: it needs test, which this run does not run"),
+        untriggered.stdout.contains("test ==> skipped: it needs build, which this run does not run"),
         "{}",
-        alone.both()
+        untriggered.both()
     );
+    assert!(
+        untriggered.stdout.contains("deploy ==> skipped: it needs test, which this run does not run"),
+        "{}",
+        untriggered.both()
+    );
+    assert!(untriggered.stderr.contains("knotless-run: no workflow runs in "), "{}", untriggered.both());
 }
 
 /// A matrix of four combinations, two at a time (`max-parallel: 2`), whose steps each mark

@@ -1,5 +1,7 @@
 //! `run`'s defaults files: `~/.config/knotless/run.toml` (the user's) and the repository's
-//! `.knotless/run.toml`. The repository's wins over the user's, and flags win over both.
+//! `.knotless/run.toml`. The repository's wins over the user's, but for the executor: a
+//! repository may choose one only where the user chose none, so that it can never lower the
+//! isolation the user asked for. Flags win over both.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +26,12 @@ struct File {
     outputs: Option<PathBuf>,
     /// `--jobs`.
     jobs: Option<usize>,
+    /// `--plugin-dir` (the user's file only).
+    #[serde(rename = "plugin-dir")]
+    plugin_dir: Option<PathBuf>,
+    /// `false`: no warning that an executor isolates nothing (the user's file only).
+    #[serde(rename = "isolation-warning")]
+    isolation_warning: Option<bool>,
 }
 
 /// The defaults `run` starts from.
@@ -39,6 +47,14 @@ pub struct Defaults {
     pub outputs: Option<PathBuf>,
     /// How many workflows run at once.
     pub jobs: Option<usize>,
+    /// Where executors are looked for.
+    pub plugin_dir: Option<PathBuf>,
+    /// Whether `run` warns that an executor isolates nothing (default: yes).
+    pub isolation_warning: Option<bool>,
+    /// Which file chose the executor: the user's or the repository's.
+    pub executor_from: Option<PathBuf>,
+    /// What the files asked for that was not taken, and why.
+    pub notes: Vec<String>,
 }
 
 /// The largest defaults file read.
@@ -51,6 +67,15 @@ pub fn user_file() -> Option<PathBuf> {
             std::env::var_os("HOME").filter(|home| !home.is_empty()).map(|home| PathBuf::from(home).join(".config"))
         })?;
     Some(config.join("knotless").join("run.toml"))
+}
+
+/// Reads the user's file alone (when there is one).
+pub fn load_user(user: Option<&Path>) -> anyhow::Result<Defaults> {
+    let mut defaults = Defaults::default();
+    if let Some(path) = user {
+        apply(&mut defaults, path, false)?;
+    }
+    Ok(defaults)
 }
 
 /// Reads the user's file (when there is one) and then the repository's, each optional.
@@ -102,7 +127,17 @@ fn apply(defaults: &mut Defaults, path: &Path, from_repository: bool) -> anyhow:
                 &format!("{:?} is not an executor name (letters, digits, - and _)", printable::name(&executor)),
             ));
         }
-        defaults.executor = Some(executor);
+        match (&defaults.executor, &defaults.executor_from) {
+            // The user chose: a repository cannot change it, least of all to less isolation.
+            (Some(chosen), Some(by)) if from_repository && *chosen != executor => defaults.notes.push(format!(
+                "{shown} asks for executor {executor}; {} chose {chosen}, which stands (--executor {executor} runs it there)",
+                printable::name(&by.display().to_string())
+            )),
+            _ => {
+                defaults.executor = Some(executor);
+                defaults.executor_from = Some(path.to_path_buf());
+            }
+        }
     }
     if let Some(image) = file.image {
         if image.trim().is_empty() {
@@ -123,6 +158,22 @@ fn apply(defaults: &mut Defaults, path: &Path, from_repository: bool) -> anyhow:
             return Err(key("outputs", &"must be an absolute path"));
         }
         defaults.outputs = Some(outputs);
+    }
+    for (name, given) in
+        [("plugin-dir", file.plugin_dir.is_some()), ("isolation-warning", file.isolation_warning.is_some())]
+    {
+        if given && from_repository {
+            bail!("{shown}: {name}: only your own ~/.config/knotless/run.toml may set it");
+        }
+    }
+    if let Some(dir) = file.plugin_dir {
+        if !dir.is_absolute() {
+            return Err(key("plugin-dir", &"must be an absolute path"));
+        }
+        defaults.plugin_dir = Some(dir);
+    }
+    if let Some(warn) = file.isolation_warning {
+        defaults.isolation_warning = Some(warn);
     }
     if let Some(jobs) = file.jobs {
         if jobs == 0 {
@@ -168,6 +219,47 @@ mod tests {
         assert_eq!(defaults.outputs, Some(PathBuf::from("/tmp/out")));
         assert_eq!(defaults.env["A"].0, "user");
         assert_eq!(defaults.env["B"].0, "repo");
+    }
+
+    #[test]
+    fn a_repository_never_changes_the_executor_the_user_chose() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let user = write(dir.path(), "user/run.toml", "executor = \"docker\"\n");
+        write(dir.path(), "repo/.knotless/run.toml", "executor = \"shell\"\n");
+        let defaults = load(Some(&user), &dir.path().join("repo")).expect("load");
+        assert_eq!(defaults.executor.as_deref(), Some("docker"), "the user's isolation stands");
+        assert_eq!(defaults.notes.len(), 1, "{:?}", defaults.notes);
+        assert!(
+            defaults.notes[0].contains("run.toml asks for executor shell;")
+                && defaults.notes[0].contains("chose docker, which stands (--executor shell runs it there)"),
+            "{:?}",
+            defaults.notes
+        );
+        // Where the user chose none, the repository's is taken (more isolation, or the same).
+        let defaults = load(Some(&dir.path().join("none.toml")), &dir.path().join("repo")).expect("load");
+        assert_eq!(defaults.executor.as_deref(), Some("shell"));
+        assert!(defaults.notes.is_empty());
+        write(dir.path(), "repo/.knotless/run.toml", "executor = \"docker\"\n");
+        let defaults = load(Some(&user), &dir.path().join("repo")).expect("load");
+        assert_eq!(defaults.executor.as_deref(), Some("docker"));
+        assert!(defaults.notes.is_empty(), "the same choice: {:?}", defaults.notes);
+    }
+
+    #[test]
+    fn the_plugin_folder_and_the_isolation_warning_are_the_users_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let user = write(dir.path(), "user/run.toml", "plugin-dir = \"/opt/knotless\"\nisolation-warning = false\n");
+        let defaults = load(Some(&user), &dir.path().join("repo")).expect("load");
+        assert_eq!(defaults.plugin_dir, Some(PathBuf::from("/opt/knotless")));
+        assert_eq!(defaults.isolation_warning, Some(false));
+        for text in ["plugin-dir = \"/tmp/evil\"\n", "isolation-warning = false\n"] {
+            write(dir.path(), "repo/.knotless/run.toml", text);
+            let error = format!("{:#}", load(None, &dir.path().join("repo")).expect_err(text));
+            assert!(error.contains("only your own ~/.config/knotless/run.toml may set it"), "{error}");
+        }
+        let relative = write(dir.path(), "user/run.toml", "plugin-dir = \"lib\"\n");
+        let error = format!("{:#}", load(Some(&relative), &dir.path().join("none")).expect_err("relative"));
+        assert!(error.contains("plugin-dir: must be an absolute path"), "{error}");
     }
 
     #[test]
