@@ -74,8 +74,18 @@ pub enum Reply {
     Lost(Closed),
 }
 
-/// An event to deliver to a session's channel.
-type Delivery = Option<(mpsc::Sender<SessionEvent>, SessionEvent)>;
+/// What a frame gives to deliver, with back-pressure: an event for a session's channel, or a
+/// `log` line for the runner's own log (no session takes it).
+enum Deliver {
+    Session(mpsc::Sender<SessionEvent>, SessionEvent),
+    Unrouted(LogParams),
+}
+
+type Delivery = Option<Deliver>;
+
+/// How many `log` lines no session takes may wait for the runner's own log before the reader
+/// waits (and so the executor, whose stdout is then not read).
+pub const UNROUTED_LOGS: usize = 256;
 
 /// An `output` notification's params, its strings borrowed.
 #[derive(serde::Deserialize)]
@@ -168,7 +178,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Connection {
     /// Starts reading `input` in a task and returns the connection. `unrouted` gets `log`
     /// notifications that name no known session.
-    pub fn new<R, W>(input: R, output: W, unrouted: mpsc::UnboundedSender<LogParams>) -> Arc<Connection>
+    pub fn new<R, W>(input: R, output: W, unrouted: mpsc::Sender<LogParams>) -> Arc<Connection>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -191,7 +201,7 @@ impl Connection {
         connection
     }
 
-    async fn read_loop<R: AsyncRead + Unpin>(&self, input: R, unrouted: mpsc::UnboundedSender<LogParams>) -> Closed {
+    async fn read_loop<R: AsyncRead + Unpin>(&self, input: R, unrouted: mpsc::Sender<LogParams>) -> Closed {
         let mut frames = FramedRead::new(input, framing::codec());
         let mut since_yield = 0usize;
         loop {
@@ -212,12 +222,19 @@ impl Connection {
                 since_yield = 0;
                 tokio::task::yield_now().await;
             }
-            match self.handle_frame(&frame, &unrouted) {
+            match self.handle_frame(&frame) {
                 Err(detail) => return Closed::Garbage(detail),
-                // Back-pressure: the next frame is read only once the run took this one.
-                Ok(Some((sender, event))) => {
+                // Back-pressure: the next frame is read only once the run (or the runner's own
+                // log) took this one.
+                Ok(Some(Deliver::Session(sender, event))) => {
                     tokio::select! {
                         _ = sender.send(event) => {}
+                        () = self.closed.cancelled() => return Closed::ByRunner("closed by the runner".into()),
+                    }
+                }
+                Ok(Some(Deliver::Unrouted(log))) => {
+                    tokio::select! {
+                        _ = unrouted.send(log) => {}
                         () = self.closed.cancelled() => return Closed::ByRunner("closed by the runner".into()),
                     }
                 }
@@ -228,7 +245,7 @@ impl Connection {
 
     /// Routes one frame; an error describes a protocol violation. Step output is returned with
     /// its session's channel, for the reader to deliver with back-pressure.
-    fn handle_frame(&self, frame: &[u8], unrouted: &mpsc::UnboundedSender<LogParams>) -> Result<Delivery, String> {
+    fn handle_frame(&self, frame: &[u8]) -> Result<Delivery, String> {
         // Step output, most of the frames, parsed straight into its fields with its data
         // borrowed from the frame (unless written with escapes); anything else is read once
         // into an envelope below.
@@ -295,12 +312,9 @@ impl Connection {
                         let running = lock(&self.running).contains_key(&session);
                         let event = SessionEvent::Log { level: log.level, message: log.message.clone() };
                         match sender {
-                            Some(sender) if running => Ok(Some((sender, event))),
+                            Some(sender) if running => Ok(Some(Deliver::Session(sender, event))),
                             Some(sender) if sender.try_send(event).is_ok() => Ok(None),
-                            _ => {
-                                let _ = unrouted.send(log);
-                                Ok(None)
-                            }
+                            _ => Ok(Some(Deliver::Unrouted(log))),
                         }
                     }
                     // Unknown notifications are ignored, so executors may add their own.
@@ -334,7 +348,7 @@ impl Connection {
             }
         }
         let event = SessionEvent::Output { step: output.step, stream: output.stream, bytes };
-        Ok(lock(&self.sessions).get(output.session.as_ref()).map(|sender| (sender.clone(), event)))
+        Ok(lock(&self.sessions).get(output.session.as_ref()).map(|sender| Deliver::Session(sender.clone(), event)))
     }
 
     /// Receives the events of `session` from now on.
@@ -513,7 +527,7 @@ mod tests {
     fn connected(capacity: usize) -> (Arc<Connection>, tokio::io::DuplexStream) {
         let (runner_side, executor_side) = tokio::io::duplex(capacity);
         let (read, write) = tokio::io::split(runner_side);
-        let (unrouted, _) = mpsc::unbounded_channel();
+        let (unrouted, _) = mpsc::channel(UNROUTED_LOGS);
         (Connection::new(read, write, unrouted), executor_side)
     }
 
@@ -529,6 +543,47 @@ mod tests {
         executor_side.write_all(format!("{output}\n{answer_line}\n").as_bytes()).await.expect("write");
         let result = answer.await.expect("answered").expect("a result");
         (events.try_recv().ok(), result)
+    }
+
+    /// An executor flooding `log` lines no session takes fills a bounded queue, and then waits
+    /// on its own stdout: the runner holds at most so many, whatever it sends.
+    #[tokio::test]
+    async fn log_lines_no_session_takes_push_back_on_the_executor() {
+        let (runner_side, mut executor_side) = tokio::io::duplex(4096);
+        let (read, write) = tokio::io::split(runner_side);
+        let (unrouted, mut logs) = mpsc::channel(UNROUTED_LOGS);
+        let _connection = Connection::new(read, write, unrouted);
+        let line = "{\"jsonrpc\":\"2.0\",\"method\":\"log\",\"params\":{\"level\":\"info\",\"message\":\"flood\"}}\n";
+        let sent = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&sent);
+        let flood = tokio::spawn(async move {
+            while executor_side.write_all(line.as_bytes()).await.is_ok() {
+                if counted.fetch_add(1, Ordering::SeqCst) + 1 == 100_000 {
+                    break;
+                }
+            }
+        });
+        // Nobody reads the runner's log: the executor's writes stop, once the queue and the
+        // pipe are full, and stay stopped.
+        let mut last = u64::MAX;
+        let mut still = 0;
+        while still < 5 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let now = sent.load(Ordering::SeqCst);
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+        }
+        // The queue, the pipe and the reader's buffer (a few KiB) hold what was written.
+        let bound = (UNROUTED_LOGS + (64 << 10) / line.len()) as u64;
+        assert!(last <= bound, "the executor wrote {last} lines into a runner that took none (bound {bound})");
+        assert_eq!(logs.len(), UNROUTED_LOGS, "the queue is full, and no fuller");
+        // Taking them lets it go on to its end.
+        let mut taken = 0;
+        while taken < 100_000 && logs.recv().await.is_some() {
+            taken += 1;
+        }
+        flood.await.expect("the flood");
+        assert_eq!((taken, sent.load(Ordering::SeqCst)), (100_000, 100_000));
     }
 
     #[tokio::test]

@@ -26,7 +26,7 @@ use knotless_protocol::{ErrorKind, ExecutorError, FailureClass, SUPPORTED_VERSIO
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use connection::{Answer, Closed, Connection, Reply, SessionEvent, decode};
+pub use connection::{Answer, Closed, Connection, Reply, SessionEvent, UNROUTED_LOGS, decode};
 pub use locate::{PluginSearch, is_executable};
 pub use options::executor_option_flag;
 pub use process::{ExecutorProcess, INHERITED_VARIABLES, ProcessSpec, StderrTail, StderrWatch, describe_status};
@@ -149,7 +149,7 @@ pub struct ExecutorHost {
     counters: HostCounters,
     channels: tempfile::TempDir,
     transfers: AtomicU64,
-    unrouted: mpsc::UnboundedSender<LogParams>,
+    unrouted: mpsc::Sender<LogParams>,
 }
 
 impl ExecutorHost {
@@ -166,7 +166,7 @@ impl ExecutorHost {
             .map_err(|error| HostError::Fault(format!("cannot take a lock in {}: {error}", owners_dir().display())))?;
         std::fs::write(channels.path().join(CHANNELS_OWNER), owner.token())
             .map_err(|error| HostError::Fault(format!("cannot write in {}: {error}", channels.path().display())))?;
-        let (unrouted, mut logs) = mpsc::unbounded_channel::<LogParams>();
+        let (unrouted, mut logs) = mpsc::channel::<LogParams>(connection::UNROUTED_LOGS);
         let name = config.process.name.clone();
         tokio::spawn(async move {
             while let Some(log) = logs.recv().await {

@@ -1,18 +1,9 @@
 //! The `knotless-executor-docker` binary: logs to stderr and serves the protocol on stdin and stdout.
 
 use knotless_executor_docker::DockerExecutor;
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // Stdout carries protocol frames only: every log line goes to stderr.
-    let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    // A closed stderr (the runner died) drops log lines instead of panicking the executor.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .with_ansi(false)
-        .with_env_filter(filter)
-        .init();
+    knotless_protocol::sdk::init_logging();
     knotless_protocol::sdk::serve(DockerExecutor::default()).await
 }

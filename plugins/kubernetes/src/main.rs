@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use knotless_executor_kubernetes::KubernetesExecutor;
 use knotless_executor_kubernetes::credential::{self, Scoped};
-use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
 #[command(name = "knotless-executor-kubernetes", version, about = "The Kubernetes executor of knotless-run")]
@@ -100,15 +99,7 @@ async fn tool(tool: Tool) -> Result<(), String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    // Stdout carries protocol frames only: every log line goes to stderr.
-    let filter = EnvFilter::try_from_env("KNOTLESS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    // A closed stderr (the runner died) drops log lines instead of panicking the executor.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .with_ansi(false)
-        .with_env_filter(filter)
-        .init();
+    knotless_protocol::sdk::init_logging();
     let cli = Cli::parse();
     match cli.command {
         Some(command) => match tool(command).await {

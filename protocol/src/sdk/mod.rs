@@ -1,4 +1,5 @@
-//! The executor SDK: implement [`Executor`] and call [`serve`] from `main`.
+//! The executor SDK: implement [`Executor`], and `main` is [`main`] (logging to stderr, then
+//! [`serve`] until the runner ends it).
 //!
 //! ```no_run
 //! use knotless_protocol::sdk::{self, Executor};
@@ -13,9 +14,8 @@
 //! #   async fn upload(&self, _: &knotless_protocol::TransferParams, _: sdk::UploadStream, _: sdk::Context) -> Result<(), knotless_protocol::ExecutorError> { unimplemented!() }
 //! #   async fn download(&self, _: &knotless_protocol::TransferParams, _: sdk::DownloadStream, _: sdk::Context) -> Result<(), knotless_protocol::ExecutorError> { unimplemented!() }
 //! # }
-//! #[tokio::main]
-//! async fn main() -> anyhow::Result<()> {
-//!     sdk::serve(MyExecutor).await
+//! fn main() -> anyhow::Result<std::process::ExitCode> {
+//!     sdk::main(MyExecutor)
 //! }
 //! ```
 
@@ -40,6 +40,35 @@ use crate::messages::*;
 use crate::version::MAX_OUTPUT_CHUNK;
 
 pub use serve::{serve, serve_io};
+
+/// An executor's logging: `tracing` to stderr (stdout carries the protocol's frames and
+/// nothing else), filtered by `KNOTLESS_LOG` (default `info`), as plain text without colours or
+/// times (the runner forwards each line, prefixed with the executor's name, into its own log),
+/// and a closed stderr (the runner is gone) dropping lines rather than panicking the executor.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KNOTLESS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .with_env_filter(filter)
+        .init();
+}
+
+/// An executor's whole `main`: its logging ([`init_logging`]), then [`serve`] on stdin and
+/// stdout, on a runtime of one thread with the protocol's loop a task of it (a wake-up of the
+/// runtime's own future would cost a write to its eventfd and one more `epoll_wait` a step),
+/// until the runner shuts it down or closes stdin. Work that blocks goes to
+/// `tokio::task::spawn_blocking`.
+pub fn main<E: Executor>(executor: E) -> anyhow::Result<std::process::ExitCode> {
+    init_logging();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async { tokio::spawn(serve(executor)).await })??;
+    Ok(std::process::ExitCode::SUCCESS)
+}
 pub use state::{Initialized, Sessions, lock};
 pub use transfer::{DownloadStream, UploadStream};
 

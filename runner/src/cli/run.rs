@@ -394,7 +394,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             crate::say!("{line}");
         }
     } else {
-        for (name, by) in &selection.brought {
+        let runs = |name: &String| selection.runs.iter().any(|workflow| &workflow.name == name);
+        for (name, by) in selection.brought.iter().filter(|(name, _)| runs(name)) {
             let name = printable::name(name);
             crate::say!("{name} ==> runs first: {} needs it", printable::name(&by.join(", ")));
         }

@@ -96,23 +96,70 @@ const MAX_LINE: u64 = 64 * 1024;
 /// How many requests wait for the daemon at most; past it a client waits to be read.
 pub const WAITING: usize = 64;
 
+/// How the socket serves its clients.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// How many clients are served at once; the next waits in the socket's backlog until one
+    /// is done.
+    pub connections: usize,
+    /// How long a client has to send its line; one that sends none by then is closed.
+    pub read_timeout: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { connections: 64, read_timeout: std::time::Duration::from_secs(10) }
+    }
+}
+
+/// How long to wait before accepting again after the `failures`-th failure in a row: a
+/// failure that lasts (EMFILE, out of file descriptors) is retried every second at most, never
+/// in a loop that takes a core.
+fn accept_backoff(failures: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(10u64 << failures.min(7)).min(std::time::Duration::from_secs(1))
+}
+
 /// Listens on the socket and sends each request to `wake` (bounded: a flood of requests waits
 /// in the socket's clients, not in the daemon's memory).
 pub fn listen(state: &Path, wake: mpsc::Sender<Wake>) -> anyhow::Result<()> {
+    listen_with(state, wake, Limits::default())
+}
+
+/// [`listen`] with its limits given.
+pub fn listen_with(state: &Path, wake: mpsc::Sender<Wake>, limits: Limits) -> anyhow::Result<()> {
     let path = socket_path(state);
     if path.exists() {
         std::fs::remove_file(&path).with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
     }
     let listener = UnixListener::bind(&path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.connections));
     tokio::spawn(async move {
+        let mut failures = 0u32;
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            // A slot first: past the bound, clients wait in the backlog, not in tasks.
+            let Ok(permit) = std::sync::Arc::clone(&permits).acquire_owned().await else { return };
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => {
+                    failures = 0;
+                    stream
+                }
+                Err(error) => {
+                    failures += 1;
+                    if failures == 1 {
+                        tracing::warn!("the notify socket cannot accept a client: {error}; trying again");
+                    }
+                    tokio::time::sleep(accept_backoff(failures)).await;
+                    continue;
+                }
+            };
             let wake = wake.clone();
             tokio::spawn(async move {
+                let _permit = permit;
                 let (reader, mut writer) = stream.into_split();
                 let mut line = String::new();
                 let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(reader, MAX_LINE));
-                if reader.read_line(&mut line).await.is_err() || line.trim().is_empty() {
+                let read = tokio::time::timeout(limits.read_timeout, reader.read_line(&mut line)).await;
+                if !matches!(read, Ok(Ok(_))) || line.trim().is_empty() {
                     return;
                 }
                 let answer = match line.trim_start().starts_with('{') {
@@ -192,6 +239,43 @@ async fn ask(state: &Path, line: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Clients that send nothing hold a slot for the read timeout at most, and no more of them
+    /// are served at once than the bound: the next client waits for a slot, then is answered.
+    #[tokio::test]
+    async fn silent_clients_are_closed_and_no_more_are_served_at_once_than_the_bound() {
+        use tokio::io::AsyncReadExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (wake, mut woken) = mpsc::channel(WAITING);
+        let limits = Limits { connections: 4, read_timeout: std::time::Duration::from_millis(800) };
+        listen_with(dir.path(), wake, limits).expect("listen");
+        let path = socket_path(dir.path());
+        let mut silent = Vec::new();
+        for _ in 0..limits.connections {
+            silent.push(UnixStream::connect(&path).await.expect("connect"));
+        }
+        let state = dir.path().to_path_buf();
+        let asking = tokio::spawn(async move { send(&state, "/srv/repo").await });
+        // Every slot is held: the fifth client's line is not read before a silent one goes.
+        let early = tokio::time::timeout(std::time::Duration::from_millis(300), woken.recv()).await;
+        assert!(early.is_err(), "a fifth client was served while four held every slot");
+        for mut client in silent {
+            let mut rest = Vec::new();
+            let closed = tokio::time::timeout(std::time::Duration::from_secs(10), client.read_to_end(&mut rest)).await;
+            assert!(matches!(closed, Ok(Ok(0))), "a silent client was not closed: {closed:?}");
+        }
+        let Some(Wake::Look(repository, reply)) = woken.recv().await else { panic!("no wake-up") };
+        assert_eq!(repository, "/srv/repo");
+        reply.send(Ok(())).expect("the client waits");
+        assert_eq!(asking.await.expect("the client").expect("an answer"), Ok(()));
+    }
+
+    #[test]
+    fn a_lasting_accept_failure_is_retried_at_most_every_second() {
+        assert_eq!(accept_backoff(1), std::time::Duration::from_millis(20));
+        assert!(accept_backoff(3) < accept_backoff(4));
+        assert_eq!(accept_backoff(60), std::time::Duration::from_secs(1));
+    }
 
     #[test]
     fn a_json_line_is_a_rerun_when_it_names_a_run_and_a_trigger_otherwise() {

@@ -100,12 +100,26 @@ impl<F: Forge> Daemon<F> {
                     None
                 }
             };
+            // The record with its steps as far as they got, written off the run's thread by a
+            // writer of its own: the latest state wins, in order, and the run never waits for a
+            // disk. It is done before the final record is written.
+            let (latest, mut pending) = tokio::sync::watch::channel(None::<crate::checks::CheckRecord>);
+            let writer = {
+                let daemon = Arc::clone(&self);
+                tokio::spawn(async move {
+                    while pending.changed().await.is_ok() {
+                        let Some(record) = pending.borrow_and_update().clone() else { continue };
+                        let daemon = Arc::clone(&daemon);
+                        let _ = tokio::task::spawn_blocking(move || daemon.put_check(&record)).await;
+                    }
+                })
+            };
             let saver = {
-                let (daemon, mut check) = (Arc::clone(&self), check.clone());
+                let mut check = check.clone();
                 Box::new(move |steps: &[StepReport], running: Option<usize>| {
                     check.steps = steps.to_vec();
                     check.running_step = running;
-                    daemon.put_check(&check);
+                    latest.send_replace(Some(check.clone()));
                 }) as StepsSaver
             };
             let mut tee = Tee { live, steps: Some(saver) };
@@ -160,6 +174,9 @@ impl<F: Forge> Daemon<F> {
             };
             let never = CancellationToken::new();
             let report = engine::execute(&self.host, &plan, &mut tee, &never).await;
+            // The last step's record is written before the final one, never after it.
+            tee.steps = None;
+            let _ = writer.await;
             let mut promote = trusted && report.status == RunStatus::Success;
             let mut epilogue = String::new();
             if promote

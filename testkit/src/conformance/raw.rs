@@ -41,7 +41,8 @@ pub(super) struct Raw {
 impl Raw {
     /// Spawns the executor; `paced` reads its stdout slowly.
     fn spawn(config: &HostConfig, paced: bool) -> Result<Raw, String> {
-        Raw::spawn_watched(config, paced, None, mpsc::unbounded_channel().0)
+        // Nobody reads these: a closed channel drops them without holding the reader back.
+        Raw::spawn_watched(config, paced, None, mpsc::channel(1).0)
     }
 
     /// Spawns the executor as [`Raw::spawn`] does; `watch` sees every line of its stderr and
@@ -50,7 +51,7 @@ impl Raw {
         config: &HostConfig,
         paced: bool,
         watch: Option<StderrWatch>,
-        unrouted: mpsc::UnboundedSender<LogParams>,
+        unrouted: mpsc::Sender<LogParams>,
     ) -> Result<Raw, String> {
         let (process, stdin, stdout) =
             ExecutorProcess::spawn_watched(&config.process, watch).map_err(|error| format!("{error:#}"))?;

@@ -115,15 +115,21 @@ pub(super) async fn out_of_sight(config: &HostConfig, start: StartParams, nonce:
             saw(&seen, "a line of the executor's stderr".into());
         }
     });
-    let (unrouted, mut logs) = mpsc::unbounded_channel::<LogParams>();
+    let (unrouted, mut logs) = mpsc::channel::<LogParams>(knotless_host::UNROUTED_LOGS);
+    // Read as they come: the channel is bounded, and a full one holds the executor back.
+    let (logged, seen_in_logs) = (secret.clone(), sightings.clone());
+    let reading = tokio::spawn(async move {
+        while let Some(log) = logs.recv().await {
+            if log.message.contains(&logged) {
+                saw(&seen_in_logs, "a `log` notification for no session".into());
+            }
+        }
+    });
     let raw = Raw::spawn_watched(config, false, Some(watch), unrouted)?;
     let outcome = look(&raw, config, start, &secret, &sightings).await;
     raw.end(config.grace).await;
-    while let Ok(log) = logs.try_recv() {
-        if log.message.contains(&secret) {
-            saw(&sightings, "a `log` notification for no session".into());
-        }
-    }
+    // The connection's end drops the last sender: the reading ends with it.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), reading).await;
     let detail = outcome?;
     let sightings = sightings.lock().unwrap_or_else(|poison| poison.into_inner()).clone();
     let on_command_lines: Vec<&String> = sightings.iter().filter(|place| place.contains("command line")).collect();

@@ -89,6 +89,11 @@ fn a_run_where_nothing_runs_fails_and_says_why_unless_empty_is_allowed() {
     let elsewhere = run_with(&repo, &["--workflow", "deploy", "--branch", "feature", "--no-needs"]);
     assert_eq!(elsewhere.code, Some(1), "{}", elsewhere.both());
     assert!(elsewhere.stdout.contains("deploy ==> skipped: on.push.branches is [main]"), "{}", elsewhere.both());
+    // What it needs has nothing to run for either.
+    let needs = run_with(&repo, &["--workflow", "deploy", "--branch", "feature"]);
+    assert_eq!(needs.code, Some(1), "{}", needs.both());
+    assert!(needs.stdout.contains("lint ==> skipped: only test needs it, and that does not run"), "{}", needs.both());
+    assert!(!needs.stdout.contains("runs first"), "{}", needs.both());
     assert_eq!(marks(mark.path()), Vec::<String>::new());
 }
 

@@ -587,10 +587,11 @@ fn a_mistyped_subcommand_is_refused_and_makes_nothing() {
         (vec!["completion", "bash"], "did you mean knotless-run completions?"),
         (
             vec!["zzz"],
-            "the subcommands are run, plugin, checks, logs, notify, trigger, rerun, secrets, kubeconfig, completions",
+            "the subcommands are run, plugin, checks, logs, notify, trigger, rerun, secrets, kubeconfig, cache, completions",
         ),
         (vec!["triger", "x", "y"], "did you mean knotless-run trigger?"),
         (vec!["reurn", "x", "y"], "did you mean knotless-run rerun?"),
+        (vec!["cahce", "list"], "did you mean knotless-run cache?"),
         (vec!["a\u{1b}[2Jb"], "\"a\\x1b[2Jb\" is not"),
     ] {
         let mut args = args.clone();
@@ -637,4 +638,20 @@ fn run_in_a_subfolder_runs_the_repository_and_no_workflow_is_no_pass() {
         "{}",
         run.both()
     );
+}
+
+/// The guarantee the reference gives for a step's two streams: each keeps its order, and
+/// writes made apart in time reach the terminal in the order made, alternating as written.
+#[test]
+fn stdout_and_stderr_written_apart_in_time_arrive_in_the_order_written() {
+    let repo = Repo::new();
+    repo.workflow(
+        "ci",
+        "steps:\n  - name: both\n    run: |\n      for n in 1 2 3 4 5 6; do echo \"out-$n\"; sleep 0.1; echo \"err-$n\" >&2; sleep 0.1; done\n",
+    );
+    let run = run_shell(&repo, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.both());
+    let lines: Vec<&str> = run.stdout.lines().filter_map(|line| line.strip_prefix("ci/both | ")).collect();
+    let expected: Vec<String> = (1..=6).flat_map(|n| [format!("out-{n}"), format!("err-{n}")]).collect();
+    assert_eq!(lines, expected, "{}", run.both());
 }

@@ -92,6 +92,17 @@ pub fn choose(
         let workflow = selection.runs.remove(at);
         selection.not_run.push((workflow.name, why));
     }
+    // A workflow brought only for one that does not run has nothing to run for.
+    loop {
+        let idle = selection.runs.iter().enumerate().find_map(|(at, workflow)| {
+            let by = selection.brought.get(&workflow.name)?;
+            let needed = selection.runs.iter().any(|other| other.needs.iter().any(|need| workflow.is_named(need)));
+            (!needed).then(|| (at, format!("only {} needs it, and that does not run", by.join(", "))))
+        });
+        let Some((at, why)) = idle else { break };
+        let workflow = selection.runs.remove(at);
+        selection.not_run.push((workflow.name, why));
+    }
     selection
 }
 
@@ -295,6 +306,21 @@ mod tests {
         assert_eq!(reasons["lint"], "not triggered by pull");
         assert_eq!(reasons["test (3.11)"], "it needs lint, which this run does not run");
         assert_eq!(reasons["deploy"], "it needs test, which this run does not run");
+    }
+
+    #[test]
+    fn what_a_named_workflow_needs_does_not_run_when_the_named_one_does_not() {
+        let why_not = |workflow: &Workflow| (workflow.name == "deploy").then(|| "not on main".to_string());
+        let selection = choose(example(), &["deploy".into()], false, why_not);
+        assert_eq!(names(&selection.runs), Vec::<&str>::new());
+        let reasons: BTreeMap<&str, &str> =
+            selection.not_run.iter().map(|(name, why)| (name.as_str(), why.as_str())).collect();
+        assert_eq!(reasons["deploy"], "not on main");
+        assert_eq!(reasons["test (3.12)"], "only deploy needs it, and that does not run");
+        assert_eq!(reasons["lint"], "only test needs it, and that does not run");
+        // Named itself, a need runs whatever its dependent does.
+        let both = choose(example(), &["deploy".into(), "lint".into()], false, why_not);
+        assert_eq!(names(&both.runs), ["lint"]);
     }
 
     #[test]
