@@ -236,18 +236,29 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.secrets_file {
         crate::secrets::read_operator_file(path)?;
     }
+    let pages = crate::web::Stop::default();
     if let Some(web) = web {
         let view = crate::web::View::new(&state, super::http_args::summary(&args, &host).await);
-        crate::web::start_with_metrics(web, view, crate::web::Limits::default(), Some(Arc::clone(&metrics))).await?;
+        let limits = crate::web::Limits::default();
+        crate::web::start_with_metrics(web, view, limits, Some(Arc::clone(&metrics)), &pages).await?;
     }
     if let Some(addr) = args.http.metrics {
-        crate::web::start_metrics(addr, metrics, crate::web::Limits::default()).await?;
+        crate::web::start_metrics(addr, metrics, crate::web::Limits::default(), &pages).await?;
     }
     let caches = CacheStore::open(&state, args.cache_max)?;
     let daemon = Daemon::new(daemon_config, forge, host, caches, lock)?;
-    daemon.serve().await?;
+    let served = daemon.serve().await;
+    // The page stops last: the responses in flight are written, live logs end (a browser
+    // reconnects to the next daemon and goes on where it was).
+    if !pages.stop(PAGE_GRACE).await {
+        tracing::warn!("the status page's connections did not end within {PAGE_GRACE:?}; leaving them");
+    }
+    served?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// How long the status page's open connections get to end when the daemon stops.
+const PAGE_GRACE: Duration = Duration::from_secs(2);
 
 /// Creates `dir` and the folders above it that are missing, each readable by this user alone
 /// (mode 0700): the state folder holds logs, outputs and the runner's secret key. A folder that

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use axum::http::{HeaderValue, header};
+use tokio_util::sync::CancellationToken;
 
 pub use auth::TOKEN_MIN;
 pub use view::{RunnerSummary, View};
@@ -88,6 +89,27 @@ struct App {
     trusted_proxy: Option<std::net::IpAddr>,
     /// The daemon's metrics, served at `/metrics` when given.
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Cancelled when the page stops: live logs end.
+    stopping: CancellationToken,
+}
+
+/// Stops what [`start_with_metrics`] and [`start_metrics`] serve: no new connection is taken,
+/// each open one ends once its response in flight is written (a live log ends at once), and
+/// [`Stop::stop`] waits for them, up to a grace.
+#[derive(Clone, Default)]
+pub struct Stop {
+    token: CancellationToken,
+    connections: tokio_util::task::TaskTracker,
+}
+
+impl Stop {
+    /// Stops serving and waits, at most `grace`, for the open connections to end; says
+    /// whether they all did.
+    pub async fn stop(&self, grace: Duration) -> bool {
+        self.token.cancel();
+        self.connections.close();
+        tokio::time::timeout(grace, self.connections.wait()).await.is_ok()
+    }
 }
 
 /// What one client may hold of the page.
@@ -115,15 +137,17 @@ pub async fn start(config: WebConfig, view: View) -> anyhow::Result<SocketAddr> 
 
 /// [`start`] with `limits`.
 pub async fn start_with(config: WebConfig, view: View, limits: Limits) -> anyhow::Result<SocketAddr> {
-    start_with_metrics(config, view, limits, None).await
+    start_with_metrics(config, view, limits, None, &Stop::default()).await
 }
 
-/// [`start_with`], also serving `metrics` at `/metrics`, behind the page's credentials.
+/// [`start_with`], also serving `metrics` at `/metrics`, behind the page's credentials, until
+/// `stop`.
 pub async fn start_with_metrics(
     config: WebConfig,
     view: View,
     limits: Limits,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    stop: &Stop,
 ) -> anyhow::Result<SocketAddr> {
     config.check()?;
     let listener = tokio::net::TcpListener::bind(config.addr)
@@ -139,10 +163,16 @@ pub async fn start_with_metrics(
             warming.records(&repository.key);
         }
     });
-    let app = App { view, auth: Arc::new(auth::Auth::new(token)), trusted_proxy: config.trusted_proxy, metrics };
+    let app = App {
+        view,
+        auth: Arc::new(auth::Auth::new(token)),
+        trusted_proxy: config.trusted_proxy,
+        metrics,
+        stopping: stop.token.clone(),
+    };
     let router = routes::router(app);
     tracing::info!(http = %addr, "status page at http://{addr}/");
-    tokio::spawn(serve(listener, router, limits, "the status page"));
+    tokio::spawn(serve(listener, router, limits, "the status page", stop.clone()));
     Ok(addr)
 }
 
@@ -152,25 +182,40 @@ pub async fn start_metrics(
     addr: SocketAddr,
     metrics: Arc<crate::metrics::Metrics>,
     limits: Limits,
+    stop: &Stop,
 ) -> anyhow::Result<SocketAddr> {
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("--metrics {addr}: cannot listen there"))?;
     let addr = listener.local_addr().context("the metrics' address")?;
     tracing::info!(metrics = %addr, "metrics at http://{addr}/metrics");
-    tokio::spawn(serve(listener, scrape::router(metrics), limits, "the metrics listener"));
+    tokio::spawn(serve(listener, scrape::router(metrics), limits, "the metrics listener", stop.clone()));
     Ok(addr)
 }
 
 /// Serves HTTP/1.1 on `listener`: at most `limits.max_connections` at once (the others wait to
 /// be accepted), each closed when a request's headers take longer than `limits.header_timeout`
 /// or it stays idle that long between requests (hyper's `header_read_timeout` runs in both).
-async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: Limits, what: &'static str) {
+async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    what: &'static str,
+    stop: Stop,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout);
     loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-        let (stream, peer) = match listener.accept().await {
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => slot,
+            () = stop.token.cancelled() => return,
+        };
+        let Ok(slot) = slot else { return };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.token.cancelled() => return,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 // Out of descriptors, say: wait rather than spin, and leave the rest of the
@@ -184,8 +229,18 @@ async fn serve(listener: tokio::net::TcpListener, router: axum::Router, limits: 
         let routes = router.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer)));
         let service = hyper_util::service::TowerToHyperService::new(routes);
         let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).with_upgrades();
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
+        let stopping = stop.token.clone();
+        stop.connections.spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = stopping.cancelled() => {
+                    // The response in flight is written, then the connection ends.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = ended {
                 tracing::debug!("a connection to {what} ended: {error}");
             }
             drop(slot);

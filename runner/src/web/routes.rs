@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use futures::StreamExt as _;
 use maud::Markup;
 use serde::Deserialize;
 
@@ -226,7 +227,9 @@ async fn log_live(
     // A browser that reconnects says where it was.
     let resumed = headers.get("last-event-id").and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     let offset = resumed.or(query.from).unwrap_or(0);
-    let stream = live::events(Arc::clone(&app.view), record.repository_key, record.run_id, log, offset);
+    let stream = live::events(Arc::clone(&app.view), record.repository_key, record.run_id, log, offset)
+        .take_until(app.stopping.clone().cancelled_owned());
+
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
 }
 

@@ -439,6 +439,38 @@ async fn the_live_log_streams_whole_lines_drawn_and_the_steps_as_they_go_and_end
     );
 }
 
+/// A stopping page ends its live logs (whose runs go on), lets the connections end, and takes
+/// no new one.
+#[tokio::test]
+async fn a_stop_ends_the_live_logs_and_takes_no_new_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    state_folder(dir.path());
+    let store = CheckStore::new(dir.path());
+    let mut running = record("repo-a", "run-live", &[]);
+    running.status = RunStatus::Running;
+    store.put(&running).expect("put");
+    std::fs::write(store.log_path("repo-a", "run-live"), "==> step s (1/1)\n[s] one\n").expect("log");
+    let config = WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public: false, token: None, trusted_proxy: None };
+    let stop = Stop::default();
+    let addr = start_with_metrics(config, View::new(dir.path(), summary()), Limits::default(), None, &stop)
+        .await
+        .expect("start");
+    let mut stream = open_stream(addr, "/repositories/repo-a/checks/run-live/log/live?from=0", None).await;
+    let mut read = String::new();
+    read_until(&mut stream, &mut read, "one").await;
+    assert!(stop.stop(Duration::from_secs(10)).await, "the live log's connection did not end");
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(matches!(ended, Ok(Ok(_))), "the stream was not ended: {ended:?}");
+    assert!(!String::from_utf8_lossy(&rest).contains("event: end"), "the run did not end; the stream did");
+    // Its listener goes with its accepting loop, which the stop ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "a stopped page still takes connections");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Connections that send nothing, or a header line at a time, are closed at the header timeout,
 /// and so is one left idle after a response; the page keeps answering others meanwhile, and
 /// never serves more connections at once than its cap.
@@ -712,20 +744,24 @@ async fn the_metrics_are_served_on_the_page_behind_its_credentials_and_alone_on_
     let local = "127.0.0.1:0".parse().expect("addr");
     let config = WebConfig { addr: local, public: false, token: None, trusted_proxy: None };
     let view = View::new(dir.path(), summary());
-    let page = start_with_metrics(config, view, Limits::default(), Some(Arc::clone(&metrics))).await.expect("start");
+    let page = start_with_metrics(config, view, Limits::default(), Some(Arc::clone(&metrics)), &Stop::default())
+        .await
+        .expect("start");
     scraped(&get(page, "/metrics").await);
 
     let token = "0123456789abcdef0123456789abcdef";
     let config = WebConfig { addr: local, public: true, token: Some(token.into()), trusted_proxy: None };
     let view = View::new(dir.path(), summary());
-    let public = start_with_metrics(config, view, Limits::default(), Some(Arc::clone(&metrics))).await.expect("start");
+    let public = start_with_metrics(config, view, Limits::default(), Some(Arc::clone(&metrics)), &Stop::default())
+        .await
+        .expect("start");
     assert_eq!(get(public, "/metrics").await.status, 401, "a public page's metrics need its token");
     scraped(&send(public, "GET", "/metrics", &[("Authorization", &format!("Bearer {token}"))]).await);
 
     let without = serve(dir.path(), false, None).await;
     assert_eq!(get(without, "/metrics").await.status, 404, "a page given no metrics has none");
 
-    let alone = start_metrics(local, Arc::clone(&metrics), Limits::default()).await.expect("start");
+    let alone = start_metrics(local, Arc::clone(&metrics), Limits::default(), &Stop::default()).await.expect("start");
     scraped(&get(alone, "/metrics").await);
     for elsewhere in ["/", "/api/runner", "/repositories/repo-a", "/metrics/x"] {
         assert_eq!(get(alone, elsewhere).await.status, 404, "{elsewhere}");
