@@ -450,7 +450,8 @@ async fn a_stop_ends_the_live_logs_and_takes_no_new_connection() {
     running.status = RunStatus::Running;
     store.put(&running).expect("put");
     std::fs::write(store.log_path("repo-a", "run-live"), "==> step s (1/1)\n[s] one\n").expect("log");
-    let config = WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public: false, token: None, trusted_proxy: None };
+    let config =
+        WebConfig { addr: "127.0.0.1:0".parse().expect("addr"), public: false, token: None, trusted_proxy: None };
     let stop = Stop::default();
     let addr = start_with_metrics(config, View::new(dir.path(), summary()), Limits::default(), None, &stop)
         .await
