@@ -550,30 +550,22 @@ impl ExecutorHost {
 
     /// Sweeps everything this runner left, but the sessions in flight, and logs it.
     pub async fn cleanup(&self, timeout: Duration) -> Result<CleanupResult, HostError> {
-        let params = CleanupParams {
-            keep: self.sessions_in_flight(),
-            remove_kept: false,
-            timeout_ms: timeout.as_millis() as u64,
-        };
-        let swept = self.call::<rpc::Cleanup>(&params, timeout, &CancellationToken::new()).await;
-        self.counters.count_cleanup(&swept);
-        let result: CleanupResult = swept?;
-        log_cleanup(self.name(), "sweep", &result);
-        Ok(result)
+        self.sweep(false, timeout).await
     }
 
     /// Sweeps as [`ExecutorHost::cleanup`] does, and also removes the environments of sessions
     /// kept with `keep` whose owner is gone (`remove_kept`): what `run --cleanup` asks for.
     pub async fn cleanup_kept(&self, timeout: Duration) -> Result<CleanupResult, HostError> {
-        let params = CleanupParams {
-            keep: self.sessions_in_flight(),
-            remove_kept: true,
-            timeout_ms: timeout.as_millis() as u64,
-        };
+        self.sweep(true, timeout).await
+    }
+
+    async fn sweep(&self, remove_kept: bool, timeout: Duration) -> Result<CleanupResult, HostError> {
+        let params =
+            CleanupParams { keep: self.sessions_in_flight(), remove_kept, timeout_ms: timeout.as_millis() as u64 };
         let swept = self.call::<rpc::Cleanup>(&params, timeout, &CancellationToken::new()).await;
         self.counters.count_cleanup(&swept);
         let result: CleanupResult = swept?;
-        log_cleanup(self.name(), "sweep of kept sessions", &result);
+        log_cleanup(self.name(), if remove_kept { "sweep of kept sessions" } else { "sweep" }, &result);
         Ok(result)
     }
 

@@ -65,11 +65,11 @@ pub fn choose(
     if no_needs && !names.is_empty() {
         // The needs no chosen workflow answers are dropped; those it does still order the run.
         let stems: BTreeSet<String> = candidates.iter().map(|workflow| workflow.stem().to_string()).collect();
-        let names_: BTreeSet<String> = candidates.iter().map(|workflow| workflow.name.clone()).collect();
+        let full_names: BTreeSet<String> = candidates.iter().map(|workflow| workflow.name.clone()).collect();
         for workflow in &mut candidates {
             let (kept, dropped): (Vec<String>, Vec<String>) = std::mem::take(&mut workflow.needs)
                 .into_iter()
-                .partition(|need| stems.contains(need) || names_.contains(need));
+                .partition(|need| stems.contains(need) || full_names.contains(need));
             workflow.needs = kept;
             if !dropped.is_empty() && !selection.alone.iter().any(|(name, _)| name == workflow.stem()) {
                 selection.alone.push((workflow.stem().to_string(), dropped));
