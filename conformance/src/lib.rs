@@ -1,7 +1,8 @@
 //! The conformance suite: runs an executor binary through every operation of the protocol and
 //! says, case by case, what passed, what failed and what could not run, and how long each took.
 //! `knotless-run plugin check` runs it from the command line; an executor's own tests run it with
-//! [`assert_passes`].
+//! `knotless_testkit::conformance::assert_passes`, which fails the test naming each case that
+//! did not pass. It is a crate of its own so that the runner ships it without any test helper.
 //!
 //! Every case can fail: each names what it expects, and a misbehaving fake executor mode fails it
 //! (`plugins/fake`). Once the executor is gone (it exited, broke the protocol, or was stopped as
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{ExecutorHost, HostConfig, ProcessSpec, printable};
+use knotless_host::{ExecutorHost, HostConfig, ProcessSpec, printable};
 use suite::Suite;
 
 /// The cases, in the order they run.
@@ -296,7 +297,7 @@ pub fn program(path: impl Into<PathBuf>, options: &[(&str, &str)]) -> HostConfig
     let file = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
     let name = file.strip_prefix("knotless-executor-").unwrap_or(&file).to_string();
     let runner = RunnerInfo {
-        name: "knotless-testkit".into(),
+        name: "knotless-conformance".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         id: format!("conformance-{}", std::process::id()),
     };
@@ -305,19 +306,9 @@ pub fn program(path: impl Into<PathBuf>, options: &[(&str, &str)]) -> HostConfig
     HostConfig::new(ProcessSpec { name, path, pass_env: Vec::new() }, runner, options)
 }
 
-/// Runs the whole suite with `config` (see [`program`]), writing each case's line to stderr as
-/// `plugin check` prints it, and panics naming every case that did not pass.
-pub async fn assert_passes(config: HostConfig) -> Vec<Check> {
-    let program = config.process.path.display().to_string();
-    let checks = run(config, |check| eprintln!("{}", report_line(check))).await;
-    if let Some(failures) = not_passed(&checks) {
-        panic!("{program} does not pass the conformance suite:\n{failures}");
-    }
-    checks
-}
-
-/// The lines of the cases that did not pass, if any did not.
-fn not_passed(checks: &[Check]) -> Option<String> {
+/// The lines of the cases that did not pass, if any did not (a suite that did not report each
+/// case once did not pass either).
+pub fn not_passed(checks: &[Check]) -> Option<String> {
     let lines: Vec<String> =
         checks.iter().filter(|check| !matches!(check.verdict, Verdict::Passed(_))).map(report_line).collect();
     let every_case = checks.iter().map(|check| check.name).eq(case::all());

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Outcome;
 use super::suite::{Ran, Step, Suite, exited, quoted};
-use crate::host::{HostError, Session};
+use knotless_host::{HostError, Session};
 
 /// The timeout of the step whose processes must not outlive its timeout: long enough for it to
 /// start them.

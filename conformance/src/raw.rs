@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use super::Outcome;
 use super::suite::command_params;
-use crate::host::{
+use knotless_host::{
     Answer, Closed, Connection, ExecutorProcess, HostConfig, Reply, SessionEvent, StderrWatch, describe_status,
 };
 
@@ -126,7 +126,7 @@ impl Raw {
         let method = M::NAME;
         let (_, answer) = self.connection.send(method, params).await;
         match tokio::time::timeout(within, answer).await {
-            Ok(Ok(Ok(value))) => crate::host::decode(method, &value),
+            Ok(Ok(Ok(value))) => knotless_host::decode(method, &value),
             Ok(Ok(Err(Reply::Error(error)))) => {
                 Err(format!("{method} answered {}: {}", error.kind.code(), error.message))
             }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Outcome;
 use super::suite::{Suite, exited, quoted};
-use crate::host::{HostError, Session};
+use knotless_host::{HostError, Session};
 
 const BYTES_RULE: &str = "§5.5: output is bytes: an executor MUST NOT decode, re-encode, split into lines or drop \
                           any of it";

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::Outcome;
 use super::raw::Raw;
 use super::suite::quoted;
-use crate::host::{HostConfig, SessionEvent, StderrWatch};
+use knotless_host::{HostConfig, SessionEvent, StderrWatch};
 
 /// The rule each place breaks.
 const COMMAND_LINE_RULE: &str =

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::suite::{Suite, command_params, exited, expect_error};
 use super::{Outcome, raw};
-use crate::host::{HostError, Session};
+use knotless_host::{HostError, Session};
 
 impl Suite {
     /// What a runner sends when it starts: `cleanup`, keeping nothing (this run's runner id is

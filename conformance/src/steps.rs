@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Outcome;
 use super::suite::{Ran, Step, Suite, exited, expect_output};
-use crate::host::Session;
+use knotless_host::Session;
 
 /// How many lines the step of `output before the result` writes on each stream.
 const LINES: usize = 200;

@@ -9,7 +9,7 @@ use knotless_protocol::ErrorKind;
 use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
-use crate::host::{ExecutorHost, HostConfig, HostError, Session, SessionEvent};
+use knotless_host::{ExecutorHost, HostConfig, HostError, Session, SessionEvent};
 
 /// One run of the suite against one executor.
 pub(super) struct Suite {

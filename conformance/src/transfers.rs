@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Outcome;
 use super::suite::{Suite, exited, quoted};
-use crate::host::{HostError, Session, SessionEvent};
+use knotless_host::{HostError, Session, SessionEvent};
 
 /// An upload the executor must refuse with TOO_LARGE.
 struct Refusal {

@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 
 use super::Outcome;
-use crate::host::{ExecutorProcess, HostConfig};
+use knotless_host::{ExecutorProcess, HostConfig};
 
 /// How long an answer may take.
 const ANSWER: Duration = Duration::from_secs(30);

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::forge::Git;
+use crate::git::Git;
 use anyhow::{Context as _, bail};
 use tokio::io::AsyncRead;
 

@@ -24,9 +24,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::checks::CheckRecord;
-use crate::daemon::state::InFlightStatus;
 use crate::host::ExecutorHost;
 use crate::queue::{EntryState, QueueState, QueueStore};
+use crate::state::InFlightStatus;
 
 /// The `Content-Type` of the text format.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -258,8 +258,8 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::checks::CheckTarget;
-    use crate::engine::RunStatus;
     use crate::queue::Entry;
+    use crate::report::RunStatus;
     use crate::workflow::Event;
 
     fn check(status: RunStatus, trusted: bool, duration_ms: Option<u64>) -> CheckRecord {

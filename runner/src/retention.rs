@@ -302,7 +302,7 @@ fn remove_tree(path: &Path) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::checks::CheckTarget;
-    use crate::engine::RunStatus;
+    use crate::report::RunStatus;
 
     const DAY: u64 = 86_400_000;
 

@@ -3,10 +3,10 @@
 //! - [`Harness`] serves any [`Executor`](knotless_protocol::sdk::Executor) in memory through the
 //!   SDK's `serve_io` and speaks JSON-RPC lines to it, as a runner would, recording every answer
 //!   and notification: tests of one operation at a time, without a process.
-//! - [`conformance`] is the suite of `knotless-run plugin check`, as a library:
-//!   [`conformance::assert_passes`] runs every case against an executor's built program, hosted
-//!   as the runner hosts it ([`host`], the `knotless-host` crate), and fails the test naming each
-//!   case that did not pass.
+//! - [`conformance`] is the suite of `knotless-run plugin check` (the `knotless-conformance`
+//!   crate): [`conformance::assert_passes`] runs every case against an executor's built
+//!   program, hosted as the runner hosts it ([`host`], the `knotless-host` crate), and fails the
+//!   test naming each case that did not pass.
 //! - [`eventually`] and [`wait_until`] poll a condition with a deadline; [`processes`] looks at
 //!   `/proc` for what a step left running or where a secret shows; [`bin`] finds another
 //!   package's built program.

@@ -21,6 +21,7 @@ use knotless_protocol::owner::Owner;
 
 use crate::checks::CacheNote;
 use crate::engine::CacheLease;
+use crate::names::fnv;
 
 /// The folder of the store's lock files, under `caches/`.
 pub const OWNERS: &str = ".owners";
@@ -49,11 +50,6 @@ fn slug(path: &str) -> String {
     let safe: String =
         path.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).take(40).collect();
     format!("{safe}-{:016x}", fnv(path.as_bytes()))
-}
-
-/// FNV-1a, 64 bits: a stable hash for names.
-pub fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl CacheStore {

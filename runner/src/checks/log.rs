@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-use crate::engine::{LogLine, LogSink};
+use crate::report::{LogLine, LogSink};
 
 /// A log file written line by line, and out to the file at each flush of the sink.
 pub struct LiveLog {

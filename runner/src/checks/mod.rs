@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use log::LiveLog;
 
-use crate::engine::{LOG_CAP, OutputFile, RunReport, RunStatus, StepReport, StepStatus};
+use crate::report::{LOG_CAP, OutputFile, RunReport, RunStatus, StepReport, StepStatus};
 use crate::workflow::Event;
 
 /// What a run was for.

@@ -99,7 +99,7 @@ impl Unwritten {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::RunStatus;
+    use crate::report::RunStatus;
     use crate::workflow::Event;
 
     fn record(run_id: &str, workflow: &str, commit: &str) -> CheckRecord {

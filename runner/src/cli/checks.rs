@@ -10,7 +10,8 @@ use clap::Args;
 
 use super::daemon::StateArgs;
 use crate::checks::{CheckRecord, CheckStore};
-use crate::forge::{Git, normalize_url, repository_key, repository_name};
+use crate::forge::{normalize_url, repository_key, repository_name};
+use crate::git::Git;
 use crate::printable;
 use crate::queue::{QueueState, QueueStore, render};
 

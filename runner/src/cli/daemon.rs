@@ -177,7 +177,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     create_private_dir(state).with_context(|| format!("--state {}: cannot create it", state.display()))?;
     let state = std::fs::canonicalize(state).with_context(|| format!("--state {}", state.display()))?;
     // Before anything in the folder is touched: one daemon a state folder.
-    let lock = crate::daemon::state::StateLock::take(&state)?;
+    let lock = crate::state::StateLock::take(&state)?;
     let name = args.executor.executor_name("kubernetes");
     if name == "shell" && !args.executor.executor_options.iter().any(|option| option.starts_with("work-dir=")) {
         args.executor.executor_options.push(format!("work-dir={}", state.join("work").display()));

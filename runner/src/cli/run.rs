@@ -19,9 +19,10 @@ pub(crate) use select::table;
 use super::ExecutorArgs;
 use crate::cache::{CacheStore, check_disk_floor};
 use crate::checkout::{Checkout, CheckoutInfo};
-use crate::engine::{self, LogLine, LogSink, Progress, RunPlan, RunReport, RunStatus, StepStatus};
+use crate::engine::{self, RunPlan};
 use crate::host::ExecutorHost;
 use crate::printable;
+use crate::report::{LogLine, LogSink, Progress, RunReport, RunStatus, StepReport, StepStatus};
 use crate::workflow::Event;
 use knotless_protocol::messages::Isolation;
 
@@ -314,7 +315,7 @@ impl LogSink for Terminal {
         self.flush();
     }
 
-    fn steps(&mut self, steps: &[engine::StepReport], running: Option<usize>) {
+    fn steps(&mut self, steps: &[StepReport], running: Option<usize>) {
         // A step that ended well: its lines need not be repeated.
         let Some(ended) = steps.last().filter(|_| running.is_none()) else { return };
         let failed = matches!(ended.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error);
@@ -829,7 +830,7 @@ pub(crate) fn cache_key(workflow: &str, executor: &str, image: Option<&str>) -> 
     };
     let mut key = format!("{workflow}@{}", safe(executor));
     if let Some(image) = image {
-        key.push_str(&format!("@{}-{:08x}", safe(image), crate::cache::fnv(image.as_bytes()) as u32));
+        key.push_str(&format!("@{}-{:08x}", safe(image), crate::names::fnv(image.as_bytes()) as u32));
     }
     key
 }
@@ -902,7 +903,7 @@ async fn sweep(host: &ExecutorHost) {
 
 /// Whether git takes `branch` as a branch name (`git check-ref-format --branch`).
 async fn git_check_ref_format(branch: &str) -> bool {
-    crate::forge::Git::outside().succeeds(&["check-ref-format", "--branch", branch]).await
+    crate::git::Git::outside().succeeds(&["check-ref-format", "--branch", branch]).await
 }
 
 pub(crate) use crate::workflow::check_variable_name;

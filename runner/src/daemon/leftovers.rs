@@ -1,7 +1,7 @@
 //! What a dead daemon left in its state folder besides its checks and its cache store, removed
 //! at the next start: the temporary files of its atomic writes (`state.json`, check records and
 //! logs, merge queue records) and the staging folders of the outputs it was unpacking. The
-//! sweep runs under the state folder's lock ([`super::state::StateLock`]): no other daemon uses
+//! sweep runs under the state folder's lock ([`crate::state::StateLock`]): no other daemon uses
 //! the folder, and no other command writes these, so each of them is a dead daemon's.
 
 use std::path::Path;

@@ -11,7 +11,6 @@ mod queue_runs;
 mod rerun;
 mod run;
 mod schedule;
-pub mod state;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,18 +22,17 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::state::{self, InFlight, InFlightStatus, RepositoryState, StateFile, StateLock};
 pub use rerun::RERUN_OF;
 pub use schedule::{new_run_id, selected};
-use state::{InFlight, RepositoryState, StateFile, StateLock};
 
 use crate::cache::CacheStore;
 use crate::checks::recovery::{self, Unwritten};
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
-use crate::engine::RunStatus;
 use crate::forge::{Forge, Repository, Seen, events};
 use crate::host::ExecutorHost;
+use crate::report::RunStatus;
 use crate::secrets::RunnerKey;
-use state::InFlightStatus;
 
 /// The cause of a run the runner was in when it stopped.
 pub const STOPPED_DURING: &str = "the runner stopped during this run";

@@ -16,11 +16,11 @@ use tokio::task::JoinSet;
 
 use super::Daemon;
 use super::schedule::{Job, new_run_id, runs_here, selected};
-use super::state::InFlight;
-use super::state::InFlightStatus;
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
-use crate::engine::RunStatus;
 use crate::forge::{Forge, ForgeEvent, Prepared, PullRef, RECORD_FILE, Repository, RepositoryRecord, Snapshot};
+use crate::report::RunStatus;
+use crate::state::InFlight;
+use crate::state::InFlightStatus;
 use crate::workflow::{Event, QueuePhase, Workflow};
 
 /// What a pre-flight pinned to another runner is waited for on.

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use super::notify::Rerun;
 use super::schedule::{self, Job};
-use super::state::Dropped;
 use super::{Daemon, STOPPED_BEFORE};
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
-use crate::engine::RunStatus;
 use crate::forge::{Forge, ForgeEvent, PullRef, Repository};
 use crate::printable;
+use crate::report::RunStatus;
+use crate::state::Dropped;
 use crate::workflow::Event;
 
 /// The variable that tells a rerun's steps the run it repeats.

@@ -9,12 +9,13 @@ use tracing::Instrument as _;
 
 use super::Daemon;
 use super::schedule::Job;
-use super::state::InFlightStatus;
 use crate::cache::check_disk_floor;
 use crate::checks::now_ms;
-use crate::engine::{self, LogLine, LogSink, RunPlan, RunStatus, StepReport};
+use crate::engine::{self, RunPlan};
 use crate::forge::Forge;
+use crate::report::{LogLine, LogSink, RunStatus, StepReport};
 use crate::secrets::{SEALED_FILE, open_sealed_file, read_operator_file};
+use crate::state::InFlightStatus;
 
 /// Saves a running check's record with its steps as far as they have got.
 type StepsSaver = Box<dyn FnMut(&[StepReport], Option<usize>) + Send>;

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use crate::checks::{CheckRecord, CheckTarget};
-use crate::engine::RunStatus;
 use crate::forge::{Forge, ForgeEvent, Prepared, RECORD_FILE, Repository, RepositoryRecord};
+use crate::report::RunStatus;
 use crate::workflow::{Event, Workflow};
 
 /// One run to do.

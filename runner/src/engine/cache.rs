@@ -9,9 +9,9 @@ use knotless_protocol::ErrorKind;
 use knotless_protocol::messages::SessionPaths;
 use tokio_util::sync::CancellationToken;
 
-use super::report::RunLog;
 use super::{Ended, RunPlan};
 use crate::host::{HostError, Session};
+use crate::report::RunLog;
 
 /// One cache path of a run, as the cache store leased it.
 #[derive(Debug, Clone, PartialEq, Eq)]

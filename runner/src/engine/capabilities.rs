@@ -5,8 +5,9 @@
 
 use knotless_protocol::messages::Capabilities;
 
-use super::report::RunLog;
-use super::{CacheLease, Ended, RunPlan, RunStatus};
+use super::{CacheLease, Ended, RunPlan};
+use crate::report::RunLog;
+use crate::report::RunStatus;
 use crate::workflow::Workflow;
 
 /// The image `start` names: the workflow's, for an executor that declares `images`. An image
@@ -73,8 +74,8 @@ pub(super) fn refusal(plan: &RunPlan, capabilities: &Capabilities, executor: &st
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::report::tests::Lines;
     use crate::mask::Masker;
+    use crate::report::tests::Lines;
 
     fn workflow(text: &str) -> Workflow {
         crate::workflow::parse("w", ".knotless/workflows/w.yml", text).expect("the workflow")

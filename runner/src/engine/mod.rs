@@ -4,7 +4,6 @@
 
 mod cache;
 mod capabilities;
-mod report;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,17 +15,14 @@ use knotless_protocol::messages::*;
 use tokio_util::sync::CancellationToken;
 
 pub use cache::{CacheLease, SavedLayer, resolve as resolve_cache_path};
-pub use report::{
-    LOG_CAP, LogLine, LogSink, NoSink, OutputFile, Progress, RunReport, RunStatus, StepReport, StepStatus,
-};
 
 use crate::checkout::Checkout;
 use crate::host::{ExecutorHost, HostError, Session, SessionEvent};
 use crate::mask::Masker;
+use crate::report::{LogSink, OutputFile, Progress, RunLog, RunReport, RunStatus, StepReport, StepStatus};
 use crate::secrets;
 use crate::workflow::{Event, Workflow};
 use capabilities::{refusal, start_image, usable_caches};
-use report::RunLog;
 
 /// Bounds and deadlines of a run's operations.
 #[derive(Debug, Clone)]

@@ -13,14 +13,14 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 
-use super::client::Git;
 use super::discover::{RECORD_FILE, RepositoryRecord, candidates};
 use super::merge::{Batch, Merged, commit_tree, make_batch, merge_tree};
 use super::{Forge, ForgeEvent, Prepared, PullRef, Repository, Snapshot, unchanged};
-use crate::cache::fnv;
 use crate::checkout::Checkout;
 use crate::checks::{CheckRecord, CheckStore};
-use crate::engine::LogSink;
+use crate::git::Git;
+use crate::names::fnv;
+use crate::report::LogSink;
 
 /// How the git forge finds repositories.
 #[derive(Debug, Clone)]

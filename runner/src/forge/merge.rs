@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use super::client::Git;
+use crate::git::Git;
 use anyhow::bail;
 
 /// What merging one commit into another gave.

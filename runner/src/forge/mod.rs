@@ -2,7 +2,6 @@
 //! runner, their events (pushes, pulls), checking out what a run executes, writing checks and
 //! streaming run output, and landing a batch. [`GitForge`] is the embedded default.
 
-mod client;
 mod discover;
 mod git;
 mod merge;
@@ -13,14 +12,13 @@ use std::future::Future;
 
 use serde::{Deserialize, Serialize};
 
-pub use client::Git;
 pub use discover::{RECORD_FILE, RepositoryRecord};
 pub use git::{GitForge, GitForgeConfig, normalize_url, repository_key, repository_name};
 pub use merge::Batch;
 
 use crate::checkout::Checkout;
 use crate::checks::CheckRecord;
-use crate::engine::LogSink;
+use crate::report::LogSink;
 
 /// A watched repository.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -268,7 +268,7 @@ mod tests {
 
     async fn git(dir: &Path, args: &[&str]) {
         let args = [&["-c", "user.name=t", "-c", "user.email=t@t"][..], args].concat();
-        crate::forge::Git::in_folder(dir).run(&args).await.expect("git");
+        crate::git::Git::in_folder(dir).run(&args).await.expect("git");
     }
 
     #[tokio::test]

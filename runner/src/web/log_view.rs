@@ -11,8 +11,8 @@ use super::pages::status;
 use super::terminal::{self, Style};
 use crate::checks::CheckRecord;
 use crate::checks::stored_log::{Line, Reader, step_note};
-use crate::engine::{StepReport, StepStatus};
 use crate::printable;
+use crate::report::{StepReport, StepStatus};
 
 /// How many of the failed step's lines are shown first, as `run` shows them.
 pub const TAIL_LINES: usize = 20;

@@ -9,7 +9,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::checks::CheckRecord;
-use crate::engine::OutputFile;
+use crate::report::OutputFile;
 
 /// The Content-Security-Policy of a served output: nothing it holds may run or load anything
 /// (an SVG's scripts, a download opened in place).

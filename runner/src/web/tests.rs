@@ -8,8 +8,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::*;
 use crate::checks::{CheckRecord, CheckStore, CheckTarget};
-use crate::engine::{OutputFile, RunStatus, StepReport, StepStatus};
 use crate::queue::BatchStatus;
+use crate::report::{OutputFile, RunStatus, StepReport, StepStatus};
 use crate::workflow::Event;
 
 /// A 1x1 PNG.
@@ -606,7 +606,7 @@ async fn a_public_page_shows_no_host_path() {
     check.outputs_dir = Some("/var/lib/knotless/outputs/repo-a/run-a".into());
     check.cause = Some("cannot remove '/var/lib/knotless/work/r/s': busy".into());
     store.put(&check).expect("put");
-    let state_file = dir.path().join(crate::daemon::state::STATE_FILE);
+    let state_file = dir.path().join(crate::state::STATE_FILE);
     let mut state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&state_file).expect("state.json")).expect("json");
     state["last_sweep"] = serde_json::json!({
@@ -777,7 +777,7 @@ async fn commits_show_their_subject_and_author() {
     let state = dir.path();
     let mirror = state.join("mirrors/repo-c.git");
     std::fs::create_dir_all(&mirror).expect("mkdir");
-    let git = crate::forge::Git::in_folder(&mirror);
+    let git = crate::git::Git::in_folder(&mirror);
     git.run(&["init", "-q", "--bare"]).await.expect("init");
     let tree = git.text(&["mktree"]).await.expect("the empty tree");
     let commit = git

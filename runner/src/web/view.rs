@@ -14,9 +14,9 @@ use knotless_protocol::messages::{Capabilities, ExecutorInfo};
 use serde::Serialize;
 
 use crate::checks::{CheckRecord, CheckStore};
-use crate::daemon::state::{InFlight, STATE_FILE, State, Sweep};
 use crate::forge::Seen;
 use crate::queue::{QueueState, QueueStore};
+use crate::state::{InFlight, STATE_FILE, State, Sweep};
 use knotless_protocol::sdk::lock;
 
 /// What the runner said of itself at start, for the runner page.
@@ -131,7 +131,7 @@ fn look_up(mirror: &Path, hashes: &[&str]) -> Option<HashMap<String, CommitInfo>
     let mut args = vec!["log", "--no-walk=unsorted", "--ignore-missing", "--format=%H%x1f%an%x1f%at%x1f%s%x1e"];
     args.extend(hashes);
     args.push("--");
-    let git = crate::forge::Git::in_folder(mirror);
+    let git = crate::git::Git::in_folder(mirror);
     let lookup = git.run_within(&args, COMMIT_LOOKUP);
     let output = tokio::runtime::Handle::try_current().ok()?.block_on(lookup).ok()?;
     let found = String::from_utf8_lossy(&output)

@@ -902,3 +902,34 @@ fn memory(scratch: &Path) -> anyhow::Result<Vec<Row>> {
     });
     Ok(rows)
 }
+
+#[cfg(test)]
+mod tests {
+    /// `docs/benchmarks.md` is its tables and, for each figure that needs one, a short reason: no
+    /// paragraph or list item outside a table reaches 1,500 characters.
+    #[test]
+    fn the_figures_notes_are_short() {
+        let text = include_str!("../../../docs/benchmarks.md");
+        let mut blocks: Vec<String> = Vec::new();
+        let mut block = String::new();
+        for line in text.lines() {
+            if line.trim().is_empty() || line.starts_with('|') || line.starts_with("- ") || line.starts_with('#') {
+                blocks.push(std::mem::take(&mut block));
+            }
+            if !line.starts_with('|') {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+        blocks.push(block);
+        let long: Vec<String> = blocks
+            .iter()
+            .filter(|block| block.chars().count() >= 1500)
+            .map(|block| {
+                format!("{} characters: {}…", block.chars().count(), block.chars().take(80).collect::<String>())
+            })
+            .collect();
+        assert!(blocks.len() > 10, "read {} blocks", blocks.len());
+        assert!(long.is_empty(), "docs/benchmarks.md has long notes:\n{}", long.join("\n"));
+    }
+}

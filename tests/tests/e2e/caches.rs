@@ -86,8 +86,9 @@ const FAILING_SAVES: usize = 100;
 async fn a_hundred_failing_cache_saves_never_change_the_warm_base() {
     use knotless_run::cache::CacheStore;
     use knotless_run::checkout::Checkout;
-    use knotless_run::engine::{self, NoSink, RunPlan, RunStatus};
+    use knotless_run::engine::{self, RunPlan};
     use knotless_run::host::{ExecutorHost, HostConfig, ProcessSpec};
+    use knotless_run::report::{NoSink, RunStatus};
 
     let dir = tempfile::tempdir().expect("tempdir");
     let workflow = "cache: [c]\nsteps:\n  - name: fill\n    run: mkdir -p c && head -c 2000000 /dev/zero > c/layer && echo new > c/mark\n";

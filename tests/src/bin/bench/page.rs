@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use knotless_run::checks::{CheckRecord, CheckStore, CheckTarget};
-use knotless_run::engine::{OutputFile, RunStatus, StepReport, StepStatus};
+use knotless_run::report::{OutputFile, RunStatus, StepReport, StepStatus};
 use knotless_run::web::{RunnerSummary, View, WebConfig};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
