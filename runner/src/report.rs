@@ -121,6 +121,19 @@ pub struct StepReport {
     pub reason: Option<String>,
 }
 
+impl StepReport {
+    /// A step that has not run (and is skipped unless it runs).
+    pub fn skipped(name: &str) -> StepReport {
+        StepReport {
+            name: name.to_string(),
+            status: StepStatus::Skipped,
+            exit_code: None,
+            duration_ms: 0,
+            reason: None,
+        }
+    }
+}
+
 /// A file the run left in its outputs folder.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputFile {

@@ -147,102 +147,112 @@ async fn repository_of(path: &Path) -> anyhow::Result<(String, Option<Vec<String
 pub async fn main(command: CacheCommand) -> anyhow::Result<ExitCode> {
     let store = super::run::cache_home().join("caches");
     match command {
-        CacheCommand::List(args) => {
-            let repository = if args.all { None } else { Some(repository_of(&args.path).await?.0) };
-            let found = entries(&store, repository.as_deref());
-            if found.is_empty() {
-                crate::say!("no cache in {}", printable::name(&store.display().to_string()));
-                return Ok(ExitCode::SUCCESS);
-            }
-            let mut rows = vec![
-                ["repository", "workflow", "executor", "image", "trust", "path", "size", "used"]
-                    .map(String::from)
-                    .to_vec(),
-            ];
-            let mut total = 0;
-            for entry in &found {
-                total += entry.bytes;
-                rows.push(vec![
-                    printable::name(&entry.repository).into_owned(),
-                    printable::name(&entry.workflow).into_owned(),
-                    printable::name(&entry.executor).into_owned(),
-                    printable::name(&entry.image).into_owned(),
-                    printable::name(&entry.trust).into_owned(),
-                    printable::name(&entry.path).into_owned(),
-                    printable::size(entry.bytes),
-                    age(entry.used),
-                ]);
-            }
-            for line in super::run::table(&rows) {
-                crate::say!("{line}");
-            }
-            crate::say!(
-                "{} cache(s), {} in {}",
-                found.len(),
-                printable::size(total),
-                printable::name(&store.display().to_string())
-            );
-            Ok(ExitCode::SUCCESS)
+        CacheCommand::List(args) => list(&store, &args).await,
+        CacheCommand::Prune(args) => prune(&store, &args).await,
+    }
+}
+
+/// `cache list`: a row a cache, and their count and size.
+async fn list(store: &Path, args: &ListArgs) -> anyhow::Result<ExitCode> {
+    let repository = if args.all { None } else { Some(repository_of(&args.path).await?.0) };
+    let found = entries(store, repository.as_deref());
+    if found.is_empty() {
+        crate::say!("no cache in {}", printable::name(&store.display().to_string()));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut rows = vec![
+        ["repository", "workflow", "executor", "image", "trust", "path", "size", "used"].map(String::from).to_vec(),
+    ];
+    let mut total = 0;
+    for entry in &found {
+        total += entry.bytes;
+        rows.push(vec![
+            printable::name(&entry.repository).into_owned(),
+            printable::name(&entry.workflow).into_owned(),
+            printable::name(&entry.executor).into_owned(),
+            printable::name(&entry.image).into_owned(),
+            printable::name(&entry.trust).into_owned(),
+            printable::name(&entry.path).into_owned(),
+            printable::size(entry.bytes),
+            age(entry.used),
+        ]);
+    }
+    for line in super::run::table(&rows) {
+        crate::say!("{line}");
+    }
+    crate::say!(
+        "{} cache(s), {} in {}",
+        found.len(),
+        printable::size(total),
+        printable::name(&store.display().to_string())
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cache prune`: removes (or with `--dry-run` names) each cache the flags select, with why.
+async fn prune(store: &Path, args: &PruneArgs) -> anyhow::Result<ExitCode> {
+    let (repository, workflows) = if args.all {
+        (None, None)
+    } else {
+        let (folder, workflows) = repository_of(&args.path).await?;
+        (Some(folder), workflows)
+    };
+    let now = SystemTime::now();
+    let mut removed = (0usize, 0u64);
+    for entry in entries(store, repository.as_deref()) {
+        let unused = args.unused_for.is_some_and(|limit| {
+            entry.used.and_then(|used| now.duration_since(used).ok()).is_some_and(|age| age > limit)
+        });
+        let reason = if args.all && args.unused_for.is_none() {
+            Some("--all".to_string())
+        } else if workflows.as_ref().is_some_and(|names| !names.contains(&entry.workflow)) {
+            Some(format!("no workflow {} any more", printable::name(&entry.workflow)))
+        } else if unused {
+            Some(format!("last used {}", age(entry.used)))
+        } else {
+            None
+        };
+        let Some(reason) = reason else { continue };
+        let shown = format!(
+            "{}/{} ({}, {}, {}): {reason}",
+            printable::name(&entry.repository),
+            printable::name(&entry.workflow),
+            printable::name(&entry.path),
+            printable::name(&entry.executor),
+            printable::size(entry.bytes)
+        );
+        if args.dry_run {
+            crate::say!("would remove {shown}");
+        } else if !remove(store, &entry, &shown) {
+            continue;
         }
-        CacheCommand::Prune(args) => {
-            let (repository, workflows) = if args.all {
-                (None, None)
-            } else {
-                let (folder, workflows) = repository_of(&args.path).await?;
-                (Some(folder), workflows)
-            };
-            let now = SystemTime::now();
-            let mut removed = (0usize, 0u64);
-            for entry in entries(&store, repository.as_deref()) {
-                let unused = args.unused_for.is_some_and(|limit| {
-                    entry.used.and_then(|used| now.duration_since(used).ok()).is_some_and(|age| age > limit)
-                });
-                let reason = if args.all && args.unused_for.is_none() {
-                    Some("--all".to_string())
-                } else if workflows.as_ref().is_some_and(|names| !names.contains(&entry.workflow)) {
-                    Some(format!("no workflow {} any more", printable::name(&entry.workflow)))
-                } else if unused {
-                    Some(format!("last used {}", age(entry.used)))
-                } else {
-                    None
-                };
-                let Some(reason) = reason else { continue };
-                let shown = format!(
-                    "{}/{} ({}, {}, {}): {reason}",
-                    printable::name(&entry.repository),
-                    printable::name(&entry.workflow),
-                    printable::name(&entry.path),
-                    printable::name(&entry.executor),
-                    printable::size(entry.bytes)
-                );
-                if args.dry_run {
-                    crate::say!("would remove {shown}");
-                } else {
-                    match std::fs::remove_file(&entry.file) {
-                        Ok(()) => crate::say!("removed {shown}"),
-                        // Pruned meanwhile by another: nothing to say.
-                        Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                        Err(error) => {
-                            crate::say_err!("knotless-run: cannot remove {}: {error}", entry.file.display());
-                            continue;
-                        }
-                    }
-                    // The folders it leaves empty go too; a folder another run fills meanwhile stays.
-                    let mut dir = entry.file.parent();
-                    while let Some(folder) = dir.filter(|folder| *folder != store && folder.starts_with(&store)) {
-                        if std::fs::remove_dir(folder).is_err() {
-                            break;
-                        }
-                        dir = folder.parent();
-                    }
-                }
-                removed = (removed.0 + 1, removed.1 + entry.bytes);
-            }
-            let verb = if args.dry_run { "would free" } else { "freed" };
-            crate::say!("{} cache(s), {verb} {}", removed.0, printable::size(removed.1));
-            Ok(ExitCode::SUCCESS)
+        removed = (removed.0 + 1, removed.1 + entry.bytes);
+    }
+    let verb = if args.dry_run { "would free" } else { "freed" };
+    crate::say!("{} cache(s), {verb} {}", removed.0, printable::size(removed.1));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Removes a cache, saying so, and the folders it leaves empty (a folder another run fills
+/// meanwhile stays); false when it was not removed here (pruned meanwhile by another, which
+/// needs no word, or not removable, which is said).
+fn remove(store: &Path, entry: &Entry, shown: &str) -> bool {
+    match std::fs::remove_file(&entry.file) {
+        Ok(()) => crate::say!("removed {shown}"),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return false,
+        Err(error) => {
+            crate::say_err!("knotless-run: cannot remove {}: {error}", entry.file.display());
+            return false;
         }
     }
+    let mut dir = entry.file.parent();
+    while let Some(folder) = dir.filter(|folder| *folder != store && folder.starts_with(store)) {
+        if std::fs::remove_dir(folder).is_err() {
+            break;
+        }
+        dir = folder.parent();
+    }
+    true
 }
 
 #[cfg(test)]

@@ -89,23 +89,7 @@ fn matches(record: &CheckRecord, rev: &str, commit: Option<&str>) -> bool {
 pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
     let store = CheckStore::new(&args.state.state);
     if let Some(branch) = &args.queue {
-        // A queue can be kept before any check of its repository (a pull ejected before its
-        // pre-flights ran), and an empty one is shown under the repository's normalized name.
-        let key =
-            resolve_key(&store, &args.repository).unwrap_or_else(|_| repository_key(&normalize_url(&args.repository)));
-        let records = store.list(&key).unwrap_or_default();
-        let queue = QueueStore::new(&args.state.state).load(&key, branch)?.unwrap_or_else(|| QueueState {
-            repository: normalize_url(&args.repository),
-            branch: branch.clone(),
-            ..QueueState::default()
-        });
-        let mut stdout = std::io::stdout().lock();
-        if args.json {
-            writeln!(stdout, "{}", serde_json::to_string_pretty(&queue)?)?;
-        } else {
-            write!(stdout, "{}", render(&queue, &records))?;
-        }
-        return Ok(ExitCode::SUCCESS);
+        return queue(&args, &store, branch);
     }
     let key = resolve_key(&store, &args.repository)?;
     let (mut records, unreadable) = store.list_readable(&key)?;
@@ -125,60 +109,81 @@ pub async fn checks(args: ChecksArgs) -> anyhow::Result<ExitCode> {
         writeln!(stdout, "no checks")?;
     }
     for record in &records {
-        let target = match record.target.pull {
-            Some(number) => format!("pull/{number}"),
-            None => record.target.git_ref.trim_start_matches("refs/heads/").to_string(),
-        };
-        let short: String = record.target.commit.chars().take(10).collect();
-        let time = record.duration_ms.map(|ms| format!(" in {ms} ms")).unwrap_or_default();
-        writeln!(
-            stdout,
-            "{}  {}  {} {}  {}{time}",
-            printable::name(&record.run_id),
-            printable::name(&record.workflow),
-            printable::name(&target),
-            short,
-            record.status.as_str()
-        )?;
-        for step in &record.steps {
-            let exit = step.exit_code.map(|code| format!("exit {code}")).unwrap_or_else(|| "no exit code".into());
-            let reason =
-                step.reason.as_ref().map(|reason| format!(" ({})", printable::name(reason))).unwrap_or_default();
-            writeln!(
-                stdout,
-                "    step {}: {}{reason}, {exit}, {} ms",
-                printable::name(&step.name),
-                step.status.as_str(),
-                step.duration_ms
-            )?;
-        }
-        if let Some(repeated) = &record.reruns {
-            writeln!(stdout, "    repeats run {}", printable::name(repeated))?;
-        }
-        for again in &record.run_again_as {
-            writeln!(stdout, "    run again as run {}", printable::name(again))?;
-        }
-        for cache in &record.caches {
-            let warm = if cache.warm { "warm" } else { "cold" };
-            writeln!(
-                stdout,
-                "    cache {}: {warm}, {}",
-                printable::name(&cache.path),
-                printable::name(&cache.outcome)
-            )?;
-        }
-        if let Some(dir) = record.outputs_dir.as_ref().filter(|_| !record.outputs.is_empty()) {
-            writeln!(stdout, "    outputs: {}", printable::name(&dir.display().to_string()))?;
-        }
-        for output in &record.outputs {
-            let image = if output.image { " (image)" } else { "" };
-            writeln!(stdout, "    output {}: {} bytes{image}", printable::name(&output.path), output.bytes)?;
-        }
-        if let Some(cause) = &record.cause {
-            writeln!(stdout, "    cause: {}", printable::name(cause))?;
-        }
+        write_record(&mut stdout, record)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `checks --queue BRANCH`: the merge queue of the branch, with its entries' checks.
+fn queue(args: &ChecksArgs, store: &CheckStore, branch: &str) -> anyhow::Result<ExitCode> {
+    // A queue can be kept before any check of its repository (a pull ejected before its
+    // pre-flights ran), and an empty one is shown under the repository's normalized name.
+    let key = resolve_key(store, &args.repository).unwrap_or_else(|_| repository_key(&normalize_url(&args.repository)));
+    let records = store.list(&key).unwrap_or_default();
+    let queue = QueueStore::new(&args.state.state).load(&key, branch)?.unwrap_or_else(|| QueueState {
+        repository: normalize_url(&args.repository),
+        branch: branch.to_string(),
+        ..QueueState::default()
+    });
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        writeln!(stdout, "{}", serde_json::to_string_pretty(&queue)?)?;
+    } else {
+        write!(stdout, "{}", render(&queue, &records))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One check as `checks` lists it: a line, then a line for each of its steps, caches, outputs
+/// and its cause.
+fn write_record(stdout: &mut impl std::io::Write, record: &CheckRecord) -> std::io::Result<()> {
+    let target = match record.target.pull {
+        Some(number) => format!("pull/{number}"),
+        None => record.target.git_ref.trim_start_matches("refs/heads/").to_string(),
+    };
+    let short: String = record.target.commit.chars().take(10).collect();
+    let time = record.duration_ms.map(|ms| format!(" in {ms} ms")).unwrap_or_default();
+    writeln!(
+        stdout,
+        "{}  {}  {} {}  {}{time}",
+        printable::name(&record.run_id),
+        printable::name(&record.workflow),
+        printable::name(&target),
+        short,
+        record.status.as_str()
+    )?;
+    for step in &record.steps {
+        let exit = step.exit_code.map(|code| format!("exit {code}")).unwrap_or_else(|| "no exit code".into());
+        let reason = step.reason.as_ref().map(|reason| format!(" ({})", printable::name(reason))).unwrap_or_default();
+        writeln!(
+            stdout,
+            "    step {}: {}{reason}, {exit}, {} ms",
+            printable::name(&step.name),
+            step.status.as_str(),
+            step.duration_ms
+        )?;
+    }
+    if let Some(repeated) = &record.reruns {
+        writeln!(stdout, "    repeats run {}", printable::name(repeated))?;
+    }
+    for again in &record.run_again_as {
+        writeln!(stdout, "    run again as run {}", printable::name(again))?;
+    }
+    for cache in &record.caches {
+        let warm = if cache.warm { "warm" } else { "cold" };
+        writeln!(stdout, "    cache {}: {warm}, {}", printable::name(&cache.path), printable::name(&cache.outcome))?;
+    }
+    if let Some(dir) = record.outputs_dir.as_ref().filter(|_| !record.outputs.is_empty()) {
+        writeln!(stdout, "    outputs: {}", printable::name(&dir.display().to_string()))?;
+    }
+    for output in &record.outputs {
+        let image = if output.image { " (image)" } else { "" };
+        writeln!(stdout, "    output {}: {} bytes{image}", printable::name(&output.path), output.bytes)?;
+    }
+    if let Some(cause) = &record.cause {
+        writeln!(stdout, "    cause: {}", printable::name(cause))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -186,27 +186,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     let config = args.executor.host_config("kubernetes", &host_runner_id())?;
     let runner_id = config.runner.id.clone();
     let host = ExecutorHost::start(config).await?;
-    // The trust policy follows what the executor declares, whatever its name.
-    let isolation = host.info().await?.capabilities.isolation;
-    if !matches!(isolation, Isolation::Container | Isolation::Vm) {
-        let untrusted = match (args.pulls, args.queue) {
-            (true, _) => Some("pulls"),
-            (false, true) => Some("merge queues"),
-            (false, false) => None,
-        };
-        if let Some(what) = untrusted.filter(|_| !args.force_shell) {
-            host.shutdown().await;
-            bail!(
-                "executor {name} declares isolation {}, which isolates nothing: it runs {what} (untrusted code) \
-                 only with --force-shell",
-                isolation_name(isolation)
-            );
-        }
-        tracing::warn!(
-            "executor {name} declares isolation {}: it isolates nothing, steps run as this user on this host",
-            isolation_name(isolation)
-        );
-    }
+    trust_policy(&args, &name, &host).await?;
     let forge = GitForge::new(GitForgeConfig {
         state: state.clone(),
         repositories: args.repositories.clone(),
@@ -237,14 +217,7 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
         crate::secrets::read_operator_file(path)?;
     }
     let pages = crate::web::Stop::default();
-    if let Some(web) = web {
-        let view = crate::web::View::new(&state, super::http_args::summary(&args, &host).await);
-        let limits = crate::web::Limits::default();
-        crate::web::start_with_metrics(web, view, limits, Some(Arc::clone(&metrics)), &pages).await?;
-    }
-    if let Some(addr) = args.http.metrics {
-        crate::web::start_metrics(addr, metrics, crate::web::Limits::default(), &pages).await?;
-    }
+    start_pages(&args, web, &state, &host, metrics, &pages).await?;
     let caches = CacheStore::open(&state, args.cache_max)?;
     let daemon = Daemon::new(daemon_config, forge, host, caches, lock)?;
     let served = daemon.serve().await;
@@ -255,6 +228,55 @@ pub async fn main(mut args: DaemonArgs) -> anyhow::Result<ExitCode> {
     }
     served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The trust policy, which follows what the executor declares whatever its name: an executor
+/// that isolates nothing runs pulls and merge queues (untrusted code) only with
+/// `--force-shell`, and is warned about.
+async fn trust_policy(args: &DaemonArgs, name: &str, host: &Arc<ExecutorHost>) -> anyhow::Result<()> {
+    let isolation = host.info().await?.capabilities.isolation;
+    if matches!(isolation, Isolation::Container | Isolation::Vm) {
+        return Ok(());
+    }
+    let untrusted = match (args.pulls, args.queue) {
+        (true, _) => Some("pulls"),
+        (false, true) => Some("merge queues"),
+        (false, false) => None,
+    };
+    if let Some(what) = untrusted.filter(|_| !args.force_shell) {
+        host.shutdown().await;
+        bail!(
+            "executor {name} declares isolation {}, which isolates nothing: it runs {what} (untrusted code) \
+             only with --force-shell",
+            isolation_name(isolation)
+        );
+    }
+    tracing::warn!(
+        "executor {name} declares isolation {}: it isolates nothing, steps run as this user on this host",
+        isolation_name(isolation)
+    );
+    Ok(())
+}
+
+/// Starts the status page (`--http`) and the metrics' own listener (`--metrics`), each ended
+/// by `pages`.
+async fn start_pages(
+    args: &DaemonArgs,
+    web: Option<crate::web::WebConfig>,
+    state: &std::path::Path,
+    host: &Arc<ExecutorHost>,
+    metrics: Arc<Metrics>,
+    pages: &crate::web::Stop,
+) -> anyhow::Result<()> {
+    if let Some(web) = web {
+        let view = crate::web::View::new(state, super::http_args::summary(args, host).await);
+        let limits = crate::web::Limits::default();
+        crate::web::start_with_metrics(web, view, limits, Some(Arc::clone(&metrics)), pages).await?;
+    }
+    if let Some(addr) = args.http.metrics {
+        crate::web::start_metrics(addr, metrics, crate::web::Limits::default(), pages).await?;
+    }
+    Ok(())
 }
 
 /// How long the status page's open connections get to end when the daemon stops.

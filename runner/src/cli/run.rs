@@ -23,7 +23,7 @@ use crate::engine::{self, RunPlan};
 use crate::host::ExecutorHost;
 use crate::printable;
 use crate::report::{LogLine, LogSink, Progress, RunReport, RunStatus, StepReport, StepStatus};
-use crate::workflow::Event;
+use crate::workflow::{Event, Workflow, WorkflowError};
 use knotless_protocol::messages::Isolation;
 
 /// `run` flags.
@@ -346,25 +346,10 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     for note in &defaults.notes {
         crate::say_err!("note: {note}");
     }
-    if !args.workflows.is_empty() {
-        // A matrix's file stem names all its combinations; a combination's name, that one.
-        for name in &args.workflows {
-            if !workflows.iter().any(|workflow| workflow.is_named(name))
-                && !errors.iter().any(|error| error.file.contains(name.as_str()))
-            {
-                let known: Vec<_> = workflows.iter().map(|workflow| workflow.name.as_str()).collect();
-                bail!(
-                    "--workflow {}: no such workflow in .knotless/workflows (there are: {})",
-                    printable::name(name),
-                    printable::name(&known.join(", "))
-                );
-            }
-        }
-    }
+    each_named_exists(&args.workflows, &workflows, &errors)?;
     let mut info = info;
     if let Some(branch) = &args.branch {
-        let valid = git_check_ref_format(branch).await;
-        if !valid {
+        if !git_check_ref_format(branch).await {
             bail!("--branch {}: not a valid branch name", printable::name(branch));
         }
         info.git_ref = format!("refs/heads/{branch}");
@@ -390,53 +375,31 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         return Ok(if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
     let selection = select::choose(workflows, &args.workflows, args.no_needs, why_not);
-    if args.dry_run {
-        for line in select::dry_run(&selection) {
-            crate::say!("{line}");
-        }
-    } else {
-        let runs = |name: &String| selection.runs.iter().any(|workflow| &workflow.name == name);
-        for (name, by) in selection.brought.iter().filter(|(name, _)| runs(name)) {
-            let name = printable::name(name);
-            crate::say!("{name} ==> runs first: {} needs it", printable::name(&by.join(", ")));
-        }
-        for (name, dropped) in &selection.alone {
-            let dropped = dropped.join(", ");
-            crate::say!("{} ==> runs without {} (--no-needs)", printable::name(name), printable::name(&dropped));
-        }
-        for (name, why) in &selection.not_run {
-            crate::say!("{} ==> skipped: {}", printable::name(name), printable::name(why));
-        }
-    }
+    announce(&selection, args.dry_run);
     let mut selected = selection.runs;
     default_image(&mut selected, &args.executor, &defaults);
     if selected.is_empty() && errors.is_empty() {
-        // Nothing ran is no pass: a script must not read it as one.
-        let path = printable::name(&args.path.display().to_string()).into_owned();
-        if args.allow_empty {
-            crate::say!("no workflow to run in {path}");
-            return Ok(ExitCode::SUCCESS);
-        }
-        let why = if selection.not_run.is_empty() { "" } else { " (each one's reason is above)" };
-        crate::say_err!("knotless-run: no workflow runs in {path}{why}; --allow-empty exits 0 when none does");
-        return Ok(ExitCode::FAILURE);
+        return Ok(nothing_runs(&args, !selection.not_run.is_empty()));
     }
     if args.dry_run {
         return Ok(if errors.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
-    let mut secrets = match &args.secret_file {
-        Some(file) => secret_file(file)?,
-        None => BTreeMap::new(),
-    };
-    for name in &args.secrets {
-        let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
-        secrets.insert(name.clone(), value);
-    }
-    for name in crate::secrets::values::too_short(&secrets) {
-        crate::say_err!("{}", crate::secrets::values::too_short_warning(&printable::name(name)));
-    }
+    run_selected(&args, (checkout, info), &defaults, step_env, selected, &errors).await
+}
+
+/// Runs the selected workflows through the executor the flags and defaults name, then prints
+/// the summary and each failed step's last lines.
+async fn run_selected(
+    args: &RunArgs,
+    (checkout, info): (Checkout, CheckoutInfo),
+    defaults: &defaults::Defaults,
+    step_env: BTreeMap<String, String>,
+    selected: Vec<Workflow>,
+    errors: &[WorkflowError],
+) -> anyhow::Result<ExitCode> {
+    let secrets = given_secrets(args)?;
     let jobs = args.jobs.map(usize::from).or(defaults.jobs).unwrap_or(1);
-    let executor = executor_flags(&args.executor, &defaults);
+    let executor = executor_flags(&args.executor, defaults);
     let paint = Paint(args.color.enabled());
     let mut step_env = step_env;
     if paint.0 {
@@ -445,36 +408,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             step_env.entry(name.to_string()).or_insert_with(|| "1".to_string());
         }
     }
-    let runner_id = local_runner_id();
-    let config = executor.host_config("shell", &runner_id)?;
-    let name = config.process.name.clone();
-    let host = ExecutorHost::start(config).await?;
-    let capabilities = host.info().await?.capabilities;
-    let (isolation, images) = (capabilities.isolation, capabilities.images);
-    if !matches!(isolation, Isolation::Container | Isolation::Vm) && defaults.isolation_warning != Some(false) {
-        crate::say_err!(
-            "warning: executor {} declares isolation {}: it isolates nothing, steps run as this user on this host \
-             (isolation-warning = false in ~/.config/knotless/run.toml once you know)",
-            printable::name(&name),
-            super::daemon::isolation_name(isolation)
-        );
-    }
-    // Sweeps what earlier runs left (a killed run's container or folder, its cache layer): an
-    // executor and the cache store take only what a process that is gone owned, never a live
-    // run's, whatever that run's cache folder.
-    sweep(&host).await;
-    sweep_cache_leftovers();
-    let cancel = CancellationToken::new();
-    let interrupt = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            crate::say_err!("knotless-run: cancelling (Ctrl-C again to stop waiting)");
-            interrupt.cancel();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                std::process::exit(130);
-            }
-        }
-    });
+    let (host, name, images) = start_executor(&executor, defaults).await?;
+    let cancel = cancelled_on_ctrl_c();
     let repository_folder = repository_folder(checkout.root(), &info.repository);
     let outputs_root = match args.outputs.as_ref().or(defaults.outputs.as_ref()) {
         Some(dir) => dir.clone(),
@@ -503,22 +438,142 @@ pub async fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     host.shutdown().await;
     let (reports, tails): (Vec<_>, Vec<_>) =
         ran.into_iter().map(|(report, outputs, tail)| ((report, outputs), tail)).unzip();
-    print_summary(&reports, &errors, paint);
+    print_summary(&reports, errors, paint);
     print_failed_tails(&reports, &tails);
     if context_keep {
         crate::say!(
             "the environments stay (--keep); `knotless-run run --cleanup` removes them (with the same executor flags)"
         );
     }
+    Ok(exit_code(&reports, errors))
+}
+
+/// The end of a run where no workflow runs: nothing ran is no pass, for a script must not read
+/// it as one, unless `--allow-empty` says it may.
+fn nothing_runs(args: &RunArgs, reasons_given: bool) -> ExitCode {
+    let path = printable::name(&args.path.display().to_string()).into_owned();
+    if args.allow_empty {
+        crate::say!("no workflow to run in {path}");
+        return ExitCode::SUCCESS;
+    }
+    let why = if reasons_given { " (each one's reason is above)" } else { "" };
+    crate::say_err!("knotless-run: no workflow runs in {path}{why}; --allow-empty exits 0 when none does");
+    ExitCode::FAILURE
+}
+
+/// Fails naming the first `--workflow` that names no workflow (a matrix's file stem names all
+/// its combinations; a combination's name, that one) and no file that failed to parse.
+fn each_named_exists(names: &[String], workflows: &[Workflow], errors: &[WorkflowError]) -> anyhow::Result<()> {
+    for name in names {
+        if !workflows.iter().any(|workflow| workflow.is_named(name))
+            && !errors.iter().any(|error| error.file.contains(name.as_str()))
+        {
+            let known: Vec<_> = workflows.iter().map(|workflow| workflow.name.as_str()).collect();
+            bail!(
+                "--workflow {}: no such workflow in .knotless/workflows (there are: {})",
+                printable::name(name),
+                printable::name(&known.join(", "))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Says what the selection did: the plan of a dry run, or each workflow brought for a need, run
+/// without its needs, or skipped, with the reason.
+fn announce(selection: &select::Selection, dry_run: bool) {
+    if dry_run {
+        for line in select::dry_run(selection) {
+            crate::say!("{line}");
+        }
+        return;
+    }
+    let runs = |name: &String| selection.runs.iter().any(|workflow| &workflow.name == name);
+    for (name, by) in selection.brought.iter().filter(|(name, _)| runs(name)) {
+        let name = printable::name(name);
+        crate::say!("{name} ==> runs first: {} needs it", printable::name(&by.join(", ")));
+    }
+    for (name, dropped) in &selection.alone {
+        let dropped = dropped.join(", ");
+        crate::say!("{} ==> runs without {} (--no-needs)", printable::name(name), printable::name(&dropped));
+    }
+    for (name, why) in &selection.not_run {
+        crate::say!("{} ==> skipped: {}", printable::name(name), printable::name(why));
+    }
+}
+
+/// The secrets of `--secret-file` and `--secret NAME` (from the environment, which wins),
+/// warning by name of each too short to mask safely.
+fn given_secrets(args: &RunArgs) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut secrets = match &args.secret_file {
+        Some(file) => secret_file(file)?,
+        None => BTreeMap::new(),
+    };
+    for name in &args.secrets {
+        let value = std::env::var(name).with_context(|| format!("--secret {name}: the variable {name} is not set"))?;
+        secrets.insert(name.clone(), value);
+    }
+    for name in crate::secrets::values::too_short(&secrets) {
+        crate::say_err!("{}", crate::secrets::values::too_short_warning(&printable::name(name)));
+    }
+    Ok(secrets)
+}
+
+/// Starts the executor under this run's own runner id, warns when it isolates nothing (unless
+/// the user's defaults say they know), and sweeps what earlier runs left: an executor and the
+/// cache store take only what a process that is gone owned (a killed run's container or folder,
+/// its cache layer), never a live run's, whatever that run's cache folder. Gives the host, the
+/// executor's name and whether it takes images.
+async fn start_executor(
+    executor: &ExecutorArgs,
+    defaults: &defaults::Defaults,
+) -> anyhow::Result<(Arc<ExecutorHost>, String, bool)> {
+    let runner_id = local_runner_id();
+    let config = executor.host_config("shell", &runner_id)?;
+    let name = config.process.name.clone();
+    let host = ExecutorHost::start(config).await?;
+    let capabilities = host.info().await?.capabilities;
+    let (isolation, images) = (capabilities.isolation, capabilities.images);
+    if !matches!(isolation, Isolation::Container | Isolation::Vm) && defaults.isolation_warning != Some(false) {
+        crate::say_err!(
+            "warning: executor {} declares isolation {}: it isolates nothing, steps run as this user on this host \
+             (isolation-warning = false in ~/.config/knotless/run.toml once you know)",
+            printable::name(&name),
+            super::daemon::isolation_name(isolation)
+        );
+    }
+    sweep(&host).await;
+    sweep_cache_leftovers();
+    Ok((host, name, images))
+}
+
+/// A token Ctrl-C cancels, saying so; a second Ctrl-C exits at once with 130.
+fn cancelled_on_ctrl_c() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            crate::say_err!("knotless-run: cancelling (Ctrl-C again to stop waiting)");
+            interrupt.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    cancel
+}
+
+/// 130 when a run was cancelled, 0 when every workflow parsed and every run passed, else 1.
+fn exit_code(reports: &[(RunReport, Option<PathBuf>)], errors: &[WorkflowError]) -> ExitCode {
     let cancelled = reports.iter().any(|(report, _)| report.status == RunStatus::Cancelled);
     let all_passed = errors.is_empty() && reports.iter().all(|(report, _)| report.status == RunStatus::Success);
-    Ok(if cancelled {
+    if cancelled {
         ExitCode::from(130)
     } else if all_passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }
 
 /// What one workflow of a run gave: its report, its outputs folder, its failed steps' tails.

@@ -231,34 +231,9 @@ impl<F: Forge> Daemon<F> {
             Ok(None) => {}
             Err((cause, pulls)) if pulls.len() > 1 && !self.handover.is_cancelled() => {
                 tracing::info!(repository = %repository.url, "batch failed ({cause}): retrying its pulls one by one");
-                let mut accepted: Vec<(u64, String)> = Vec::new();
-                let mut passed: Option<String> = None;
-                for pull in ready.iter().filter(|(number, _)| pulls.contains(number)) {
-                    let trial: Vec<(u64, String)> = accepted.iter().cloned().chain([pull.clone()]).collect();
-                    match self.try_batch(repository, queue, base, &trial).await {
-                        Ok(Some((commit, _, _))) => {
-                            accepted.push(pull.clone());
-                            passed = Some(commit);
-                        }
-                        Ok(None) => {}
-                        Err((cause, _)) if self.handover.is_cancelled() => {
-                            tracing::info!("merge queue stopped: {cause}");
-                            return;
-                        }
-                        Err((cause, _)) => {
-                            let reason = if accepted.is_empty() {
-                                cause
-                            } else {
-                                format!("fails together with the batch ({cause})")
-                            };
-                            self.eject(repository, queue, pull.0, reason).await;
-                        }
-                    }
-                }
-                if let Some(commit) = passed {
-                    let numbers: Vec<u64> = accepted.iter().map(|(number, _)| *number).collect();
-                    self.land(repository, queue, base, &commit, &numbers).await;
-                }
+                let failed: Vec<(u64, String)> =
+                    ready.iter().filter(|(number, _)| pulls.contains(number)).cloned().collect();
+                self.one_by_one(repository, queue, base, &failed).await;
             }
             Err((cause, pulls)) => {
                 if !self.handover.is_cancelled() {
@@ -267,6 +242,42 @@ impl<F: Forge> Daemon<F> {
                     }
                 }
             }
+        }
+    }
+
+    /// After a failed batch, its pulls one at a time, each tried with those accepted before it:
+    /// one that fails is ejected, and the last batch that passed lands.
+    async fn one_by_one(
+        self: &Arc<Self>,
+        repository: &Repository,
+        queue: &mut QueueState,
+        base: &str,
+        pulls: &[(u64, String)],
+    ) {
+        let mut accepted: Vec<(u64, String)> = Vec::new();
+        let mut passed: Option<String> = None;
+        for pull in pulls {
+            let trial: Vec<(u64, String)> = accepted.iter().cloned().chain([pull.clone()]).collect();
+            match self.try_batch(repository, queue, base, &trial).await {
+                Ok(Some((commit, _, _))) => {
+                    accepted.push(pull.clone());
+                    passed = Some(commit);
+                }
+                Ok(None) => {}
+                Err((cause, _)) if self.handover.is_cancelled() => {
+                    tracing::info!("merge queue stopped: {cause}");
+                    return;
+                }
+                Err((cause, _)) => {
+                    let reason =
+                        if accepted.is_empty() { cause } else { format!("fails together with the batch ({cause})") };
+                    self.eject(repository, queue, pull.0, reason).await;
+                }
+            }
+        }
+        if let Some(commit) = passed {
+            let numbers: Vec<u64> = accepted.iter().map(|(number, _)| *number).collect();
+            self.land(repository, queue, base, &commit, &numbers).await;
         }
     }
 

@@ -337,28 +337,7 @@ impl<F: Forge> Daemon<F> {
                 }
             });
         };
-        let Some(manual) = first.on.manual.clone() else {
-            return Err(format!(
-                "workflow {} has no manual trigger: add `manual` to its `on`",
-                printable::name(&trigger.workflow)
-            ));
-        };
-        if let Some(unknown) = trigger.inputs.keys().find(|name| !manual.inputs.contains_key(*name)) {
-            let declared: Vec<&str> = manual.inputs.keys().map(String::as_str).collect();
-            return Err(format!(
-                "workflow {} has no input {} (its inputs: {})",
-                trigger.workflow,
-                printable::name(unknown),
-                if declared.is_empty() { "none".to_string() } else { declared.join(", ") }
-            ));
-        }
-        if !schedule::selected(first, &self.config.runner_id) {
-            return Err(format!(
-                "workflow {} runs on runners {}, not this one",
-                trigger.workflow,
-                first.runners.join(", ")
-            ));
-        }
+        let manual = self.manual_trigger(first, trigger)?;
         let target = CheckTarget {
             event: crate::workflow::Event::Manual,
             commit: prepared.commit.clone(),
@@ -383,15 +362,8 @@ impl<F: Forge> Daemon<F> {
             );
             let mut check = check;
             check.variables = trigger.inputs.clone();
-            let run_id = check.run_id.clone();
-            tracing::info!(repository = %repository.url, run_id = %run_id, "manual run of {} on {branch} ({commit})", workflow.name);
-            self.state.update(|state| {
-                state.in_flight.insert(
-                    run_id.clone(),
-                    InFlight { repository_key: repository.key.clone(), status: InFlightStatus::Queued },
-                )
-            });
-            self.put_check(&check);
+            tracing::info!(repository = %repository.url, run_id = %check.run_id, "manual run of {} on {branch} ({commit})", workflow.name);
+            runs.push(check.run_id.clone());
             let job = schedule::Job {
                 repository: repository.clone(),
                 workflow,
@@ -399,13 +371,58 @@ impl<F: Forge> Daemon<F> {
                 check,
                 changed: None,
             };
-            let daemon = Arc::clone(self);
-            self.tasks.spawn(async move {
-                daemon.queue(job, Vec::new()).await;
-            });
-            runs.push(run_id);
+            self.queue_manual(job);
         }
         Ok(runs)
+    }
+
+    /// The manual trigger of `workflow`, when it has one, takes the inputs given, and runs on
+    /// this runner; else why not, in words for the one who asked.
+    fn manual_trigger(
+        &self,
+        workflow: &crate::workflow::Workflow,
+        trigger: &notify::Trigger,
+    ) -> Result<crate::workflow::ManualTrigger, String> {
+        use crate::printable;
+        let Some(manual) = workflow.on.manual.clone() else {
+            return Err(format!(
+                "workflow {} has no manual trigger: add `manual` to its `on`",
+                printable::name(&trigger.workflow)
+            ));
+        };
+        if let Some(unknown) = trigger.inputs.keys().find(|name| !manual.inputs.contains_key(*name)) {
+            let declared: Vec<&str> = manual.inputs.keys().map(String::as_str).collect();
+            return Err(format!(
+                "workflow {} has no input {} (its inputs: {})",
+                trigger.workflow,
+                printable::name(unknown),
+                if declared.is_empty() { "none".to_string() } else { declared.join(", ") }
+            ));
+        }
+        if !schedule::selected(workflow, &self.config.runner_id) {
+            return Err(format!(
+                "workflow {} runs on runners {}, not this one",
+                trigger.workflow,
+                workflow.runners.join(", ")
+            ));
+        }
+        Ok(manual)
+    }
+
+    /// Queues a manual run: in flight in `state.json`, its check written queued, then run on a
+    /// task of its own.
+    fn queue_manual(self: &Arc<Self>, job: schedule::Job) {
+        let run_id = job.check.run_id.clone();
+        self.state.update(|state| {
+            state
+                .in_flight
+                .insert(run_id, InFlight { repository_key: job.repository.key.clone(), status: InFlightStatus::Queued })
+        });
+        self.put_check(&job.check);
+        let daemon = Arc::clone(self);
+        self.tasks.spawn(async move {
+            daemon.queue(job, Vec::new()).await;
+        });
     }
 
     /// Fetches the repositories (only the one named, when it is watched) and queues the runs of
@@ -465,55 +482,60 @@ impl<F: Forge> Daemon<F> {
                     continue;
                 }
             };
-            // A repository as it was at its last look starts nothing: nothing is copied.
-            let same = self.state.read(|state| {
-                state
-                    .repositories
-                    .get(&repository.key)
-                    .is_some_and(|known| known.url == repository.url && known.seen.shows(&snapshot))
-            });
-            if same {
-                self.consider_queue(repository, &snapshot).await;
-                continue;
-            }
-            let remembered = self.state.read(|state| state.repositories.get(&repository.key).cloned());
-            let previous = remembered.as_ref().map(|known| known.seen.clone());
-            if previous.is_none() {
-                tracing::info!(repository = %repository.url, "watching {} (its current heads run once)", repository.url);
-            }
-            for (branch, commit) in &snapshot.branches {
-                let moved = previous.as_ref().is_some_and(|seen| seen.branches.get(branch) != Some(commit));
-                if moved && snapshot.landed.contains(commit) {
-                    tracing::info!(repository = %repository.url, "{commit} landed on {branch} through the merge queue: no push run, its batch's checks are its checks");
-                }
-            }
-            // A repository this state does not remember may still have checks (state.json was
-            // moved away): what they show ran is not run again.
-            let known = match &previous {
-                None => recovery::readable_records(&CheckStore::new(&self.config.state), &repository.key),
-                Some(_) => Vec::new(),
-            };
-            for event in events(previous.as_ref(), &snapshot, self.config.pulls) {
-                let (mut jobs, mut ended) =
-                    schedule::plan(&*self.forge, repository, &event, &self.config.runner_id).await;
-                let new = |check: &CheckRecord| !recovery::ran_before(&known, &check.workflow, &check.target);
-                jobs.retain(|job| new(&job.check));
-                ended.retain(|check| new(check));
-                for check in ended {
-                    self.put_check(&check);
-                    self.config.metrics.run_ended(&check);
-                }
-                self.spawn_jobs(repository, jobs, |_, need| {
-                    Err(format!("it needs {need}, which does not run for this event on this runner"))
-                });
-            }
-            let now = RepositoryState { url: repository.url.clone(), seen: Seen::of(&snapshot) };
-            // Written only when it changed: a round of idle repositories writes nothing.
-            if remembered.as_ref() != Some(&now) {
-                self.state.update(|state| state.repositories.insert(repository.key.clone(), now));
-            }
-            self.consider_queue(repository, &snapshot).await;
+            self.looked(repository, &snapshot).await;
         }
+    }
+
+    /// Queues the runs of what a repository's snapshot shows new since its last look (every
+    /// head, the first time), remembers it, and lets the merge queue consider it.
+    async fn looked(self: &Arc<Self>, repository: &Repository, snapshot: &crate::forge::Snapshot) {
+        // A repository as it was at its last look starts nothing: nothing is copied.
+        let same = self.state.read(|state| {
+            state
+                .repositories
+                .get(&repository.key)
+                .is_some_and(|known| known.url == repository.url && known.seen.shows(snapshot))
+        });
+        if same {
+            self.consider_queue(repository, snapshot).await;
+            return;
+        }
+        let remembered = self.state.read(|state| state.repositories.get(&repository.key).cloned());
+        let previous = remembered.as_ref().map(|known| known.seen.clone());
+        if previous.is_none() {
+            tracing::info!(repository = %repository.url, "watching {} (its current heads run once)", repository.url);
+        }
+        for (branch, commit) in &snapshot.branches {
+            let moved = previous.as_ref().is_some_and(|seen| seen.branches.get(branch) != Some(commit));
+            if moved && snapshot.landed.contains(commit) {
+                tracing::info!(repository = %repository.url, "{commit} landed on {branch} through the merge queue: no push run, its batch's checks are its checks");
+            }
+        }
+        // A repository this state does not remember may still have checks (state.json was
+        // moved away): what they show ran is not run again.
+        let known = match &previous {
+            None => recovery::readable_records(&CheckStore::new(&self.config.state), &repository.key),
+            Some(_) => Vec::new(),
+        };
+        for event in events(previous.as_ref(), snapshot, self.config.pulls) {
+            let (mut jobs, mut ended) = schedule::plan(&*self.forge, repository, &event, &self.config.runner_id).await;
+            let new = |check: &CheckRecord| !recovery::ran_before(&known, &check.workflow, &check.target);
+            jobs.retain(|job| new(&job.check));
+            ended.retain(|check| new(check));
+            for check in ended {
+                self.put_check(&check);
+                self.config.metrics.run_ended(&check);
+            }
+            self.spawn_jobs(repository, jobs, |_, need| {
+                Err(format!("it needs {need}, which does not run for this event on this runner"))
+            });
+        }
+        let now = RepositoryState { url: repository.url.clone(), seen: Seen::of(snapshot) };
+        // Written only when it changed: a round of idle repositories writes nothing.
+        if remembered.as_ref() != Some(&now) {
+            self.state.update(|state| state.repositories.insert(repository.key.clone(), now));
+        }
+        self.consider_queue(repository, snapshot).await;
     }
 
     /// The lock of one repository's look.

@@ -10,7 +10,7 @@ use tracing::Instrument as _;
 use super::Daemon;
 use super::schedule::Job;
 use crate::cache::check_disk_floor;
-use crate::checks::now_ms;
+use crate::checks::{CacheNote, CheckRecord, now_ms};
 use crate::engine::{self, RunPlan};
 use crate::forge::Forge;
 use crate::report::{LogLine, LogSink, RunStatus, StepReport};
@@ -63,18 +63,7 @@ impl<F: Forge> Daemon<F> {
     /// Runs one job to its end; its check is final when this returns.
     pub(super) async fn run_job(self: Arc<Self>, job: Job) -> RunStatus {
         let Job { repository, workflow, prepared, mut check, changed } = job;
-        let facts = crate::workflow::Facts {
-            event: check.target.event.as_str(),
-            branch: check.target.branch(),
-            git_ref: &check.target.git_ref,
-            changed: changed.as_deref(),
-            env: &BTreeMap::new(),
-            failed: false,
-        };
-        if let Some(reason) = workflow.skip_reason(facts, &self.config.step_env) {
-            tracing::info!(repository = %repository.url, workflow = %workflow.name, run_id = %check.run_id, "not run: {reason}");
-            check.end(RunStatus::Skipped, reason.clone());
-            self.finish(&check, &format!("==> skipped: {reason}\n"));
+        if self.skipped(&repository, &workflow, &mut check, changed.as_deref()) {
             return RunStatus::Skipped;
         }
         let span = tracing::info_span!(
@@ -85,44 +74,8 @@ impl<F: Forge> Daemon<F> {
             run_id = %check.run_id
         );
         async {
-            check.status = RunStatus::Running;
-            check.started_at = Some(now_ms());
-            self.put_check(&check);
-            self.state.update(|state| {
-                if let Some(entry) = state.in_flight.get_mut(&check.run_id) {
-                    entry.status = InFlightStatus::Running;
-                }
-            });
-            tracing::info!("run {} of {} started", check.run_id, workflow.name);
-            let live = match self.forge.run_output(&check) {
-                Ok(live) => Some(live),
-                Err(error) => {
-                    tracing::error!("cannot open the live log: {error:#}");
-                    None
-                }
-            };
-            // The record with its steps as far as they got, written off the run's thread by a
-            // writer of its own: the latest state wins, in order, and the run never waits for a
-            // disk. It is done before the final record is written.
-            let (latest, mut pending) = tokio::sync::watch::channel(None::<crate::checks::CheckRecord>);
-            let writer = {
-                let daemon = Arc::clone(&self);
-                tokio::spawn(async move {
-                    while pending.changed().await.is_ok() {
-                        let Some(record) = pending.borrow_and_update().clone() else { continue };
-                        let daemon = Arc::clone(&daemon);
-                        let _ = tokio::task::spawn_blocking(move || daemon.put_check(&record)).await;
-                    }
-                })
-            };
-            let saver = {
-                let mut check = check.clone();
-                Box::new(move |steps: &[StepReport], running: Option<usize>| {
-                    check.steps = steps.to_vec();
-                    check.running_step = running;
-                    latest.send_replace(Some(check.clone()));
-                }) as StepsSaver
-            };
+            let live = self.started(&mut check, &workflow.name);
+            let (saver, writer) = self.steps_writer(&check);
             let mut tee = Tee { live, steps: Some(saver) };
             let mut prelude = String::new();
             if let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor) {
@@ -148,7 +101,6 @@ impl<F: Forge> Daemon<F> {
                 };
             let outputs_dir = self.config.state.join("outputs").join(&repository.key).join(&check.run_id);
             check.outputs_dir = Some(outputs_dir.clone());
-            let event = check.target.event;
             let plan = RunPlan {
                 check_key: format!("{}/{}/{}", repository.key, check.target.commit, workflow.name),
                 workflow: workflow.clone(),
@@ -158,16 +110,10 @@ impl<F: Forge> Daemon<F> {
                 git_ref: prepared.git_ref.clone(),
                 branch: check.target.branch().to_string(),
                 changed: changed.clone(),
-                event,
+                event: check.target.event,
                 checkout: prepared.checkout.clone(),
                 secrets,
-                extra_env: {
-                    let mut env = self.config.step_env.clone();
-                    if let Some(repeated) = &check.reruns {
-                        env.insert(super::RERUN_OF.to_string(), repeated.clone());
-                    }
-                    env
-                },
+                extra_env: self.step_env_of(&check),
                 outputs_dir: Some(outputs_dir),
                 keep: self.config.keep,
                 limits: engine::Limits::default(),
@@ -178,39 +124,130 @@ impl<F: Forge> Daemon<F> {
             // The last step's record is written before the final one, never after it.
             tee.steps = None;
             let _ = writer.await;
-            let mut promote = trusted && report.status == RunStatus::Success;
             let mut epilogue = String::new();
-            if promote
-                && !plan.caches.is_empty()
-                && let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor)
-            {
-                tee.note(&mut epilogue, &format!("caches not kept: {cause}"));
-                promote = false;
-            }
-            // The plan's leases: the engine recorded on them which layers came back whole.
-            let notes = self.caches.settle(&repository.key, &workflow.name, &check.run_id, &plan.caches, promote).await;
-            for note in &notes {
-                let warm = if note.warm { "warm" } else { "cold" };
-                tee.note(&mut epilogue, &format!("cache {} (started {warm}): {}", note.path, note.outcome));
-            }
+            let promote = trusted && report.status == RunStatus::Success;
+            let notes =
+                self.settle_caches(&repository.key, &check.run_id, &plan, promote, &mut tee, &mut epilogue).await;
             check.finish(&report);
             check.caches = notes;
-            let log = format!("{prelude}{}{epilogue}", report.log);
-            if let Err(error) = self.forge.put_log(&check, &log) {
-                tracing::error!("cannot store the log: {error:#}");
-            }
-            tracing::info!(
-                status = check.status.as_str(),
-                "run {} of {} ended {}",
-                check.run_id,
-                workflow.name,
-                check.status.as_str()
-            );
-            self.finish(&check, "");
+            self.ended(&check, &format!("{prelude}{}{epilogue}", report.log));
             check.status
         }
         .instrument(span)
         .await
+    }
+
+    /// Ends `check` skipped, with the reason in its log, when the workflow's `if` is false for it.
+    fn skipped(
+        &self,
+        repository: &crate::forge::Repository,
+        workflow: &crate::workflow::Workflow,
+        check: &mut CheckRecord,
+        changed: Option<&[String]>,
+    ) -> bool {
+        let facts = crate::workflow::Facts {
+            event: check.target.event.as_str(),
+            branch: check.target.branch(),
+            git_ref: &check.target.git_ref,
+            changed,
+            env: &BTreeMap::new(),
+            failed: false,
+        };
+        let Some(reason) = workflow.skip_reason(facts, &self.config.step_env) else { return false };
+        tracing::info!(repository = %repository.url, workflow = %workflow.name, run_id = %check.run_id, "not run: {reason}");
+        check.end(RunStatus::Skipped, reason.clone());
+        self.finish(check, &format!("==> skipped: {reason}\n"));
+        true
+    }
+
+    /// Stores an ended run's whole log and makes its check final.
+    fn ended(&self, check: &CheckRecord, log: &str) {
+        if let Err(error) = self.forge.put_log(check, log) {
+            tracing::error!("cannot store the log: {error:#}");
+        }
+        let status = check.status.as_str();
+        tracing::info!(status, "run {} of {} ended {status}", check.run_id, check.workflow);
+        self.finish(check, "");
+    }
+
+    /// Marks the run running, in its record and in `state.json`, and opens its live log (a run
+    /// goes on without one the forge cannot open).
+    fn started(&self, check: &mut CheckRecord, workflow: &str) -> Option<Box<dyn LogSink>> {
+        check.status = RunStatus::Running;
+        check.started_at = Some(now_ms());
+        self.put_check(check);
+        self.state.update(|state| {
+            if let Some(entry) = state.in_flight.get_mut(&check.run_id) {
+                entry.status = InFlightStatus::Running;
+            }
+        });
+        tracing::info!("run {} of {workflow} started", check.run_id);
+        match self.forge.run_output(check) {
+            Ok(live) => Some(live),
+            Err(error) => {
+                tracing::error!("cannot open the live log: {error:#}");
+                None
+            }
+        }
+    }
+
+    /// A writer of the run's record with its steps as far as they got, off the run's thread: the
+    /// latest state wins, in order, and the run never waits for a disk. The caller drops the
+    /// saver and awaits the writer before it writes the final record.
+    fn steps_writer(self: &Arc<Self>, check: &CheckRecord) -> (StepsSaver, tokio::task::JoinHandle<()>) {
+        let (latest, mut pending) = tokio::sync::watch::channel(None::<CheckRecord>);
+        let daemon = Arc::clone(self);
+        let writer = tokio::spawn(async move {
+            while pending.changed().await.is_ok() {
+                let Some(record) = pending.borrow_and_update().clone() else { continue };
+                let daemon = Arc::clone(&daemon);
+                let _ = tokio::task::spawn_blocking(move || daemon.put_check(&record)).await;
+            }
+        });
+        let mut check = check.clone();
+        let saver = Box::new(move |steps: &[StepReport], running: Option<usize>| {
+            check.steps = steps.to_vec();
+            check.running_step = running;
+            latest.send_replace(Some(check.clone()));
+        }) as StepsSaver;
+        (saver, writer)
+    }
+
+    /// The variables every step of a run gets from the daemon: `--env`'s, and the run it repeats
+    /// for a run again.
+    fn step_env_of(&self, check: &CheckRecord) -> BTreeMap<String, String> {
+        let mut env = self.config.step_env.clone();
+        if let Some(repeated) = &check.reruns {
+            env.insert(super::RERUN_OF.to_string(), repeated.clone());
+        }
+        env
+    }
+
+    /// Settles the run's cache leases, on which the engine recorded which layers came back
+    /// whole: promoted when `promote` and the disk floor allows, else dropped; each outcome is a
+    /// line of the log's epilogue.
+    async fn settle_caches(
+        &self,
+        repository: &str,
+        run_id: &str,
+        plan: &RunPlan,
+        mut promote: bool,
+        tee: &mut Tee,
+        epilogue: &mut String,
+    ) -> Vec<CacheNote> {
+        if promote
+            && !plan.caches.is_empty()
+            && let Err(cause) = check_disk_floor(&self.config.state, self.config.disk_floor)
+        {
+            tee.note(epilogue, &format!("caches not kept: {cause}"));
+            promote = false;
+        }
+        let notes = self.caches.settle(repository, &plan.workflow.name, run_id, &plan.caches, promote).await;
+        for note in &notes {
+            let warm = if note.warm { "warm" } else { "cold" };
+            tee.note(epilogue, &format!("cache {} (started {warm}): {}", note.path, note.outcome));
+        }
+        notes
     }
 
     /// The secrets a trusted run is granted: the repository's sealed values (its default

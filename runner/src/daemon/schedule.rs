@@ -57,15 +57,10 @@ pub fn new_run_id(workflow: &str) -> String {
     format!("{safe}-{:x}{:02x}", nanos & 0xffff_ffff_ffff, count & 0xff)
 }
 
-/// The jobs of one event, and the checks that ended before running (workflows that do not
-/// load, a pull that does not merge).
-pub async fn plan<F: Forge>(
-    forge: &F,
-    repository: &Repository,
-    event: &ForgeEvent,
-    runner_id: &str,
-) -> (Vec<Job>, Vec<CheckRecord>) {
-    let (kind, branch, target) = match event {
+/// The kind of run an event starts, the branch its workflows' filters see, and its checks'
+/// target.
+fn target_of(event: &ForgeEvent) -> (Event, String, CheckTarget) {
+    match event {
         ForgeEvent::Push { branch, commit, .. } => (
             Event::Push,
             branch.clone(),
@@ -90,35 +85,55 @@ pub async fn plan<F: Forge>(
                 base: Some(pull.base.clone()),
             },
         ),
+    }
+}
+
+/// The event's checkout, and for a pull that does not merge, its head's with the merge's error
+/// (each of its workflows then ends with that error). When there is no checkout at all: the
+/// name of the one check that says so, and its cause.
+async fn prepare<F: Forge>(
+    forge: &F,
+    repository: &Repository,
+    event: &ForgeEvent,
+) -> Result<(Prepared, Option<String>), (&'static str, String)> {
+    let error = match forge.prepare(repository, event).await {
+        Ok(prepared) => return Ok((prepared, None)),
+        Err(error) => error,
     };
+    match event {
+        ForgeEvent::Pull { number, pull } => {
+            let head = ForgeEvent::Push { branch: format!("pulls/{number}"), commit: pull.head.clone(), before: None };
+            match forge.prepare(repository, &head).await {
+                Ok(prepared) => Ok((prepared, Some(format!("{error:#}")))),
+                Err(_) => Err(("merge", format!("{error:#}"))),
+            }
+        }
+        ForgeEvent::Push { commit, .. } => Err(("checkout", format!("cannot check out {commit}: {error:#}"))),
+    }
+}
+
+/// The jobs of one event, and the checks that ended before running (workflows that do not
+/// load, a pull that does not merge).
+pub async fn plan<F: Forge>(
+    forge: &F,
+    repository: &Repository,
+    event: &ForgeEvent,
+    runner_id: &str,
+) -> (Vec<Job>, Vec<CheckRecord>) {
+    let (kind, branch, target) = target_of(event);
     let trusted = kind == Event::Push;
     let record = |workflow: &str, target: &CheckTarget| {
         let repository = (repository.url.as_str(), repository.key.as_str());
         CheckRecord::queued(new_run_id(workflow), repository, workflow, target, trusted, runner_id)
     };
     let mut ended = Vec::new();
-    let (prepared, merge_error) = match forge.prepare(repository, event).await {
-        Ok(prepared) => (prepared, None),
-        Err(error) => match event {
-            // A pull that does not merge: its head's workflows each get an error check.
-            ForgeEvent::Pull { number, pull } => {
-                let head =
-                    ForgeEvent::Push { branch: format!("pulls/{number}"), commit: pull.head.clone(), before: None };
-                match forge.prepare(repository, &head).await {
-                    Ok(prepared) => (prepared, Some(format!("{error:#}"))),
-                    Err(_) => {
-                        let mut check = record("merge", &target);
-                        check.end(RunStatus::Error, format!("{error:#}"));
-                        return (Vec::new(), vec![check]);
-                    }
-                }
-            }
-            ForgeEvent::Push { .. } => {
-                let mut check = record("checkout", &target);
-                check.end(RunStatus::Error, format!("cannot check out {}: {error:#}", target.commit));
-                return (Vec::new(), vec![check]);
-            }
-        },
+    let (prepared, merge_error) = match prepare(forge, repository, event).await {
+        Ok(prepared) => prepared,
+        Err((name, cause)) => {
+            let mut check = record(name, &target);
+            check.end(RunStatus::Error, cause);
+            return (Vec::new(), vec![check]);
+        }
     };
     let mut target = target;
     if merge_error.is_none() {

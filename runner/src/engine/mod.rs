@@ -115,37 +115,14 @@ pub async fn execute(
     let started = Instant::now();
     let masker = match Masker::new(secrets::values::masked(plan.secrets.values())) {
         Ok(masker) => masker,
-        Err(error) => {
-            let cause = format!("cannot build the masker of the run's secrets: {error}");
-            return RunReport {
-                run_id: plan.run_id.clone(),
-                workflow: plan.workflow.name.clone(),
-                status: RunStatus::Error,
-                log: format!("==> error: {cause}\n"),
-                cause: Some(cause),
-                steps: Vec::new(),
-                outputs: Vec::new(),
-                duration_ms: 0,
-                log_truncated: false,
-            };
-        }
+        Err(error) => return unmasked(plan, &error.to_string()),
     };
     let mut log = RunLog::new(masker, sink);
     for name in secrets::values::too_short(&plan.secrets) {
         log.note(secrets::values::too_short_warning(name));
     }
     let workflow = &plan.workflow;
-    let mut steps: Vec<StepReport> = workflow
-        .steps
-        .iter()
-        .map(|step| StepReport {
-            name: step.name.clone(),
-            status: StepStatus::Skipped,
-            exit_code: None,
-            duration_ms: 0,
-            reason: None,
-        })
-        .collect();
+    let mut steps: Vec<StepReport> = workflow.steps.iter().map(|step| StepReport::skipped(&step.name)).collect();
     log.note(format!(
         "run {} of workflow {} on {} at {} ({}), executor {}",
         plan.run_id,
@@ -157,23 +134,7 @@ pub async fn execute(
     ));
     // What the executor declared in its handshake decides what the run may ask of it.
     let capabilities = host.info().await.ok().map(|info| info.capabilities);
-    let start = StartParams {
-        session: plan.run_id.clone(),
-        run: RunInfo {
-            id: plan.run_id.clone(),
-            repository: plan.repository.clone(),
-            commit: plan.commit.clone(),
-            workflow: workflow.name.clone(),
-            check_key: plan.check_key.clone(),
-        },
-        image: start_image(workflow, capabilities.as_ref(), host.name(), &mut log),
-        resources: Resources { cpu: workflow.resources.cpu.clone(), memory: workflow.resources.memory.clone() },
-        network: workflow.network,
-        run_timeout_ms: Some(workflow.timeout.as_millis() as u64),
-        timeout_ms: plan.limits.start_timeout.as_millis() as u64,
-        keep: plan.keep,
-        services: workflow.services.clone(),
-    };
+    let start = start_params(plan, capabilities.as_ref(), host.name(), &mut log);
     let mut outputs = Vec::new();
     let caches = usable_caches(&plan.caches, capabilities.as_ref(), host.name(), &mut log);
     let refused = environment_refusal(plan)
@@ -183,47 +144,47 @@ pub async fn execute(
         None => match host.open(start, cancel).await {
             Err(error) => Some(Ended::from_host("cannot start the environment", &error)),
             Ok(session) => {
-                if let Some(description) = session.description() {
-                    log.note(format!("environment: {description}"));
-                }
-                notes(&mut log, session.drain_events().await);
-                let mut ended = in_session(&session, plan, caches, &mut log, &mut steps, cancel, started).await.err();
-                if ended.is_none() && session.is_alive() && !caches.is_empty() {
-                    cache::save(&session, plan, caches, &mut log).await;
-                }
-                let no_outputs = capabilities.as_ref().is_some_and(|capabilities| !capabilities.outputs);
-                if no_outputs && plan.outputs_dir.is_some() {
-                    log.note(format!("executor {} declares outputs: false: no outputs are brought back", host.name()));
-                }
-                if session.is_alive()
-                    && !no_outputs
-                    && ended.as_ref().is_none_or(|ended| ended.status != RunStatus::Cancelled)
-                {
-                    match fetch_outputs(&session, plan, &mut log).await {
-                        Ok(files) => outputs = files,
-                        Err(failed) if ended.is_none() => ended = Some(failed),
-                        Err(failed) => log.note(failed.cause),
-                    }
-                }
-                if !session.is_alive() {
-                    log.note("the executor is gone: a fresh executor process sweeps what it left");
-                }
-                match session.stop(plan.keep, plan.limits.stop_timeout).await {
-                    Ok(stopped) if plan.keep => {
-                        log.note("kept the environment (--keep)".to_string() + &removed(&stopped))
-                    }
-                    Ok(stopped) => log.note(format!("environment removed{}", removed(&stopped))),
-                    Err(error) => {
-                        log.note(format!("could not remove the environment: {error}; the next cleanup sweeps it"));
-                        if ended.is_none() {
-                            ended = Some(Ended::from_host("cannot remove the environment", &error));
-                        }
-                    }
-                }
-                ended
+                let run = SessionRun {
+                    plan,
+                    capabilities: capabilities.as_ref(),
+                    executor: host.name(),
+                    caches,
+                    cancel,
+                    started,
+                };
+                in_environment(session, &run, &mut log, &mut steps, &mut outputs).await
             }
         },
     };
+    report(plan, log, ended, steps, outputs, started)
+}
+
+/// The report of a run whose secrets could not be made into a masker: it never started.
+fn unmasked(plan: &RunPlan, error: &str) -> RunReport {
+    let cause = format!("cannot build the masker of the run's secrets: {error}");
+    RunReport {
+        run_id: plan.run_id.clone(),
+        workflow: plan.workflow.name.clone(),
+        status: RunStatus::Error,
+        log: format!("==> error: {cause}\n"),
+        cause: Some(cause),
+        steps: Vec::new(),
+        outputs: Vec::new(),
+        duration_ms: 0,
+        log_truncated: false,
+    }
+}
+
+/// The run's report, its end the log's last line; every string the check stores is masked, as
+/// the log is.
+fn report(
+    plan: &RunPlan,
+    mut log: RunLog<'_>,
+    ended: Option<Ended>,
+    mut steps: Vec<StepReport>,
+    mut outputs: Vec<OutputFile>,
+    started: Instant,
+) -> RunReport {
     let (status, cause) = match ended {
         None => (RunStatus::Success, None),
         Some(ended) => (ended.status, Some(ended.cause)),
@@ -243,7 +204,7 @@ pub async fn execute(
     }
     RunReport {
         run_id: plan.run_id.clone(),
-        workflow: workflow.name.clone(),
+        workflow: plan.workflow.name.clone(),
         status,
         cause,
         steps,
@@ -252,6 +213,90 @@ pub async fn execute(
         log_truncated: log.truncated(),
         log: log.take_text(),
     }
+}
+
+/// What `start` asks of the executor: the run, its image (as the executor's images allow), its
+/// resources, network, deadlines, `keep` and services.
+fn start_params(
+    plan: &RunPlan,
+    capabilities: Option<&Capabilities>,
+    executor: &str,
+    log: &mut RunLog<'_>,
+) -> StartParams {
+    let workflow = &plan.workflow;
+    StartParams {
+        session: plan.run_id.clone(),
+        run: RunInfo {
+            id: plan.run_id.clone(),
+            repository: plan.repository.clone(),
+            commit: plan.commit.clone(),
+            workflow: workflow.name.clone(),
+            check_key: plan.check_key.clone(),
+        },
+        image: start_image(workflow, capabilities, executor, log),
+        resources: Resources { cpu: workflow.resources.cpu.clone(), memory: workflow.resources.memory.clone() },
+        network: workflow.network,
+        run_timeout_ms: Some(workflow.timeout.as_millis() as u64),
+        timeout_ms: plan.limits.start_timeout.as_millis() as u64,
+        keep: plan.keep,
+        services: workflow.services.clone(),
+    }
+}
+
+/// What a started session's part of a run needs besides its log.
+struct SessionRun<'a> {
+    plan: &'a RunPlan,
+    capabilities: Option<&'a Capabilities>,
+    executor: &'a str,
+    caches: &'a [CacheLease],
+    cancel: &'a CancellationToken,
+    started: Instant,
+}
+
+/// A started session's whole part of a run: its steps, the caches saved after a run whose steps
+/// all ended, the outputs brought back unless it was cancelled, and the session's stop. Gives
+/// how the run ended early, if it did.
+async fn in_environment(
+    session: Session,
+    run: &SessionRun<'_>,
+    log: &mut RunLog<'_>,
+    steps: &mut [StepReport],
+    outputs: &mut Vec<OutputFile>,
+) -> Option<Ended> {
+    let (plan, caches) = (run.plan, run.caches);
+    if let Some(description) = session.description() {
+        log.note(format!("environment: {description}"));
+    }
+    notes(log, session.drain_events().await);
+    let mut ended = in_session(&session, plan, caches, log, steps, run.cancel, run.started).await.err();
+    if ended.is_none() && session.is_alive() && !caches.is_empty() {
+        cache::save(&session, plan, caches, log).await;
+    }
+    let no_outputs = run.capabilities.is_some_and(|capabilities| !capabilities.outputs);
+    if no_outputs && plan.outputs_dir.is_some() {
+        log.note(format!("executor {} declares outputs: false: no outputs are brought back", run.executor));
+    }
+    if session.is_alive() && !no_outputs && ended.as_ref().is_none_or(|ended| ended.status != RunStatus::Cancelled) {
+        match fetch_outputs(&session, plan, log).await {
+            Ok(files) => *outputs = files,
+            Err(failed) if ended.is_none() => ended = Some(failed),
+            Err(failed) => log.note(failed.cause),
+        }
+    }
+    if !session.is_alive() {
+        log.note("the executor is gone: a fresh executor process sweeps what it left");
+    }
+    match session.stop(plan.keep, plan.limits.stop_timeout).await {
+        Ok(stopped) if plan.keep => log.note("kept the environment (--keep)".to_string() + &removed(&stopped)),
+        Ok(stopped) => log.note(format!("environment removed{}", removed(&stopped))),
+        Err(error) => {
+            log.note(format!("could not remove the environment: {error}; the next cleanup sweeps it"));
+            if ended.is_none() {
+                ended = Some(Ended::from_host("cannot remove the environment", &error));
+            }
+        }
+    }
+    ended
 }
 
 /// Why a step could not start with the secrets it asks for in its environment, if one could

@@ -236,16 +236,16 @@ pub fn index(runner: &RunnerNow, repositories: &[(RepositoryView, Vec<&CheckReco
     )
 }
 
-/// A repository: its branches, pulls and recent commits with their checks, and its queues.
-pub fn repository(
-    repository: &RepositoryView,
-    records: &[std::sync::Arc<CheckRecord>],
-    unreadable: &[String],
-    queues: &[String],
-    commits: &HashMap<String, CommitInfo>,
-    now_ms: u64,
-) -> Markup {
-    // Each commit's checks (oldest first), and the commits newest first.
+/// A repository's checks by commit and by pull head, each list oldest first, and its most
+/// recent commits, newest first.
+struct Grouped<'a> {
+    by_commit: HashMap<&'a str, Vec<&'a CheckRecord>>,
+    by_pull: HashMap<(u64, &'a str), Vec<&'a CheckRecord>>,
+    recent: Vec<&'a str>,
+}
+
+/// `records` (oldest first) grouped for the repository's page.
+fn grouped(records: &[std::sync::Arc<CheckRecord>]) -> Grouped<'_> {
     let mut by_commit: HashMap<&str, Vec<&CheckRecord>> = HashMap::new();
     let mut by_pull: HashMap<(u64, &str), Vec<&CheckRecord>> = HashMap::new();
     let mut recent: Vec<&str> = Vec::new();
@@ -263,6 +263,53 @@ pub fn repository(
     for list in by_commit.values_mut().chain(by_pull.values_mut()) {
         list.reverse();
     }
+    Grouped { by_commit, by_pull, recent }
+}
+
+/// The repository's branches and pulls, each with the latest check of each workflow on its head.
+fn heads(
+    repository: &RepositoryView,
+    by_commit: &HashMap<&str, Vec<&CheckRecord>>,
+    by_pull: &HashMap<(u64, &str), Vec<&CheckRecord>>,
+) -> Markup {
+    let none: Vec<&CheckRecord> = Vec::new();
+    html! {
+        h2 { "Branches" }
+        @if repository.seen.branches.is_empty() { p.none { "None seen yet." } }
+        table.branches {
+            @for (branch, commit) in &repository.seen.branches {
+                tr {
+                    td { (name(branch)) }
+                    td.commit { (format::short(commit)) }
+                    td { (badges(&latest_per_workflow(by_commit.get(commit.as_str()).unwrap_or(&none)))) }
+                }
+            }
+        }
+        @if !repository.seen.pulls.is_empty() {
+            h2 { "Pulls" }
+            table.branches {
+                @for (number, head) in &repository.seen.pulls {
+                    tr {
+                        td { "pull/" (number) }
+                        td.commit { (format::short(head)) }
+                        td { (badges(&latest_per_workflow(by_pull.get(&(*number, head.as_str())).unwrap_or(&none)))) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A repository: its branches, pulls and recent commits with their checks, and its queues.
+pub fn repository(
+    repository: &RepositoryView,
+    records: &[std::sync::Arc<CheckRecord>],
+    unreadable: &[String],
+    queues: &[String],
+    commits: &HashMap<String, CommitInfo>,
+    now_ms: u64,
+) -> Markup {
+    let Grouped { by_commit, by_pull, recent } = grouped(records);
     let title = repository.url.as_deref().unwrap_or(&repository.key);
     let none: Vec<&CheckRecord> = Vec::new();
     let live = recent
@@ -292,29 +339,7 @@ pub fn repository(
                 h2 { "Merge queues" }
                 ul { @for branch in queues { li { a href=(queue_href(&repository.key, branch)) { (name(branch)) } } } }
             }
-            h2 { "Branches" }
-            @if repository.seen.branches.is_empty() { p.none { "None seen yet." } }
-            table.branches {
-                @for (branch, commit) in &repository.seen.branches {
-                    tr {
-                        td { (name(branch)) }
-                        td.commit { (format::short(commit)) }
-                        td { (badges(&latest_per_workflow(by_commit.get(commit.as_str()).unwrap_or(&none)))) }
-                    }
-                }
-            }
-            @if !repository.seen.pulls.is_empty() {
-                h2 { "Pulls" }
-                table.branches {
-                    @for (number, head) in &repository.seen.pulls {
-                        tr {
-                            td { "pull/" (number) }
-                            td.commit { (format::short(head)) }
-                            td { (badges(&latest_per_workflow(by_pull.get(&(*number, head.as_str())).unwrap_or(&none)))) }
-                        }
-                    }
-                }
-            }
+            (heads(repository, &by_commit, &by_pull))
             h2 { "Recent commits" }
             @if recent.is_empty() { p.none { "No checks yet." } }
             @for commit in &recent {

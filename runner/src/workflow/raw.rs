@@ -338,6 +338,30 @@ fn at_position(file: &str, position: Position, path: &str, message: &str) -> Wor
     }
 }
 
+/// Every choice of one value per variable of the matrix, in the order written (none when it has
+/// no variables), and at most one past the most a matrix may have, so that too many is seen
+/// without making them all.
+fn every_combination(raw: &MatrixRaw) -> Vec<Vec<(String, String)>> {
+    if raw.variables.is_empty() {
+        return Vec::new();
+    }
+    let mut combinations: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for (variable, values) in &raw.variables {
+        combinations = combinations
+            .iter()
+            .flat_map(|combination| {
+                values.iter().map(move |value| {
+                    let mut next = combination.clone();
+                    next.push((variable.value.clone(), value.value.clone()));
+                    next
+                })
+            })
+            .take(MAX_COMBINATIONS + 1)
+            .collect();
+    }
+    combinations
+}
+
 /// The semantic checks, run on what serde accepted.
 struct Check<'a> {
     file: &'a str,
@@ -385,19 +409,7 @@ impl Check<'_> {
             Some(matrix) => self.matrix(name, matrix, &env, root)?,
             None => Vec::new(),
         };
-        let max_parallel = match raw.matrix.as_ref().and_then(|matrix| matrix.value.max_parallel.as_ref()) {
-            None => None,
-            Some(limit) => {
-                let at = raw.matrix.as_ref().and_then(|matrix| Position::of(matrix.referenced)).unwrap_or(root);
-                match usize::try_from(limit.value) {
-                    Ok(limit @ 1..=MAX_COMBINATIONS) => Some(limit),
-                    _ => {
-                        let message = format!("runs at most this many combinations at once: 1 to {MAX_COMBINATIONS}");
-                        return Err(self.at(limit, at, "matrix.max-parallel", &message));
-                    }
-                }
-            }
-        };
+        let max_parallel = self.max_parallel(raw.matrix.as_ref(), root)?;
         let cache = raw.cache.unwrap_or_default();
         for (index, path) in cache.iter().enumerate() {
             self.cache_path(path, root, &format!("cache[{index}]"))?;
@@ -411,56 +423,13 @@ impl Check<'_> {
             None => None,
         };
         let needs = raw.needs.unwrap_or_default();
-        for (index, need) in needs.iter().enumerate() {
-            let path = format!("needs[{index}]");
-            self.not_blank(need, root, &path)?;
-            if need.value == name {
-                return Err(self.at(need, root, &path, "a workflow cannot need itself"));
-            }
-        }
-        if let Some(index) = first_duplicate(needs.iter().map(|need| need.value.as_str())) {
-            let message = format!("{:?} is listed twice", needs[index].value);
-            return Err(self.at(&needs[index], root, &format!("needs[{index}]"), &message));
-        }
-        if let (Some(first), true) = (needs.first(), on.queue || raw.queue.is_some()) {
-            let message = "merge-queue pre-flights and batches run without waiting for other workflows: \
-                           `needs` is for push and pull runs";
-            return Err(self.at(first, root, "needs[0]", message));
-        }
-        let condition = match &raw.condition {
-            Some(condition) => Some(self.condition(condition, root, "if", Scope::Workflow)?),
-            None => None,
-        };
-        if let (Some(condition), true) = (&raw.condition, on.queue || raw.queue.is_some()) {
-            let message = "a merge-queue workflow gates every batch and pre-flight: it takes no `if`";
-            return Err(self.at(condition, root, "if", message));
-        }
+        self.needs(&needs, name, on.queue || raw.queue.is_some(), root)?;
+        let condition = self.workflow_condition(raw.condition.as_ref(), on.queue || raw.queue.is_some(), root)?;
         let services = match raw.services {
             Some(services) => self.services(services, root)?,
             None => Vec::new(),
         };
-        let Some(steps_raw) = raw.steps else {
-            return Err(at_position(self.file, root, "", "missing field `steps`"));
-        };
-        let steps_at = Position::of(steps_raw.referenced).unwrap_or(root);
-        if steps_raw.value.is_empty() {
-            return Err(at_position(self.file, steps_at, "steps", "a workflow needs at least one step"));
-        }
-        let mut steps = Vec::new();
-        let mut names = BTreeSet::new();
-        for (index, step) in steps_raw.value.into_iter().enumerate() {
-            let path = format!("steps[{index}]");
-            let step_at = Position::of(step.referenced).unwrap_or(steps_at);
-            if !names.insert(step.value.name.value.clone()) {
-                let message = format!("duplicate step name {:?}", step.value.name.value);
-                return Err(self.at(&step.value.name, step_at, &format!("{path}.name"), &message));
-            }
-            let mut step = self.step(step.value, step_at, &path)?;
-            if step.working_directory.is_none() {
-                step.working_directory = working_directory.clone();
-            }
-            steps.push(step);
-        }
+        let steps = self.steps(raw.steps, root, working_directory.as_deref())?;
         Ok(Workflow {
             name: name.to_string(),
             file: self.file.to_string(),
@@ -481,6 +450,97 @@ impl Check<'_> {
             condition,
             services,
         })
+    }
+
+    /// The workflow's `if`, which a merge-queue workflow may not have: it gates every batch and
+    /// pre-flight.
+    fn workflow_condition(
+        &self,
+        raw: Option<&Spanned<String>>,
+        queue: bool,
+        root: Position,
+    ) -> Result<Option<Condition>, WorkflowError> {
+        let condition = match raw {
+            Some(condition) => Some(self.condition(condition, root, "if", Scope::Workflow)?),
+            None => None,
+        };
+        if let (Some(condition), true) = (raw, queue) {
+            let message = "a merge-queue workflow gates every batch and pre-flight: it takes no `if`";
+            return Err(self.at(condition, root, "if", message));
+        }
+        Ok(condition)
+    }
+
+    /// `matrix.max-parallel`: at most this many combinations at once, 1 to the most a matrix has.
+    fn max_parallel(
+        &self,
+        matrix: Option<&Spanned<MatrixRaw>>,
+        root: Position,
+    ) -> Result<Option<usize>, WorkflowError> {
+        let Some(limit) = matrix.and_then(|matrix| matrix.value.max_parallel.as_ref()) else { return Ok(None) };
+        let at = matrix.and_then(|matrix| Position::of(matrix.referenced)).unwrap_or(root);
+        match usize::try_from(limit.value) {
+            Ok(limit @ 1..=MAX_COMBINATIONS) => Ok(Some(limit)),
+            _ => {
+                let message = format!("runs at most this many combinations at once: 1 to {MAX_COMBINATIONS}");
+                Err(self.at(limit, at, "matrix.max-parallel", &message))
+            }
+        }
+    }
+
+    /// `needs:`: other workflows' names, each once, never the workflow's own, and none in a
+    /// merge-queue workflow.
+    fn needs(&self, needs: &[Spanned<String>], name: &str, queue: bool, root: Position) -> Result<(), WorkflowError> {
+        for (index, need) in needs.iter().enumerate() {
+            let path = format!("needs[{index}]");
+            self.not_blank(need, root, &path)?;
+            if need.value == name {
+                return Err(self.at(need, root, &path, "a workflow cannot need itself"));
+            }
+        }
+        if let Some(index) = first_duplicate(needs.iter().map(|need| need.value.as_str())) {
+            let message = format!("{:?} is listed twice", needs[index].value);
+            return Err(self.at(&needs[index], root, &format!("needs[{index}]"), &message));
+        }
+        if let (Some(first), true) = (needs.first(), queue) {
+            let message = "merge-queue pre-flights and batches run without waiting for other workflows: \
+                           `needs` is for push and pull runs";
+            return Err(self.at(first, root, "needs[0]", message));
+        }
+        Ok(())
+    }
+
+    /// `steps:`: at least one, each named once, each in the workflow's working directory unless
+    /// it names its own.
+    fn steps(
+        &self,
+        raw: Option<Spanned<Vec<Spanned<StepRaw>>>>,
+        root: Position,
+        working_directory: Option<&str>,
+    ) -> Result<Vec<Step>, WorkflowError> {
+        let Some(steps_raw) = raw else {
+            return Err(at_position(self.file, root, "", "missing field `steps`"));
+        };
+        let steps_at = Position::of(steps_raw.referenced).unwrap_or(root);
+        if steps_raw.value.is_empty() {
+            return Err(at_position(self.file, steps_at, "steps", "a workflow needs at least one step"));
+        }
+        let mut steps = Vec::new();
+        let mut names = BTreeSet::new();
+        for (index, step) in steps_raw.value.into_iter().enumerate() {
+            let path = format!("steps[{index}]");
+            let step_at = Position::of(step.referenced).unwrap_or(steps_at);
+            if !names.insert(step.value.name.value.clone()) {
+                let message = format!("duplicate step name {:?}", step.value.name.value);
+                return Err(self.at(&step.value.name, step_at, &format!("{path}.name"), &message));
+            }
+            let mut step = self.step(step.value, step_at, &path)?;
+            if step.working_directory.is_none() {
+                step.working_directory = working_directory.map(str::to_string);
+            }
+            steps.push(step);
+        }
+        Ok(steps)
     }
 
     /// `services:`: each named as a host name is (its steps reach it by that name), with an
@@ -578,18 +638,14 @@ impl Check<'_> {
         Position { line: start.line, column: start.column + quotes + before as u64 }
     }
 
-    /// The combinations of `matrix:`: every choice of one value per variable in the order
-    /// written, without those an `exclude` entry matches, then each `include` entry not already
-    /// there. Each is checked as a workflow name would be.
-    fn matrix(
+    /// The matrix's variables' names, each a variable name the workflow's `env` does not set,
+    /// with at least one value and each value once.
+    fn matrix_variables(
         &self,
-        name: &str,
-        raw: &Spanned<MatrixRaw>,
+        raw: &MatrixRaw,
         env: &BTreeMap<String, String>,
-        root: Position,
-    ) -> Result<Vec<Vec<(String, String)>>, WorkflowError> {
-        let at = Position::of(raw.referenced).unwrap_or(root);
-        let raw = &raw.value;
+        at: Position,
+    ) -> Result<Vec<String>, WorkflowError> {
         let mut names: Vec<String> = Vec::new();
         for (variable, values) in &raw.variables {
             let path = format!("matrix.{}", variable.value);
@@ -610,43 +666,49 @@ impl Check<'_> {
             }
             names.push(variable.value.clone());
         }
-        // Each entry of include and exclude names the variables; include may define them.
-        let entry = |kind: &str,
-                     index: usize,
-                     entry: &EnvRaw,
-                     names: &[String]|
-         -> Result<Vec<(String, String)>, WorkflowError> {
-            let path = format!("matrix.{kind}[{index}]");
-            let mut pairs = Vec::new();
-            for (variable, value) in &entry.0 {
-                let field = format!("{path}.{}", variable.value);
-                self.variable_name(variable, at, &field, "matrix variable")?;
-                if !names.is_empty() && !names.contains(&variable.value) {
-                    let message = format!("{} is not a variable of the matrix ({})", variable.value, names.join(", "));
-                    return Err(self.at(variable, at, &field, &message));
-                }
-                self.matrix_value(value, at, &field)?;
-                pairs.push((variable.value.clone(), value.value.clone()));
+        Ok(names)
+    }
+
+    /// An entry of `include` or `exclude` at `path`: its pairs, each naming a variable of the
+    /// matrix (`include` may define them when the matrix has none).
+    fn matrix_entry(
+        &self,
+        path: &str,
+        entry: &EnvRaw,
+        names: &[String],
+        at: Position,
+    ) -> Result<Vec<(String, String)>, WorkflowError> {
+        let mut pairs = Vec::new();
+        for (variable, value) in &entry.0 {
+            let field = format!("{path}.{}", variable.value);
+            self.variable_name(variable, at, &field, "matrix variable")?;
+            if !names.is_empty() && !names.contains(&variable.value) {
+                let message = format!("{} is not a variable of the matrix ({})", variable.value, names.join(", "));
+                return Err(self.at(variable, at, &field, &message));
             }
-            Ok(pairs)
+            self.matrix_value(value, at, &field)?;
+            pairs.push((variable.value.clone(), value.value.clone()));
+        }
+        Ok(pairs)
+    }
+
+    /// The combinations of `matrix:`: every choice of one value per variable in the order
+    /// written, without those an `exclude` entry matches, then each `include` entry not already
+    /// there. Each is checked as a workflow name would be.
+    fn matrix(
+        &self,
+        name: &str,
+        raw: &Spanned<MatrixRaw>,
+        env: &BTreeMap<String, String>,
+        root: Position,
+    ) -> Result<Vec<Vec<(String, String)>>, WorkflowError> {
+        let at = Position::of(raw.referenced).unwrap_or(root);
+        let raw = &raw.value;
+        let mut names = self.matrix_variables(raw, env, at)?;
+        let entry = |kind: &str, index: usize, entry: &EnvRaw, names: &[String]| {
+            self.matrix_entry(&format!("matrix.{kind}[{index}]"), entry, names, at)
         };
-        let mut combinations: Vec<Vec<(String, String)>> = vec![Vec::new()];
-        for (variable, values) in &raw.variables {
-            combinations = combinations
-                .iter()
-                .flat_map(|combination| {
-                    values.iter().map(move |value| {
-                        let mut next = combination.clone();
-                        next.push((variable.value.clone(), value.value.clone()));
-                        next
-                    })
-                })
-                .take(MAX_COMBINATIONS + 1)
-                .collect();
-        }
-        if raw.variables.is_empty() {
-            combinations.clear();
-        }
+        let mut combinations = every_combination(raw);
         for (index, exclude) in raw.exclude.iter().enumerate() {
             let pairs = entry("exclude", index, exclude, &names)?;
             if pairs.is_empty() {

@@ -88,36 +88,11 @@ pub fn load(user: Option<&Path>, repository_root: &Path) -> anyhow::Result<Defau
     Ok(defaults)
 }
 
+/// Reads the file at `path` into `defaults`, over what they hold (nothing when there is no
+/// file); a repository's file (`from_repository`) may not change what is the user's to choose.
 fn apply(defaults: &mut Defaults, path: &Path, from_repository: bool) -> anyhow::Result<()> {
     let shown = printable::name(&path.display().to_string()).into_owned();
-    // A repository's file is its own regular file: a link could point anywhere (a FIFO that
-    // never ends, `/dev/zero`, a credentials file whose values an error would quote).
-    let metadata = if from_repository { std::fs::symlink_metadata(path) } else { std::fs::metadata(path) };
-    match metadata {
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(error) => return Err(error).with_context(|| format!("cannot read {shown}")),
-        Ok(metadata) if metadata.is_symlink() => bail!("{shown}: a link; a repository's run.toml must be a file"),
-        Ok(metadata) if !metadata.is_file() => bail!("{shown}: not a regular file"),
-        Ok(metadata) if metadata.len() > MAX_BYTES => bail!("{shown}: {} bytes, over {MAX_BYTES}", metadata.len()),
-        Ok(_) => {}
-    }
-    let mut text = String::new();
-    let file = std::fs::File::open(path).with_context(|| format!("cannot read {shown}"))?;
-    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_BYTES + 1), &mut text)
-        .with_context(|| format!("cannot read {shown} as UTF-8 text"))?;
-    if text.len() as u64 > MAX_BYTES {
-        bail!("{shown}: over {MAX_BYTES} bytes");
-    }
-    let file: File = toml::from_str(&text).map_err(|error| {
-        let place = match error.span() {
-            Some(span) => {
-                let (line, column) = line_column(&text, span.start);
-                format!("{shown}, line {line}, column {column}")
-            }
-            None => shown.clone(),
-        };
-        anyhow::anyhow!("{place}: {}", printable::name(error.message()))
-    })?;
+    let Some(file) = read(path, &shown, from_repository)? else { return Ok(()) };
     let key = |name: &str, what: &dyn std::fmt::Display| anyhow::anyhow!("{shown}: {name}: {what}");
     if let Some(executor) = file.executor {
         let plain = !executor.is_empty() && executor.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
@@ -182,6 +157,40 @@ fn apply(defaults: &mut Defaults, path: &Path, from_repository: bool) -> anyhow:
         defaults.jobs = Some(jobs);
     }
     Ok(())
+}
+
+/// The file at `path`, parsed, or `None` when there is none; an error names the file, and the
+/// line and column where it does not parse.
+fn read(path: &Path, shown: &str, from_repository: bool) -> anyhow::Result<Option<File>> {
+    // A repository's file is its own regular file: a link could point anywhere (a FIFO that
+    // never ends, `/dev/zero`, a credentials file whose values an error would quote).
+    let metadata = if from_repository { std::fs::symlink_metadata(path) } else { std::fs::metadata(path) };
+    match metadata {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error).with_context(|| format!("cannot read {shown}")),
+        Ok(metadata) if metadata.is_symlink() => bail!("{shown}: a link; a repository's run.toml must be a file"),
+        Ok(metadata) if !metadata.is_file() => bail!("{shown}: not a regular file"),
+        Ok(metadata) if metadata.len() > MAX_BYTES => bail!("{shown}: {} bytes, over {MAX_BYTES}", metadata.len()),
+        Ok(_) => {}
+    }
+    let mut text = String::new();
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {shown}"))?;
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_BYTES + 1), &mut text)
+        .with_context(|| format!("cannot read {shown} as UTF-8 text"))?;
+    if text.len() as u64 > MAX_BYTES {
+        bail!("{shown}: over {MAX_BYTES} bytes");
+    }
+    let file: File = toml::from_str(&text).map_err(|error| {
+        let place = match error.span() {
+            Some(span) => {
+                let (line, column) = line_column(&text, span.start);
+                format!("{shown}, line {line}, column {column}")
+            }
+            None => shown.to_string(),
+        };
+        anyhow::anyhow!("{place}: {}", printable::name(error.message()))
+    })?;
+    Ok(Some(file))
 }
 
 /// The 1-based line and column (in characters) of byte `offset` of `text`.
