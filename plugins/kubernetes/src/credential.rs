@@ -101,6 +101,19 @@ where
 pub async fn scoped(what: &Scoped, owner: Option<(u32, u32)>) -> anyhow::Result<String> {
     let (admin, config) = client(&what.admin).await?;
     let (namespace, account) = (what.namespace.as_str(), what.account.as_str());
+    let accounts = grant(&admin, namespace, account).await?;
+    let token = issue_token(&accounts, namespace, account, what.seconds).await?;
+    let server = config.cluster_url.to_string();
+    let ca = read_ca(&what.admin)?;
+    let text = kubeconfig(&server, ca.as_deref(), namespace, account, &token);
+    write_checked(what, owner, &text).await?;
+    Ok(format!("wrote {} for {namespace}/{account}, valid for {} s", what.output.display(), what.seconds))
+}
+
+/// Makes, unless they exist, the namespace, the ServiceAccount `account` in it, its Role
+/// ([`RESOURCES`], [`VERBS`]) and the RoleBinding of the one to the other; returns the
+/// namespace's ServiceAccounts.
+async fn grant(admin: &kube::Client, namespace: &str, account: &str) -> anyhow::Result<Api<ServiceAccount>> {
     let meta = |name: &str| ObjectMeta { name: Some(name.to_string()), ..ObjectMeta::default() };
     ensure(
         &Api::<Namespace>::all(admin.clone()),
@@ -111,23 +124,7 @@ pub async fn scoped(what: &Scoped, owner: Option<(u32, u32)>) -> anyhow::Result<
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
     let service_account = ServiceAccount { metadata: meta(account), ..ServiceAccount::default() };
     ensure(&accounts, &service_account, &format!("the ServiceAccount {namespace}/{account}")).await?;
-    let rules = RESOURCES
-        .iter()
-        .map(|resource| {
-            let group = match *resource {
-                "jobs" => "batch",
-                "networkpolicies" => "networking.k8s.io",
-                _ => "",
-            };
-            PolicyRule {
-                api_groups: Some(vec![group.to_string()]),
-                resources: Some(vec![resource.to_string()]),
-                verbs: VERBS.iter().map(|verb| verb.to_string()).collect(),
-                ..PolicyRule::default()
-            }
-        })
-        .collect();
-    let role = Role { metadata: meta(account), rules: Some(rules) };
+    let role = Role { metadata: meta(account), rules: Some(role_rules()) };
     ensure(&Api::<Role>::namespaced(admin.clone(), namespace), &role, &format!("the Role {namespace}/{account}"))
         .await?;
     let binding = RoleBinding {
@@ -150,9 +147,40 @@ pub async fn scoped(what: &Scoped, owner: Option<(u32, u32)>) -> anyhow::Result<
         &format!("the RoleBinding {namespace}/{account}"),
     )
     .await?;
+    Ok(accounts)
+}
+
+/// The rules of the runner's Role: every one of [`VERBS`] on each of [`RESOURCES`], in its
+/// API group.
+fn role_rules() -> Vec<PolicyRule> {
+    RESOURCES
+        .iter()
+        .map(|resource| {
+            let group = match *resource {
+                "jobs" => "batch",
+                "networkpolicies" => "networking.k8s.io",
+                _ => "",
+            };
+            PolicyRule {
+                api_groups: Some(vec![group.to_string()]),
+                resources: Some(vec![resource.to_string()]),
+                verbs: VERBS.iter().map(|verb| verb.to_string()).collect(),
+                ..PolicyRule::default()
+            }
+        })
+        .collect()
+}
+
+/// A token of the ServiceAccount `account`, valid for `seconds`, from the TokenRequest API.
+async fn issue_token(
+    accounts: &Api<ServiceAccount>,
+    namespace: &str,
+    account: &str,
+    seconds: i64,
+) -> anyhow::Result<String> {
     let request = TokenRequest {
         metadata: ObjectMeta::default(),
-        spec: Some(TokenRequestSpec { expiration_seconds: Some(what.seconds), ..TokenRequestSpec::default() }),
+        spec: Some(TokenRequestSpec { expiration_seconds: Some(seconds), ..TokenRequestSpec::default() }),
         status: None,
     };
     let issued = accounts
@@ -161,10 +189,12 @@ pub async fn scoped(what: &Scoped, owner: Option<(u32, u32)>) -> anyhow::Result<
         .with_context(|| format!("cannot issue a token for {namespace}/{account}"))?;
     let token = issued.status.and_then(|status| status.token).filter(|token| !token.is_empty());
     let Some(token) = token else { bail!("the API server issued no token for {namespace}/{account}") };
-    let server = config.cluster_url.to_string();
-    let ca = read_ca(&what.admin)?;
-    let text = kubeconfig(&server, ca.as_deref(), namespace, account, &token);
+    Ok(token)
+}
 
+/// Writes the kubeconfig `text` to a temporary file beside `what.output` (mode 0600), checks
+/// what it may do ([`check`]), gives it to `owner`, then renames it into place.
+async fn write_checked(what: &Scoped, owner: Option<(u32, u32)>, text: &str) -> anyhow::Result<()> {
     let dir = what.output.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let temporary = tempfile::Builder::new()
@@ -178,7 +208,7 @@ pub async fn scoped(what: &Scoped, owner: Option<(u32, u32)>) -> anyhow::Result<
         file.write_all(text.as_bytes())?;
         file.sync_all()?;
     }
-    let answers = check(temporary.path(), namespace).await?;
+    let answers = check(temporary.path(), &what.namespace).await?;
     let wrong: Vec<&String> = answers.iter().filter(|(_, right)| !right).map(|(said, _)| said).collect();
     if !wrong.is_empty() {
         bail!(
@@ -191,7 +221,7 @@ pub async fn scoped(what: &Scoped, owner: Option<(u32, u32)>) -> anyhow::Result<
             .context("cannot give the kubeconfig to its owner")?;
     }
     temporary.persist(&what.output).with_context(|| format!("cannot write {}", what.output.display()))?;
-    Ok(format!("wrote {} for {namespace}/{account}, valid for {} s", what.output.display(), what.seconds))
+    Ok(())
 }
 
 /// The `certificate-authority-data` of the admin kubeconfig's current cluster, if any.

@@ -22,6 +22,9 @@ pub const KEEP_ALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait;
 /// The name of the one container.
 pub const CONTAINER: &str = "run";
 
+/// The run's folders: an `emptyDir` volume each, mounted at `/NAME` in the run's container.
+const FOLDERS: [&str; 3] = ["work", "steps", "outputs"];
+
 /// Everything a Job manifest is made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobSpecInput {
@@ -81,53 +84,7 @@ pub fn job(input: &JobSpecInput) -> Job {
         annotations: Some(annotations(input)),
         ..ObjectMeta::default()
     };
-    let mut requests = BTreeMap::new();
-    if let Some(cpu) = &input.cpu {
-        requests.insert("cpu".to_string(), Quantity(cpu.clone()));
-    }
-    if let Some(memory) = &input.memory {
-        requests.insert("memory".to_string(), Quantity(memory.clone()));
-    }
-    let mut limits = BTreeMap::new();
-    if let Some(memory) = &input.memory_limit {
-        limits.insert("memory".to_string(), Quantity(memory.clone()));
-    }
-    let folders = ["work", "steps", "outputs"];
-    let container = Container {
-        name: CONTAINER.to_string(),
-        image: Some(input.image.clone()),
-        command: Some(vec!["sh".to_string(), "-c".to_string(), KEEP_ALIVE.to_string()]),
-        working_dir: Some("/work".to_string()),
-        resources: (!requests.is_empty() || !limits.is_empty()).then(|| ResourceRequirements {
-            requests: (!requests.is_empty()).then_some(requests),
-            limits: (!limits.is_empty()).then_some(limits),
-            ..ResourceRequirements::default()
-        }),
-        security_context: Some(unprivileged()),
-        volume_mounts: Some(
-            folders
-                .iter()
-                .map(|folder| VolumeMount {
-                    name: folder.to_string(),
-                    mount_path: format!("/{folder}"),
-                    ..VolumeMount::default()
-                })
-                .collect(),
-        ),
-        ..Container::default()
-    };
-    let anti_affinity = PodAntiAffinity {
-        required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
-            label_selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(RUNNER_LABEL.to_string(), label_value(&input.runner_id))])),
-                ..LabelSelector::default()
-            }),
-            topology_key: "kubernetes.io/hostname".to_string(),
-            ..PodAffinityTerm::default()
-        }]),
-        ..PodAntiAffinity::default()
-    };
-    let mut containers = vec![container];
+    let mut containers = vec![run_container(input)];
     containers.extend(input.services.iter().map(service_container));
     // The pod's containers share one network namespace: a service listens on the pod's
     // loopback, and its name resolves there through the kubelet-managed /etc/hosts.
@@ -149,9 +106,9 @@ pub fn job(input: &JobSpecInput) -> Job {
         termination_grace_period_seconds: Some(5),
         service_account_name: input.service_account.clone(),
         node_selector: (!input.node_selector.is_empty()).then(|| input.node_selector.clone()),
-        affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity), ..Affinity::default() }),
+        affinity: Some(Affinity { pod_anti_affinity: Some(anti_affinity(&input.runner_id)), ..Affinity::default() }),
         volumes: Some(
-            folders
+            FOLDERS
                 .iter()
                 .map(|folder| Volume {
                     name: folder.to_string(),
@@ -179,6 +136,61 @@ pub fn job(input: &JobSpecInput) -> Job {
             ..JobSpec::default()
         }),
         status: None,
+    }
+}
+
+/// The run's container: its image kept alive by [`KEEP_ALIVE`] in `/work`, with the run's
+/// requests, its memory limit, its folders, and no privileges.
+fn run_container(input: &JobSpecInput) -> Container {
+    let mut requests = BTreeMap::new();
+    if let Some(cpu) = &input.cpu {
+        requests.insert("cpu".to_string(), Quantity(cpu.clone()));
+    }
+    if let Some(memory) = &input.memory {
+        requests.insert("memory".to_string(), Quantity(memory.clone()));
+    }
+    let mut limits = BTreeMap::new();
+    if let Some(memory) = &input.memory_limit {
+        limits.insert("memory".to_string(), Quantity(memory.clone()));
+    }
+    Container {
+        name: CONTAINER.to_string(),
+        image: Some(input.image.clone()),
+        command: Some(vec!["sh".to_string(), "-c".to_string(), KEEP_ALIVE.to_string()]),
+        working_dir: Some("/work".to_string()),
+        resources: (!requests.is_empty() || !limits.is_empty()).then(|| ResourceRequirements {
+            requests: (!requests.is_empty()).then_some(requests),
+            limits: (!limits.is_empty()).then_some(limits),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(unprivileged()),
+        volume_mounts: Some(
+            FOLDERS
+                .iter()
+                .map(|folder| VolumeMount {
+                    name: folder.to_string(),
+                    mount_path: format!("/{folder}"),
+                    ..VolumeMount::default()
+                })
+                .collect(),
+        ),
+        ..Container::default()
+    }
+}
+
+/// The pod's anti-affinity: it is never scheduled on a node that runs a pod of the same runner,
+/// so a runner's runs never share a node.
+fn anti_affinity(runner_id: &str) -> PodAntiAffinity {
+    PodAntiAffinity {
+        required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+            label_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(RUNNER_LABEL.to_string(), label_value(runner_id))])),
+                ..LabelSelector::default()
+            }),
+            topology_key: "kubernetes.io/hostname".to_string(),
+            ..PodAffinityTerm::default()
+        }]),
+        ..PodAntiAffinity::default()
     }
 }
 

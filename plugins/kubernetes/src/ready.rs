@@ -16,6 +16,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use knotless_protocol::ExecutorError;
 use kube::api::Api;
 
@@ -46,23 +47,10 @@ pub async fn wait_ready(
     limits: &Limits,
 ) -> Result<String, ExecutorError> {
     let mut seen = pods.seen.clone();
-    // The event watches start only when the pod is late: a pod Ready at once costs none.
-    let mut job_events: Option<EventWatch> = None;
-    let mut pod_events: Option<(String, EventWatch)> = None;
-    let mut said = Said::default();
-    let mut unschedulable_since: Option<Instant> = None;
-    // Time spent waiting for a node before the pod was placed: the ready timeout leaves it out.
-    let mut waited_for_node = Duration::ZERO;
-    let mut last = String::from("no pod yet");
-    let began = Instant::now();
-    let mut pod_since: Option<Instant> = None;
-    let mut job_checked = Instant::now();
-    let cannot = |name: &str, cause: &str| {
-        ExecutorError::infrastructure(format!("the pod {name} of job {job} cannot run: {cause}"))
-    };
+    let mut wait = Waiting::new(client, namespace, job, limits);
     loop {
         let now = Instant::now();
-        if let Some(message) = &said.failed_create {
+        if let Some(message) = &wait.said.failed_create {
             return Err(ExecutorError::infrastructure(format!(
                 "the job {job} cannot create its pod (FailedCreate): {message}"
             )));
@@ -75,97 +63,27 @@ pub async fn wait_ready(
             // The policy goes with the pod from now on, whatever happens to this start.
             policy.owned_by(client, pod).await?;
         }
-        let mut deadline = limits.ready + waited_for_node;
-        let mut waiting_for_node = false;
-        match current.pod.as_ref().map(|pod| (pod, pod::from_pod(pod))) {
-            Some((pod, state)) => {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let since = *pod_since.get_or_insert(now);
-                let late = now.duration_since(since) >= LATE
-                    || matches!(&state, PodState::Unschedulable { .. })
-                    || matches!(&state, PodState::Pending { detail, .. } if detail.contains("backs off"))
-                    || said.temporary_pull.is_some();
-                if late && pod_events.as_ref().is_none_or(|(known, _)| *known != name) {
-                    pod_events = Some((name.clone(), EventWatch::start(client, namespace, &name)));
-                }
-                match state {
-                    PodState::Ready { name } => return Ok(name),
-                    PodState::Failed { name, cause } => {
-                        return Err(cannot(&name, &services::with_log(client, pod, cause).await));
-                    }
-                    PodState::Pending { name, detail } => {
-                        if let Some(cause) = &said.image {
-                            return Err(cannot(&name, cause));
-                        }
-                        // One pull after the back-off for a refusal the registry marks temporary.
-                        if said.temporary_pulls() >= 2
-                            && let Some(cause) = &said.temporary_pull
-                        {
-                            return Err(cannot(&name, &format!("{cause} (refused again after the back-off)")));
-                        }
-                        if let Some(since) = unschedulable_since.take() {
-                            waited_for_node += now.duration_since(since);
-                            deadline = limits.ready + waited_for_node;
-                        }
-                        last = format!("pod {name}: {detail}");
-                    }
-                    PodState::Unschedulable { name, message } => {
-                        let held = pod::held_by_own_runs(&message);
-                        if let Some(Scale::Refused(refused)) = &said.scale
-                            && !pod::scale_up_blocked_for_now(refused)
-                            && !held
-                        {
-                            return Err(cannot(
-                                &name,
-                                &format!("it is unschedulable ({message}) and no node will be added: {refused}"),
-                            ));
-                        }
-                        // The wait for a node is its own, from when the pod was first Unschedulable
-                        // (a pod once placed is never Unschedulable again).
-                        let since = *unschedulable_since.get_or_insert(now);
-                        deadline = since + limits.scale_up;
-                        waiting_for_node = true;
-                        last = match &said.scale {
-                            Some(Scale::Adding(scaling)) => {
-                                format!("pod {name}: unschedulable ({message}); a node is being added: {scaling}")
-                            }
-                            Some(Scale::Refused(refused)) => {
-                                format!("pod {name}: unschedulable ({message}); waiting for a node to free: {refused}")
-                            }
-                            None if held => format!(
-                                "pod {name}: unschedulable ({message}); waiting for a node another run of this runner holds"
-                            ),
-                            None => format!("pod {name}: unschedulable ({message}); no autoscaler said it adds a node"),
-                        };
-                    }
-                    PodState::Missing => {}
-                }
-            }
+        let look = match &current.pod {
+            Some(pod) => wait.pod(pod, now).await?,
             None if current.deleted => {
                 return Err(ExecutorError::infrastructure(format!(
                     "the pod of job {job} was deleted before it was Ready"
                 )));
             }
             None => {
-                if job_events.is_none() && now.duration_since(began) >= LATE {
-                    job_events = Some(EventWatch::start(client, namespace, job));
-                }
-                // The Job controller may lag; a Job that is gone is not worth waiting for.
-                if now.duration_since(job_checked) >= Duration::from_secs(5) {
-                    job_checked = now;
-                    let jobs: Api<Job> = client.api(namespace);
-                    let found = client.limited(&format!("get the Job {job}"), jobs.get_opt(job)).await?;
-                    if found.is_none() {
-                        return Err(ExecutorError::infrastructure(format!(
-                            "the job {job} was deleted before its pod ran"
-                        )));
-                    }
-                }
+                wait.no_pod(now).await?;
+                Look::Starting
             }
-        }
+        };
+        let (deadline, waiting_for_node) = match look {
+            Look::Ready(name) => return Ok(name),
+            Look::ForNode(deadline) => (deadline, true),
+            Look::Starting => (limits.ready + wait.waited_for_node, false),
+        };
         let start_timeout = deadline >= limits.hard;
         let deadline = deadline.min(limits.hard);
         if now >= deadline {
+            let last = &wait.last;
             if waiting_for_node && !start_timeout {
                 return Err(ExecutorError::infrastructure(format!(
                     "the pod of job {job} found no node within scale-up-timeout ({} s): {last}",
@@ -181,10 +99,162 @@ pub async fn wait_ready(
             changed = seen.changed() => if changed.is_err() {
                 return Err(ExecutorError::infrastructure(format!("the watch of job {job}'s pod ended")));
             },
-            Some(event) = next(&mut job_events) => said.add(&event),
-            Some(event) = next(pod_events.as_mut().map(|(_, watch)| watch)) => said.add(&event),
+            Some(event) = next(&mut wait.job_events) => wait.said.add(&event),
+            Some(event) = next(wait.pod_events.as_mut().map(|(_, watch)| watch)) => wait.said.add(&event),
             () = tokio::time::sleep_until(wake) => {}
         }
+    }
+}
+
+/// Where a start stands after a look at its Job and pod, when the look did not end it.
+enum Look {
+    /// The pod is Ready, with this name.
+    Ready(String),
+    /// The pod is Unschedulable: it waits for a node until this deadline.
+    ForNode(Instant),
+    /// It waits for the rest of its start, within the ready timeout.
+    Starting,
+}
+
+/// What the wait for one Job's pod has learned so far, and what it watches.
+struct Waiting<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    job: &'a str,
+    limits: &'a Limits,
+    /// The events about the Job, watched once it is late without a pod.
+    job_events: Option<EventWatch>,
+    /// The events about the pod (its name, and their watch), watched once it is late.
+    pod_events: Option<(String, EventWatch)>,
+    said: Said,
+    unschedulable_since: Option<Instant>,
+    /// Time spent waiting for a node before the pod was placed: the ready timeout leaves it out.
+    waited_for_node: Duration,
+    /// Where the start was last seen, for the error of a timeout.
+    last: String,
+    began: Instant,
+    pod_since: Option<Instant>,
+    job_checked: Instant,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(client: &'a Client, namespace: &'a str, job: &'a str, limits: &'a Limits) -> Waiting<'a> {
+        Waiting {
+            client,
+            namespace,
+            job,
+            limits,
+            // The event watches start only when the pod is late: a pod Ready at once costs none.
+            job_events: None,
+            pod_events: None,
+            said: Said::default(),
+            unschedulable_since: None,
+            waited_for_node: Duration::ZERO,
+            last: String::from("no pod yet"),
+            began: Instant::now(),
+            pod_since: None,
+            job_checked: Instant::now(),
+        }
+    }
+
+    /// The error of a pod that cannot run, for `cause`.
+    fn cannot(&self, name: &str, cause: &str) -> ExecutorError {
+        let job = self.job;
+        ExecutorError::infrastructure(format!("the pod {name} of job {job} cannot run: {cause}"))
+    }
+
+    /// Looks at the run's pod: watches the events about it once it is late, ends the start when
+    /// it failed or will never run, and otherwise says whether it is Ready or what it waits for.
+    async fn pod(&mut self, pod: &Pod, now: Instant) -> Result<Look, ExecutorError> {
+        let state = pod::from_pod(pod);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let since = *self.pod_since.get_or_insert(now);
+        let late = now.duration_since(since) >= LATE
+            || matches!(&state, PodState::Unschedulable { .. })
+            || matches!(&state, PodState::Pending { detail, .. } if detail.contains("backs off"))
+            || self.said.temporary_pull.is_some();
+        if late && self.pod_events.as_ref().is_none_or(|(known, _)| *known != name) {
+            self.pod_events = Some((name.clone(), EventWatch::start(self.client, self.namespace, &name)));
+        }
+        match state {
+            PodState::Ready { name } => Ok(Look::Ready(name)),
+            PodState::Failed { name, cause } => {
+                Err(self.cannot(&name, &services::with_log(self.client, pod, cause).await))
+            }
+            PodState::Pending { name, detail } => self.pending(&name, &detail, now).map(|()| Look::Starting),
+            PodState::Unschedulable { name, message } => self.unschedulable(&name, &message, now).map(Look::ForNode),
+            PodState::Missing => Ok(Look::Starting),
+        }
+    }
+
+    /// A Pending pod: ends the start when its image cannot be pulled, or the registry refused it
+    /// again after the kubelet's back-off; a pod placed ends its wait for a node, which the ready
+    /// timeout leaves out.
+    fn pending(&mut self, name: &str, detail: &str, now: Instant) -> Result<(), ExecutorError> {
+        if let Some(cause) = &self.said.image {
+            return Err(self.cannot(name, cause));
+        }
+        // One pull after the back-off for a refusal the registry marks temporary.
+        if self.said.temporary_pulls() >= 2
+            && let Some(cause) = &self.said.temporary_pull
+        {
+            return Err(self.cannot(name, &format!("{cause} (refused again after the back-off)")));
+        }
+        if let Some(since) = self.unschedulable_since.take() {
+            self.waited_for_node += now.duration_since(since);
+        }
+        self.last = format!("pod {name}: {detail}");
+        Ok(())
+    }
+
+    /// An Unschedulable pod: ends the start when an autoscaler says no node will be added and no
+    /// node holds a run of this runner; otherwise returns the deadline of its wait for a node.
+    fn unschedulable(&mut self, name: &str, message: &str, now: Instant) -> Result<Instant, ExecutorError> {
+        let held = pod::held_by_own_runs(message);
+        if let Some(Scale::Refused(refused)) = &self.said.scale
+            && !pod::scale_up_blocked_for_now(refused)
+            && !held
+        {
+            return Err(
+                self.cannot(name, &format!("it is unschedulable ({message}) and no node will be added: {refused}"))
+            );
+        }
+        // The wait for a node is its own, from when the pod was first Unschedulable
+        // (a pod once placed is never Unschedulable again).
+        let since = *self.unschedulable_since.get_or_insert(now);
+        let deadline = since + self.limits.scale_up;
+        self.last = match &self.said.scale {
+            Some(Scale::Adding(scaling)) => {
+                format!("pod {name}: unschedulable ({message}); a node is being added: {scaling}")
+            }
+            Some(Scale::Refused(refused)) => {
+                format!("pod {name}: unschedulable ({message}); waiting for a node to free: {refused}")
+            }
+            None if held => {
+                format!("pod {name}: unschedulable ({message}); waiting for a node another run of this runner holds")
+            }
+            None => format!("pod {name}: unschedulable ({message}); no autoscaler said it adds a node"),
+        };
+        Ok(deadline)
+    }
+
+    /// No pod yet: watches the events about the Job once it is late, and ends the start when
+    /// the Job is gone.
+    async fn no_pod(&mut self, now: Instant) -> Result<(), ExecutorError> {
+        let (client, namespace, job) = (self.client, self.namespace, self.job);
+        if self.job_events.is_none() && now.duration_since(self.began) >= LATE {
+            self.job_events = Some(EventWatch::start(client, namespace, job));
+        }
+        // The Job controller may lag; a Job that is gone is not worth waiting for.
+        if now.duration_since(self.job_checked) >= Duration::from_secs(5) {
+            self.job_checked = now;
+            let jobs: Api<Job> = client.api(namespace);
+            let found = client.limited(&format!("get the Job {job}"), jobs.get_opt(job)).await?;
+            if found.is_none() {
+                return Err(ExecutorError::infrastructure(format!("the job {job} was deleted before its pod ran")));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -14,6 +14,7 @@ use kube::core::Status;
 
 use crate::KubernetesExecutor;
 use crate::api::Client;
+use crate::config::Config;
 use crate::ending;
 use crate::manifest::{self, JobSpecInput};
 use crate::names::{self, RUN_LABEL, RUNNER_LABEL};
@@ -91,23 +92,7 @@ pub async fn start(
     }
     let client = executor.cluster.get()?.client().await?;
     let image = params.image.clone().filter(|image| !image.is_empty()).unwrap_or_else(|| config.image.clone());
-    let (memory_request, memory_limit) = config.memory_of(params.resources.memory.as_deref())?;
-    let input = JobSpecInput {
-        runner_id: config.runner_id.clone(),
-        session: params.session.clone(),
-        check_key: params.run.check_key.clone(),
-        namespace: config.namespace.clone(),
-        image: image.clone(),
-        cpu: Some(params.resources.cpu.clone().unwrap_or_else(|| config.cpu_request.clone())),
-        memory: Some(memory_request),
-        memory_limit: Some(memory_limit),
-        service_account: config.service_account.clone(),
-        node_selector: config.node_selector.clone(),
-        deadline_secs: manifest::deadline_secs(params.run_timeout_ms),
-        ttl_secs: (!params.keep).then_some(config.ttl_seconds),
-        services: params.services.clone(),
-        owner: owner.token().to_string(),
-    };
+    let input = job_input(&config, &params, &image, owner.token())?;
     let job = manifest::job(&input);
     let job_name = names::job_name(&config.runner_id, &params.session);
     let selector = run_selector(&config.runner_id, &params.session);
@@ -172,6 +157,29 @@ pub async fn start(
     executor.sessions.lock().insert(params.session.clone(), std::sync::Arc::new(session));
     let paths = SessionPaths { work: "/work".into(), steps: "/steps".into(), outputs: "/outputs".into() };
     Ok(StartResult { paths, description: Some(description) })
+}
+
+/// What the session's Job is made of: the runner's configuration, with what the start asks
+/// (its image, resources, timeout, `keep` and services) in place of its defaults; an error
+/// when the memory it asks is over `memory-max` ([`Config::memory_of`]).
+fn job_input(config: &Config, params: &StartParams, image: &str, owner: &str) -> Result<JobSpecInput, ExecutorError> {
+    let (memory_request, memory_limit) = config.memory_of(params.resources.memory.as_deref())?;
+    Ok(JobSpecInput {
+        runner_id: config.runner_id.clone(),
+        session: params.session.clone(),
+        check_key: params.run.check_key.clone(),
+        namespace: config.namespace.clone(),
+        image: image.to_string(),
+        cpu: Some(params.resources.cpu.clone().unwrap_or_else(|| config.cpu_request.clone())),
+        memory: Some(memory_request),
+        memory_limit: Some(memory_limit),
+        service_account: config.service_account.clone(),
+        node_selector: config.node_selector.clone(),
+        deadline_secs: manifest::deadline_secs(params.run_timeout_ms),
+        ttl_secs: (!params.keep).then_some(config.ttl_seconds),
+        services: params.services.clone(),
+        owner: owner.to_string(),
+    })
 }
 
 /// Creates the Job and waits for its pod to be Ready (and its services healthy); the pod's

@@ -72,23 +72,7 @@ pub async fn run(
     tracing::debug!(session = %session.id, step = params.step, name = %params.name, reaper = reaper.pid(), "step started");
     let mut pipes = Pipes::new(Some(stdout), Some(stderr));
 
-    let ending = loop {
-        tokio::select! {
-            chunk = pipes.read(), if pipes.is_open() => {
-                if let Some((stream, bytes)) = chunk {
-                    context.output(&session.id, params.step, stream, &bytes).await;
-                }
-            }
-            event = reaper.next() => match event {
-                Event::Exit(code) => break Ending::Exited(code),
-                Event::Failed(error) => break Ending::Failed(error),
-                Event::Killed { .. } | Event::Idle | Event::Gone | Event::Lost => break Ending::Lost,
-            },
-            () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
-            () = context.cancelled() => break Ending::Cancelled,
-            () = session.stopped.cancelled() => break Ending::Cancelled,
-        }
-    };
+    let ending = watch(&mut reaper, &mut pipes, &context, &session, params.step, deadline).await;
     let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
 
     let exit_code = match ending {
@@ -126,9 +110,55 @@ pub async fn run(
         }
     };
 
+    let killed_processes = after_exit(reaper, &mut pipes, &context, &session, &params, &step_name).await;
+    tracing::debug!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
+    Ok(CommandResult { exit_code, duration_ms, killed_processes })
+}
+
+/// Streams the step's output until its shell ends, its reaper is lost, its deadline passes,
+/// or it is cancelled (the request, or the session's stop); says which.
+async fn watch(
+    reaper: &mut Reaper,
+    pipes: &mut Pipes,
+    context: &Context,
+    session: &Session,
+    step: u32,
+    deadline: tokio::time::Instant,
+) -> Ending {
+    loop {
+        tokio::select! {
+            chunk = pipes.read(), if pipes.is_open() => {
+                if let Some((stream, bytes)) = chunk {
+                    context.output(&session.id, step, stream, &bytes).await;
+                }
+            }
+            event = reaper.next() => match event {
+                Event::Exit(code) => break Ending::Exited(code),
+                Event::Failed(error) => break Ending::Failed(error),
+                Event::Killed { .. } | Event::Idle | Event::Gone | Event::Lost => break Ending::Lost,
+            },
+            () = tokio::time::sleep_until(deadline) => break Ending::TimedOut,
+            () = context.cancelled() => break Ending::Cancelled,
+            () = session.stopped.cancelled() => break Ending::Cancelled,
+        }
+    }
+}
+
+/// Once the step's shell has exited: a secret-bearing step's processes are killed with its
+/// reaper, and what is left in the pipes is sent; another step's last output is read, and its
+/// reaper goes back to the session, idle or with the processes the step left running. Returns
+/// how many processes were killed.
+async fn after_exit(
+    mut reaper: Reaper,
+    pipes: &mut Pipes,
+    context: &Context,
+    session: &Session,
+    params: &CommandParams,
+    step_name: &str,
+) -> u32 {
     let mut killed_processes = 0;
     if !params.secrets.is_empty() {
-        killed_processes = kill(reaper, &context, &session, &step_name).await;
+        killed_processes = kill(reaper, context, session, step_name).await;
         if killed_processes > 0 {
             let message = format!(
                 "step {step_name} was given secrets and left {killed_processes} processes running: killed them"
@@ -136,9 +166,9 @@ pub async fn run(
             tracing::info!(session = %session.id, step = params.step, "{message}");
             context.log(&session.id, LogLevel::Warn, message).await;
         }
-        drain(&mut pipes, &context, &session.id, params.step).await;
+        drain(pipes, context, &session.id, params.step).await;
     } else {
-        match settle(&mut reaper, &mut pipes, &context, &session.id, params.step).await {
+        match settle(&mut reaper, pipes, context, &session.id, params.step).await {
             Settled::Idle => session.keep_idle(reaper),
             // Leftovers live on (a service for later steps): their reaper stays with the session.
             Settled::Running => session.linger(reaper),
@@ -148,8 +178,7 @@ pub async fn run(
             }
         }
     }
-    tracing::debug!(session = %session.id, step = params.step, exit_code, duration_ms, "step ended");
-    Ok(CommandResult { exit_code, duration_ms, killed_processes })
+    killed_processes
 }
 
 /// Runs the step under the session's idle reaper, or a new one when there is none or it is

@@ -47,15 +47,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (frames, mut outgoing) = mpsc::channel::<Vec<u8>>(256);
-    let writer = tokio::spawn(async move {
-        let mut output = output;
-        while let Some(frame) = outgoing.recv().await {
-            output.write_all(&frame).await?;
-            output.flush().await?;
-        }
-        anyhow::Ok(())
-    });
+    let (frames, writer) = spawn_writer(output);
     let state = Arc::new(State {
         executor,
         version: OnceLock::new(),
@@ -79,23 +71,9 @@ where
                 continue;
             }
         };
-        // Only an object is a message: serde would read `Incoming` from an array (a batch) too.
-        let object = frame.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
-        let message: Incoming<'_> = match serde_json::from_slice(&frame) {
-            Ok(message) if object => message,
-            parsed => {
-                let response = match serde_json::from_slice::<serde::de::IgnoredAny>(&frame) {
-                    Err(error) => {
-                        let text = format!("not JSON ({error}): {}", framing::first_bytes(&frame));
-                        error_response(serde_json::Value::Null, ErrorCode::ParseError.code(), &text)
-                    }
-                    // JSON, but no object, or one `Incoming` does not take (a field given twice).
-                    Ok(_) => {
-                        let why = parsed.err().map(|error| format!(" ({error})")).unwrap_or_default();
-                        let text = format!("a message without a method{why}");
-                        error_response(serde_json::Value::Null, ErrorCode::InvalidRequest.code(), &text)
-                    }
-                };
+        let message = match read_message(&frame) {
+            Ok(message) => message,
+            Err(response) => {
                 let _ = frames.send(response).await;
                 continue;
             }
@@ -107,18 +85,11 @@ where
             continue;
         };
         let Some(id) = message.id.clone() else {
-            if method == method::CANCEL
-                && let Some(params) =
-                    message.params.and_then(|params| serde_json::from_str::<CancelParams>(params.get()).ok())
-            {
-                state.cancel(&params.id);
-            }
+            notified(&state, &method, message.params);
             continue;
         };
         if method == method::SHUTDOWN {
-            state.cancel_all();
-            settle(&mut tasks).await;
-            state.executor.shutdown().await;
+            wind_down(&state, &mut tasks).await;
             let _ = frames.send(framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}}))).await;
             drop(input);
             drop(module);
@@ -146,12 +117,68 @@ where
         while tasks.try_join_next().is_some() {}
     }
     // The runner closed stdin: it is gone, so nothing it started may outlive it.
-    state.cancel_all();
-    settle(&mut tasks).await;
-    state.executor.shutdown().await;
+    wind_down(&state, &mut tasks).await;
     drop(module);
     drop(state);
     finish(tasks, frames, writer).await
+}
+
+/// Spawns the task that owns `output`: it writes every frame sent on the returned channel, in
+/// order, until the last sender is dropped.
+fn spawn_writer<W>(output: W) -> (mpsc::Sender<Vec<u8>>, tokio::task::JoinHandle<anyhow::Result<()>>)
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (frames, mut outgoing) = mpsc::channel::<Vec<u8>>(256);
+    let writer = tokio::spawn(async move {
+        let mut output = output;
+        while let Some(frame) = outgoing.recv().await {
+            output.write_all(&frame).await?;
+            output.flush().await?;
+        }
+        anyhow::Ok(())
+    });
+    (frames, writer)
+}
+
+/// The message in `frame`, or the error response that refuses it: a frame that is not JSON,
+/// or JSON that is no message.
+fn read_message(frame: &[u8]) -> Result<Incoming<'_>, Vec<u8>> {
+    // Only an object is a message: serde would read `Incoming` from an array (a batch) too.
+    let object = frame.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
+    match serde_json::from_slice(frame) {
+        Ok(message) if object => Ok(message),
+        parsed => Err(match serde_json::from_slice::<serde::de::IgnoredAny>(frame) {
+            Err(error) => {
+                let text = format!("not JSON ({error}): {}", framing::first_bytes(frame));
+                error_response(serde_json::Value::Null, ErrorCode::ParseError.code(), &text)
+            }
+            // JSON, but no object, or one `Incoming` does not take (a field given twice).
+            Ok(_) => {
+                let why = parsed.err().map(|error| format!(" ({error})")).unwrap_or_default();
+                let text = format!("a message without a method{why}");
+                error_response(serde_json::Value::Null, ErrorCode::InvalidRequest.code(), &text)
+            }
+        }),
+    }
+}
+
+/// Takes a notification (a message without an id): a `cancel` cancels the request it names;
+/// any other is ignored.
+fn notified<E>(state: &State<E>, method: &str, params: Option<&serde_json::value::RawValue>) {
+    if method == method::CANCEL
+        && let Some(params) = params.and_then(|params| serde_json::from_str::<CancelParams>(params.get()).ok())
+    {
+        state.cancel(&params.id);
+    }
+}
+
+/// Cancels every request in flight, gives them [`SETTLE_CANCELLED`] to end, then shuts the
+/// executor down.
+async fn wind_down<E: Executor>(state: &State<E>, tasks: &mut tokio::task::JoinSet<()>) {
+    state.cancel_all();
+    settle(tasks).await;
+    state.executor.shutdown().await;
 }
 
 /// How long the requests cancelled at `shutdown` or at the end of stdin get to end (and answer)

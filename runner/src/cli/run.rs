@@ -2,7 +2,7 @@
 //! summary table.
 
 use std::collections::BTreeMap;
-use std::io::{IsTerminal as _, Write as _};
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,7 +12,10 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 mod defaults;
+mod graph;
 mod select;
+mod terminal;
+mod variables;
 
 pub(crate) use select::table;
 
@@ -22,9 +25,13 @@ use crate::checkout::{Checkout, CheckoutInfo};
 use crate::engine::{self, RunPlan};
 use crate::host::ExecutorHost;
 use crate::printable;
-use crate::report::{LogLine, LogSink, Progress, RunReport, RunStatus, StepReport, StepStatus};
+use crate::report::{LogSink, RunReport, RunStatus};
 use crate::workflow::{Event, Workflow, WorkflowError};
+use graph::{Ran, run_graph};
 use knotless_protocol::messages::Isolation;
+use terminal::{Paint, Terminal, note, print_failed_tails, print_summary};
+use variables::secret_file;
+pub(crate) use variables::step_variables;
 
 /// `run` flags.
 #[derive(Debug, Args)]
@@ -148,182 +155,6 @@ impl ColorChoice {
             ColorChoice::Always => true,
             ColorChoice::Never => false,
             ColorChoice::Auto => std::io::stdout().is_terminal() && !super::no_color(),
-        }
-    }
-}
-
-/// Colours for what `run` prints, or none.
-#[derive(Debug, Clone, Copy)]
-struct Paint(bool);
-
-impl Paint {
-    /// `text` in the colour of a status word: green for a success, red for a failure or an
-    /// error, yellow for the rest (skipped, cancelled).
-    fn status(self, text: &str) -> String {
-        let code = match text.trim_end() {
-            "success" => "32",
-            "failure" | "error" | "timed out" => "31",
-            _ => "33",
-        };
-        self.wrap(code, text)
-    }
-
-    /// A runner's note, set apart from step output (cyan).
-    fn note(self, text: &str) -> String {
-        self.wrap("36", text)
-    }
-
-    fn wrap(self, code: &str, text: &str) -> String {
-        if self.0 { format!("\x1b[{code}m{text}\x1b[0m") } else { text.to_string() }
-    }
-}
-
-/// Prints a run's lines as they come: `workflow/step | text`, written out a chunk of output
-/// at a time, whole lines only, so that workflows running side by side never split each
-/// other's lines.
-struct Terminal {
-    workflow: String,
-    /// The last lines of each step that wrote any and did not pass (the running one's too),
-    /// repeated under the summary for each that failed.
-    tails: Vec<StepTail>,
-    out: Vec<u8>,
-    /// The latest step's name and the prefix its lines are shown with.
-    prefix: Option<(String, String)>,
-    paint: Paint,
-    /// Whether a transfer's progress is shown, on a line of its own that the next line
-    /// overwrites: only on a terminal, one workflow at a time.
-    live_progress: bool,
-    /// The characters of the progress line shown now, if any.
-    progress_shown: usize,
-}
-
-/// What a terminal buffers before it writes.
-const TERMINAL_BUFFER: usize = 64 << 10;
-
-impl Terminal {
-    fn new(workflow: String, paint: Paint, live_progress: bool) -> Terminal {
-        Terminal {
-            workflow,
-            tails: Vec::new(),
-            out: Vec::with_capacity(TERMINAL_BUFFER),
-            prefix: None,
-            paint,
-            live_progress,
-            progress_shown: 0,
-        }
-    }
-
-    /// Blanks the progress line, so that what follows starts on a clean line.
-    fn clear_progress(&mut self) {
-        if self.progress_shown > 0 {
-            self.out.push(b'\r');
-            self.out.resize(self.out.len() + self.progress_shown, b' ');
-            self.out.push(b'\r');
-            self.progress_shown = 0;
-        }
-    }
-}
-
-/// How many lines of a failed step's output are repeated under the summary.
-const FAILED_TAIL: usize = 20;
-
-/// The last [`FAILED_TAIL`] lines of one step's output (stdout and stderr).
-#[derive(Default)]
-struct StepTail {
-    step: Option<String>,
-    lines: std::collections::VecDeque<String>,
-}
-
-impl StepTail {
-    fn push(&mut self, step: &str, text: &str) {
-        if self.step.as_deref() != Some(step) {
-            self.step = Some(step.to_string());
-            self.lines.clear();
-        }
-        // A full tail reuses the line it drops.
-        let mut line = if self.lines.len() == FAILED_TAIL { self.lines.pop_front() } else { None }.unwrap_or_default();
-        line.clear();
-        line.push_str(text);
-        self.lines.push_back(line);
-    }
-}
-
-impl LogSink for Terminal {
-    fn line(&mut self, line: &LogLine<'_>) {
-        self.clear_progress();
-        if let Some(step) = line.step {
-            if self.tails.last().is_none_or(|tail| tail.step.as_deref() != Some(step)) {
-                self.tails.push(StepTail::default());
-            }
-            if let Some(tail) = self.tails.last_mut() {
-                tail.push(step, line.text);
-            }
-        }
-        match line.step {
-            Some(step) => {
-                let workflow = &self.workflow;
-                let (name, prefix) = match self.prefix.take() {
-                    Some((name, prefix)) if name == step => (name, prefix),
-                    _ => (step.to_string(), format!("{}/{} | ", printable::name(workflow), printable::name(step))),
-                };
-                self.out.extend_from_slice(prefix.as_bytes());
-                // A colour terminal gets the step's colours; nothing else of its controls.
-                let text = if self.paint.0 { printable::coloured_line(line.text) } else { printable::line(line.text) };
-                self.out.extend_from_slice(text.as_bytes());
-                self.out.push(b'\n');
-                self.prefix = Some((name, prefix));
-            }
-            None => {
-                let note = format!("{} ==> {}", printable::name(&self.workflow), printable::name(line.text));
-                self.out.extend_from_slice(self.paint.note(&note).as_bytes());
-                self.out.push(b'\n');
-            }
-        }
-        if self.out.len() >= TERMINAL_BUFFER {
-            self.flush();
-        }
-    }
-
-    fn flush(&mut self) {
-        if !self.out.is_empty() {
-            // One locked write of whole lines: no other workflow's line lands inside one.
-            let mut stdout = std::io::stdout().lock();
-            let _ = stdout.write_all(&self.out).and_then(|()| stdout.flush());
-            self.out.clear();
-        }
-    }
-
-    fn progress(&mut self, progress: Option<&Progress<'_>>) {
-        if !self.live_progress {
-            return;
-        }
-        self.clear_progress();
-        if let Some(progress) = progress {
-            // From the line's start, whatever the terminal's cursor was left at.
-            self.out.push(b'\r');
-            let seconds = progress.elapsed.as_secs_f64().max(0.001);
-            let text = format!(
-                "{} ==> {}: {} ({}/s)",
-                printable::name(&self.workflow),
-                printable::name(progress.what),
-                printable::size(progress.bytes),
-                printable::size((progress.bytes as f64 / seconds) as u64)
-            );
-            self.out.extend_from_slice(text.as_bytes());
-            self.progress_shown = text.chars().count();
-        }
-        self.flush();
-    }
-
-    fn steps(&mut self, steps: &[StepReport], running: Option<usize>) {
-        // A step that ended well: its lines need not be repeated.
-        let Some(ended) = steps.last().filter(|_| running.is_none()) else { return };
-        let failed = matches!(ended.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error);
-        if !failed
-            && let Some(tail) = self.tails.last()
-            && tail.step.as_deref() == Some(&*printable::name(&ended.name))
-        {
-            self.tails.pop();
         }
     }
 }
@@ -576,153 +407,6 @@ fn exit_code(reports: &[(RunReport, Option<PathBuf>)], errors: &[WorkflowError])
     }
 }
 
-/// What one workflow of a run gave: its report, its outputs folder, its failed steps' tails.
-type Ran = (RunReport, Option<PathBuf>, Vec<StepTail>);
-
-/// Runs `selected`, up to `jobs` at once, each once every workflow it needs has passed; one
-/// whose need did not pass, or does not run here, is skipped with the reason. The results are
-/// in the order of `selected`.
-async fn run_graph(context: &Context, selected: Vec<crate::workflow::Workflow>, jobs: usize) -> Vec<Ran> {
-    let names: Vec<(String, Option<String>)> =
-        selected.iter().map(|workflow| (workflow.name.clone(), workflow.base.clone())).collect();
-    let mut results: Vec<Option<Ran>> = (0..selected.len()).map(|_| None).collect();
-    let mut ended: BTreeMap<String, RunStatus> = BTreeMap::new();
-    let mut waiting: Vec<(usize, crate::workflow::Workflow)> = selected.into_iter().enumerate().collect();
-    let mut running: Vec<Running<'_>> = Vec::new();
-    // How many combinations of each matrix run, by file stem.
-    let mut active: BTreeMap<String, usize> = BTreeMap::new();
-    loop {
-        // A skip can decide what waited for it: scan again until nothing changes.
-        let mut index = 0;
-        while index < waiting.len() && !context.cancel.is_cancelled() {
-            match readiness(&waiting[index].1, &names, &ended) {
-                Readiness::Wait => index += 1,
-                Readiness::Skip(cause) => {
-                    let (at, workflow) = waiting.remove(index);
-                    index = 0;
-                    let mut terminal = Terminal::new(workflow.name.clone(), context.paint, false);
-                    note(&mut terminal, &format!("skipped: {cause}"));
-                    terminal.flush();
-                    ended.insert(workflow.name.clone(), RunStatus::Skipped);
-                    results[at] = Some((skipped(&workflow, cause), None, terminal.tails));
-                }
-                Readiness::Ready if running.len() < jobs && !at_max_parallel(&waiting[index].1, &active) => {
-                    let (at, workflow) = waiting.remove(index);
-                    if let Some(base) = &workflow.base {
-                        *active.entry(base.clone()).or_default() += 1;
-                    }
-                    running.push(Box::pin(async move { (at, context.run(workflow).await) }));
-                }
-                Readiness::Ready => index += 1,
-            }
-        }
-        let next = first_ended(&mut running).await;
-        if let Some((at, _)) = &next
-            && let Some(base) = &names[*at].1
-            && let Some(count) = active.get_mut(base)
-        {
-            *count = count.saturating_sub(1);
-        }
-        match next {
-            Some((at, Some(ran))) => {
-                ended.insert(ran.0.workflow.clone(), ran.0.status);
-                results[at] = Some(ran);
-            }
-            Some((_, None)) => {}
-            // Nothing runs and nothing can start: cancelled, or all done.
-            None => break,
-        }
-    }
-    results.into_iter().flatten().collect()
-}
-
-/// A workflow running in a run, which gives its index in the run and what it gave.
-type Running<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Option<Ran>)> + Send + 'a>>;
-
-/// What the first of `running` to end gave, taken out of it; `None` when nothing runs.
-///
-/// Every running workflow is polled on each wake-up (there are at most `--jobs`), rather than
-/// through `FuturesUnordered`, which wakes its own task again whenever it has polled all it
-/// holds: on the multi-threaded runtime, that woke the other worker at every step.
-async fn first_ended(running: &mut Vec<Running<'_>>) -> Option<(usize, Option<Ran>)> {
-    if running.is_empty() {
-        return None;
-    }
-    let ended = std::future::poll_fn(|cx| {
-        for (index, workflow) in running.iter_mut().enumerate() {
-            if let std::task::Poll::Ready(ended) = workflow.as_mut().poll(cx) {
-                return std::task::Poll::Ready((index, ended));
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await;
-    drop(running.swap_remove(ended.0));
-    Some(ended.1)
-}
-
-/// Whether `workflow` is a combination of a matrix that already runs its `max-parallel`.
-fn at_max_parallel(workflow: &crate::workflow::Workflow, active: &BTreeMap<String, usize>) -> bool {
-    match (&workflow.base, workflow.max_parallel) {
-        (Some(base), Some(limit)) => active.get(base).is_some_and(|running| *running >= limit),
-        _ => false,
-    }
-}
-
-/// Whether a workflow can start now.
-enum Readiness {
-    Ready,
-    Wait,
-    Skip(String),
-}
-
-/// Whether `workflow` can start, given the names of the run's workflows (each with its matrix
-/// stem) and how those that ended ended.
-fn readiness(
-    workflow: &crate::workflow::Workflow,
-    names: &[(String, Option<String>)],
-    ended: &BTreeMap<String, RunStatus>,
-) -> Readiness {
-    let mut wait = false;
-    for need in &workflow.needs {
-        let named: Vec<&String> = names
-            .iter()
-            .filter(|(name, base)| name == need || base.as_deref() == Some(need.as_str()))
-            .map(|(name, _)| name)
-            .collect();
-        if named.is_empty() {
-            return Readiness::Skip(format!(
-                "it needs {need}, which this run does not run (not selected or not triggered)"
-            ));
-        }
-        for name in named {
-            match ended.get(name) {
-                None => wait = true,
-                Some(RunStatus::Success) => {}
-                Some(status) => {
-                    return Readiness::Skip(format!("it needs {need}, and {name} {}", status.outcome()));
-                }
-            }
-        }
-    }
-    if wait { Readiness::Wait } else { Readiness::Ready }
-}
-
-/// The report of a workflow that did not run.
-fn skipped(workflow: &crate::workflow::Workflow, cause: String) -> RunReport {
-    RunReport {
-        run_id: String::new(),
-        workflow: workflow.name.clone(),
-        status: RunStatus::Skipped,
-        log: format!("==> skipped: {cause}\n"),
-        cause: Some(cause),
-        steps: Vec::new(),
-        outputs: Vec::new(),
-        duration_ms: 0,
-        log_truncated: false,
-    }
-}
-
 /// The largest cache archive `run` keeps, as the daemon's default `--cache-max`.
 const CACHE_MAX: u64 = 1 << 30;
 
@@ -890,11 +574,6 @@ pub(crate) fn cache_key(workflow: &str, executor: &str, image: Option<&str>) -> 
     key
 }
 
-/// Shows a note of `run`'s own as the engine's notes are shown.
-fn note(terminal: &mut Terminal, text: &str) {
-    terminal.line(&LogLine { step: None, stream: None, text });
-}
-
 /// The runner id of `run` for this user on this machine, the same from run to run, so that a
 /// run can sweep what a killed one left: `local-UID-HASH`, HASH a hash of the machine's id (or
 /// its host name), so that two machines sharing a cluster or an engine keep apart.
@@ -963,74 +642,6 @@ async fn git_check_ref_format(branch: &str) -> bool {
 
 pub(crate) use crate::workflow::check_variable_name;
 
-/// The variables of the defaults files, then `--env-file`, then `--env`, each over the one
-/// before, their names checked.
-pub(crate) fn step_variables(
-    given: &[String],
-    file: Option<&std::path::Path>,
-    defaults: &BTreeMap<String, (String, PathBuf)>,
-) -> anyhow::Result<BTreeMap<String, String>> {
-    let check = |name: &str, place: &dyn Fn() -> String| -> anyhow::Result<()> {
-        check_variable_name(name).map_err(|error| anyhow::anyhow!("{}: {error}", place()))
-    };
-    let mut variables: BTreeMap<String, String> =
-        defaults.iter().map(|(name, (value, _))| (name.clone(), value.clone())).collect();
-    if let Some(file) = file {
-        variables.extend(pairs_file(file, "--env-file")?);
-    }
-    for entry in given {
-        let place = || format!("--env {}", printable::name(entry));
-        let (name, value) = match entry.split_once('=') {
-            Some((name, value)) => (name, value.to_string()),
-            None => {
-                let value = std::env::var(entry)
-                    .with_context(|| format!("{}: the variable {entry} is not set here", place()))?;
-                (entry.as_str(), value)
-            }
-        };
-        check(name, &place)?;
-        variables.insert(name.to_string(), value);
-    }
-    Ok(variables)
-}
-
-/// The `NAME=VALUE` lines of `file`, given by `flag`: the value taken as it is, blank lines
-/// and lines starting with `#` skipped, each name checked.
-fn pairs_file(file: &std::path::Path, flag: &str) -> anyhow::Result<BTreeMap<String, String>> {
-    let shown = printable::name(&file.display().to_string()).into_owned();
-    let text = std::fs::read_to_string(file).with_context(|| format!("{flag} {shown}"))?;
-    let mut pairs = BTreeMap::new();
-    for (index, line) in text.lines().enumerate() {
-        let place = || format!("{flag} {shown}, line {}", index + 1);
-        if line.trim().is_empty() || line.trim_start().starts_with('#') {
-            continue;
-        }
-        let Some((name, value)) = line.split_once('=') else {
-            // Never the line itself: it may hold a secret.
-            bail!("{}: expected NAME=VALUE", place());
-        };
-        check_variable_name(name).map_err(|error| anyhow::anyhow!("{}: {error}", place()))?;
-        pairs.insert(name.to_string(), value.to_string());
-    }
-    Ok(pairs)
-}
-
-/// The secrets of `--secret-file FILE`, with a warning when others may read the file.
-fn secret_file(file: &std::path::Path) -> anyhow::Result<BTreeMap<String, String>> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let secrets = pairs_file(file, "--secret-file")?;
-    if let Ok(metadata) = std::fs::metadata(file)
-        && metadata.permissions().mode() & 0o077 != 0
-    {
-        let shown = printable::name(&file.display().to_string()).into_owned();
-        crate::say_err!(
-            "warning: --secret-file {shown} may be read by others (mode {:o}): chmod 600 {shown}",
-            metadata.permissions().mode() & 0o777
-        );
-    }
-    Ok(secrets)
-}
-
 /// `run`'s own folder: `$XDG_CACHE_HOME/knotless`, or `~/.cache/knotless`. Its caches are
 /// under `caches/`, its outputs under `outputs/`, its lock files at its top.
 pub(crate) fn cache_home() -> PathBuf {
@@ -1065,81 +676,6 @@ pub(crate) fn repository_folder(root: &std::path::Path, name: &str) -> String {
     if name.is_empty() { hash } else { format!("{name}-{hash}") }
 }
 
-fn print_summary(reports: &[(RunReport, Option<PathBuf>)], errors: &[crate::workflow::WorkflowError], paint: Paint) {
-    let mut rows = vec![["workflow".to_string(), "status".into(), "step".into(), "exit".into(), "time".into()]];
-    for error in errors {
-        rows.push([printable::name(&error.file).into_owned(), "error".into(), "-".into(), "-".into(), "-".into()]);
-    }
-    for (report, _) in reports {
-        if report.steps.is_empty() {
-            rows.push([
-                printable::name(&report.workflow).into_owned(),
-                report.status.as_str().into(),
-                "-".into(),
-                "-".into(),
-                millis(report.duration_ms),
-            ]);
-        }
-        for step in &report.steps {
-            let status = step.status.as_str();
-            let exit = step.exit_code.map(|code| code.to_string()).unwrap_or_else(|| "-".into());
-            let time = if step.status == StepStatus::Skipped { "-".into() } else { millis(step.duration_ms) };
-            rows.push([
-                printable::name(&report.workflow).into_owned(),
-                status.into(),
-                printable::name(&step.name).into_owned(),
-                exit,
-                time,
-            ]);
-        }
-    }
-    let widths: Vec<usize> =
-        (0..5).map(|column| rows.iter().map(|row| row[column].chars().count()).max().unwrap_or(0)).collect();
-    crate::say!();
-    for (index, row) in rows.iter().enumerate() {
-        let mut cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
-        if index > 0 {
-            cells[1] = paint.status(&cells[1]);
-        }
-        crate::say!("{}", cells.join("  ").trim_end());
-    }
-    for (report, outputs) in reports {
-        let status = paint.status(report.status.as_str());
-        let workflow = printable::name(&report.workflow);
-        match &report.cause {
-            Some(cause) => crate::say!("{workflow}: {status}: {}", printable::name(cause)),
-            None => crate::say!("{workflow}: {status} in {}", millis(report.duration_ms)),
-        }
-        if let (false, Some(dir)) = (report.outputs.is_empty(), outputs) {
-            let dir = dir.display().to_string();
-            crate::say!("{workflow}: {} output file(s) in {}", report.outputs.len(), printable::name(&dir));
-        }
-    }
-}
-
-/// The last lines of each failed step, so that they need not be found by scrolling.
-fn print_failed_tails(reports: &[(RunReport, Option<PathBuf>)], tails: &[Vec<StepTail>]) {
-    for ((report, _), tails) in reports.iter().zip(tails) {
-        for tail in tails {
-            let Some(step) = &tail.step else { continue };
-            // The tail's step is named as its lines are labelled: escaped.
-            let failed = report.steps.iter().any(|ran| {
-                printable::name(&ran.name) == step.as_str()
-                    && matches!(ran.status, StepStatus::Failure | StepStatus::TimedOut | StepStatus::Error)
-            });
-            if !failed {
-                continue;
-            }
-            let (workflow, step) = (printable::name(&report.workflow), printable::name(step));
-            crate::say!();
-            crate::say!("{workflow}: the last {} line(s) of step {step}:", tail.lines.len());
-            for line in &tail.lines {
-                crate::say!("{workflow}/{step} | {}", printable::line(line));
-            }
-        }
-    }
-}
-
 /// The executor flags a run goes by: its own, and a defaults file's `executor` and
 /// `plugin-dir` where it gives none. Only these become executor options: nothing the operator
 /// did not give. (A defaults file's `image` is the image of the workflows that name none, not
@@ -1164,10 +700,6 @@ fn default_image(workflows: &mut [crate::workflow::Workflow], given: &ExecutorAr
             workflow.image = Some(image.clone());
         }
     }
-}
-
-fn millis(ms: u64) -> String {
-    if ms < 1000 { format!("{ms} ms") } else { format!("{:.1} s", ms as f64 / 1000.0) }
 }
 
 #[cfg(test)]
