@@ -10,6 +10,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod channel;
+pub mod duration;
 pub mod error;
 pub mod framing;
 pub mod kept;

@@ -46,15 +46,11 @@ enum Tool {
     },
 }
 
+/// `--duration`: a duration as workflows write one (`24h`, `90m`, `3600s`), in seconds.
 fn seconds(text: &str) -> Result<i64, String> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let number: i64 = number.parse().map_err(|_| format!("--duration {text:?}: expected a number and h, m or s"))?;
-    match unit {
-        "h" => Ok(number * 3600),
-        "m" => Ok(number * 60),
-        "s" | "" => Ok(number),
-        _ => Err(format!("--duration {text:?}: expected a number and h, m or s")),
-    }
+    knotless_protocol::duration::parse_duration(text)
+        .and_then(|duration| i64::try_from(duration.as_secs()).ok())
+        .ok_or_else(|| format!("--duration {text:?}: {}", knotless_protocol::duration::DURATION_HINT))
 }
 
 fn owner(text: &str) -> Result<(u32, u32), String> {

@@ -152,11 +152,9 @@ impl<F: Forge> Daemon<F> {
 
     /// The branches whose kept queue still has live entries (their refs may be gone).
     fn busy_branches(&self, repository: &Repository, store: &QueueStore) -> Vec<String> {
-        let dir = self.config.state.join("queue").join(&repository.key);
-        let names = std::fs::read_dir(dir).into_iter().flatten().flatten();
-        names
-            .filter_map(|entry| entry.file_name().to_str().and_then(|n| n.strip_suffix(".json")).map(str::to_string))
-            .map(|name| name.replace("%2F", "/").replace("%25", "%"))
+        let branches = store.branches(&repository.key);
+        branches
+            .into_iter()
             .filter(|branch| store.load(&repository.key, branch).ok().flatten().is_some_and(|q| q.is_busy()))
             .collect()
     }

@@ -27,19 +27,10 @@ pub fn check_duration(record: &CheckRecord, now_ms: u64) -> String {
 
 /// Unix milliseconds as a UTC time, `2026-12-01 09:30:05 UTC`.
 pub fn time(ms: u64) -> String {
-    let seconds = ms / 1000;
-    let (days, rest) = (seconds / 86_400, seconds % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rest / 3600, rest % 3600 / 60, rest % 60)
+    match i64::try_from(ms).ok().and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok()) {
+        Some(at) => at.strftime("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        None => format!("{ms} ms after 1970"),
+    }
 }
 
 /// How long before `now_ms` a time was, as people say it: `just now`, `3 minutes ago`,

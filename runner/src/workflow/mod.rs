@@ -7,7 +7,6 @@
 //! and names the field by looking the position up in the file's node tree.
 
 mod condition;
-mod duration;
 mod locate;
 mod raw;
 #[cfg(test)]
@@ -21,7 +20,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use duration::{format_duration, parse_duration};
+pub use knotless_protocol::duration::{format_duration, parse_duration};
 
 /// Where workflows live, relative to a repository's root.
 pub const WORKFLOWS_DIR: &str = ".knotless/workflows";

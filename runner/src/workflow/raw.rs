@@ -10,10 +10,10 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Location, Spanned};
 
-use super::duration::{DURATION_HINT, parse_duration};
 use super::locate::{PathIndex, Position, yaml_error};
 use super::{QueuePhase, Workflow, WorkflowError};
 use check::{Check, at_position};
+use knotless_protocol::duration::{DURATION_HINT, parse_duration};
 
 /// Parser options: one document, duplicate keys refused, and a budget far below the defaults
 /// (a workflow is a few hundred nodes) so an alias bomb fails fast.

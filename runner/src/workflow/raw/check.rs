@@ -742,29 +742,12 @@ impl Check<'_> {
         let Some(quantity) = quantity else {
             return Ok(None);
         };
-        if !is_quantity(&quantity.value) {
+        if knotless_protocol::sdk::quantity::parse(&quantity.value).is_none() {
             let message = format!("invalid quantity {:?}, expected e.g. 2, 500m, 4Gi", quantity.value);
             return Err(self.at(&quantity, fallback, path, &message));
         }
         Ok(Some(quantity.value))
     }
-}
-
-/// Whether `text` is a Kubernetes quantity: a decimal number with an optional suffix
-/// (`m`, `k`, `M`, `G`, `T`, `P`, `E`, `Ki` ... `Ei`) or exponent (`1e3`).
-fn is_quantity(text: &str) -> bool {
-    let number_len = text.bytes().take_while(|b| b.is_ascii_digit() || *b == b'.').count();
-    let (number, suffix) = text.split_at(number_len);
-    let number_ok = !number.is_empty()
-        && number.bytes().filter(|b| *b == b'.').count() <= 1
-        && number.bytes().any(|b| b.is_ascii_digit());
-    let suffix_ok =
-        matches!(suffix, "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei")
-            || suffix
-                .strip_prefix(['e', 'E'])
-                .map(|exponent| exponent.strip_prefix(['+', '-']).unwrap_or(exponent))
-                .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
-    number_ok && suffix_ok
 }
 
 impl<'a> Check<'a> {

@@ -67,23 +67,10 @@ fn seconds_since(timestamp: &str) -> Option<u64> {
     SystemTime::now().duration_since(t).ok().map(|d| d.as_secs())
 }
 
-/// Parses `YYYY-MM-DDTHH:MM:SSZ`.
+/// Parses a time as `metav1.Time` marshals it (`YYYY-MM-DDTHH:MM:SSZ`).
 pub fn parse_time(text: &str) -> Option<SystemTime> {
-    let b = text.as_bytes();
-    if b.len() < 20 {
-        return None;
-    }
-    let n = |r: std::ops::Range<usize>| text.get(r).and_then(|s| s.parse::<i64>().ok());
-    let (y, m, d, hh, mm, ss) = (n(0..4)?, n(5..7)?, n(8..10)?, n(11..13)?, n(14..16)?, n(17..19)?);
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).ok()?))
+    let at: jiff::Timestamp = text.parse().ok()?;
+    Some(SystemTime::from(at))
 }
 
 fn job_event(state: &mut State, job: &Value, kind: &str, reason: &str, message: &str) {

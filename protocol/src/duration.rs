@@ -1,9 +1,10 @@
-//! Durations as workflows and flags write them: `90s`, `10m`, `1h30m`, `500ms`, `90d`.
+//! Durations as workflows, flags and executors' options write them: `90s`, `10m`, `1h30m`,
+//! `500ms`, `90d`. The one reading of a duration with units, for the runner and executors alike.
 
 use std::time::Duration;
 
 /// The hint every duration error ends with.
-pub(crate) const DURATION_HINT: &str = "expected e.g. 90s, 10m, 1h";
+pub const DURATION_HINT: &str = "expected e.g. 90s, 10m, 1h";
 
 /// Parses a duration made of one or more `<integer><unit>` parts, units `ms`, `s`, `m`, `h` and
 /// `d`, largest first (`1h30m`, `2m30s`, `1s500ms`, `1d12h`); `None` when the text is not one.
