@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use knotless_protocol::envelope::Request;
 use knotless_protocol::messages::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -85,8 +86,8 @@ impl Lines {
 
     /// Sends a request and reads its answer.
     async fn call(&mut self, id: Value, method: &str, params: Value) -> Result<Value, String> {
-        let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        self.send(&request.to_string()).await?;
+        let request = Request::named(&id, method, &params);
+        self.send(&serde_json::to_string(&request).map_err(|error| error.to_string())?).await?;
         self.answer(&id).await
     }
 

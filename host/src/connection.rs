@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
+use knotless_protocol::envelope::{Message, Notification, Request, Unreadable};
 use knotless_protocol::framing;
-use knotless_protocol::messages::{LogLevel, LogParams, Stream, method};
+use knotless_protocol::messages::{LogLevel, LogParams, Notify, Stream, method};
 use knotless_protocol::{ExecutorError, error::ErrorKind};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -97,41 +98,6 @@ struct OutputRef<'a> {
     stream: Stream,
     #[serde(borrow)]
     data: std::borrow::Cow<'a, str>,
-}
-
-/// Any message from the executor, read once: what it is follows from which fields it has,
-/// and each part is parsed into its own type only where it is used.
-#[derive(serde::Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow, default)]
-    jsonrpc: Option<std::borrow::Cow<'a, str>>,
-    /// Present, even as `null`: a response.
-    #[serde(default, deserialize_with = "present")]
-    id: Option<serde_json::Value>,
-    #[serde(borrow, default)]
-    method: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    params: Option<&'a RawValue>,
-    #[serde(default)]
-    result: Option<Box<RawValue>>,
-    #[serde(default)]
-    error: Option<ErrorObject>,
-}
-
-/// A field that is there, whatever its value (`"id": null` is an id, a bad one).
-fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<serde_json::Value>, D::Error> {
-    serde::Deserialize::deserialize(deserializer).map(Some)
-}
-
-/// An error answer's `error`, as leniently as JSON-RPC executors write it.
-#[derive(serde::Deserialize)]
-struct ErrorObject {
-    #[serde(default)]
-    code: i64,
-    #[serde(default)]
-    message: String,
-    #[serde(default)]
-    data: Option<serde_json::Value>,
 }
 
 /// A whole `output` notification, nothing else in it (a message with an `id` is not one).
@@ -256,15 +222,14 @@ impl Connection {
             return self.route_output(output.params, frame);
         }
         let not_a_message = |why: &str| format!("{why}: first bytes `{}`", framing::first_bytes(frame));
-        let message = match serde_json::from_slice::<Envelope>(frame) {
+        let message = match Message::read(frame) {
             Ok(message) => message,
-            // Only a frame that is not a message is read again, to say what it is.
-            Err(_) if serde_json::from_slice::<serde::de::IgnoredAny>(frame).is_ok() => {
+            Err(Unreadable::NotAMessage(_)) => {
                 return Err(not_a_message("a JSON value that is not a JSON-RPC message"));
             }
-            Err(_) => return Err(not_a_message("a line that is not JSON")),
+            Err(Unreadable::NotJson(_)) => return Err(not_a_message("a line that is not JSON")),
         };
-        if message.jsonrpc.as_deref() != Some("2.0") {
+        if !message.is_v2() {
             return Err(not_a_message("a message without \"jsonrpc\": \"2.0\""));
         }
         match (&message.id, message.method) {
@@ -279,7 +244,7 @@ impl Connection {
                     let kind = ErrorKind::from_code(i32::try_from(error.code).unwrap_or(0));
                     Err(Reply::Error(ExecutorError { kind, message: error.message, data: error.data }))
                 } else if let Some(result) = message.result {
-                    Ok(result)
+                    Ok(result.to_owned())
                 } else {
                     return Err(not_a_message("a response with neither result nor error"));
                 };
@@ -292,10 +257,9 @@ impl Connection {
                 let _ = sender.send(answer);
                 Ok(None)
             }
-            (None, Some(name)) => {
+            (None, Some(_)) => {
                 let params = message.params.map_or("null", RawValue::get);
-                let name: Option<std::borrow::Cow<'_, str>> = serde_json::from_str(name.get()).ok();
-                match name.as_deref() {
+                match message.method_name().as_deref() {
                     Some(method::OUTPUT) => {
                         let output = serde_json::from_str::<OutputRef>(params)
                             .map_err(|error| not_a_message(&format!("a bad output notification ({error})")))?;
@@ -378,13 +342,14 @@ impl Connection {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
         let (sender, receiver) = oneshot::channel();
         lock(&self.pending).insert(id, sender);
-        let message = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let request = Request::named(id, method, params);
         if method == method::COMMAND
-            && let Some(session) = message["params"]["session"].as_str()
+            && let Ok(command) = serde_json::to_value(params)
+            && let Some(session) = command["session"].as_str()
         {
             lock(&self.commands).insert(id, session.to_string());
         }
-        let frame = framing::encode(&message);
+        let frame = framing::encode(&request);
         if let Some(cause) = self.cause() {
             self.fail(id, cause);
         } else if let Err(error) = self.write(&frame).await {
@@ -394,8 +359,8 @@ impl Connection {
     }
 
     /// Sends a notification; errors are ignored (a dead connection reports itself elsewhere).
-    pub async fn notify<P: Serialize>(&self, method: &str, params: &P) {
-        let frame = framing::encode(&serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    pub async fn notify<N: Notify>(&self, params: &N::Params) {
+        let frame = framing::encode(&Notification::of::<N>(params));
         let _ = self.write(&frame).await;
     }
 

@@ -442,7 +442,7 @@ impl ExecutorHost {
             () = cancel.cancelled() => None,
         };
         if answered.is_none() {
-            live.connection.notify(method::CANCEL, &CancelParams { id: id.into() }).await;
+            live.connection.notify::<rpc::Cancel>(&CancelParams { id: id.into() }).await;
             answered = tokio::select! {
                 answer = &mut answer => Some(answer),
                 () = tokio::time::sleep(grace) => None,

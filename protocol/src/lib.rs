@@ -11,6 +11,7 @@
 
 pub mod channel;
 pub mod duration;
+pub mod envelope;
 pub mod error;
 pub mod framing;
 pub mod kept;

@@ -48,7 +48,16 @@ pub trait Method {
     type Result: Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static;
 }
 
-/// The request methods, as types ([`Method`]).
+/// A notification: its name and the type of its parameters, one unit type per notification in
+/// [`rpc`], so that a notification cannot be written with another's parameters.
+pub trait Notify {
+    /// Its name on the wire ([`method`]).
+    const NAME: &'static str;
+    /// Its `params`.
+    type Params: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static;
+}
+
+/// The request methods ([`Method`]) and the notifications ([`Notify`]), as types.
 pub mod rpc {
     use super::*;
 
@@ -85,6 +94,28 @@ pub mod rpc {
         Ping = method::PING: Empty => Empty;
         /// `shutdown`.
         Shutdown = method::SHUTDOWN: Empty => Empty;
+    }
+
+    macro_rules! notifications {
+        ($($(#[$doc:meta])* $name:ident = $wire:path: $params:ty;)*) => {$(
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy)]
+            pub struct $name;
+
+            impl Notify for $name {
+                const NAME: &'static str = $wire;
+                type Params = $params;
+            }
+        )*};
+    }
+
+    notifications! {
+        /// `output`, executor to runner.
+        Output = method::OUTPUT: OutputParams;
+        /// `log`, executor to runner.
+        Log = method::LOG: LogParams;
+        /// `cancel`, runner to executor.
+        Cancel = method::CANCEL: CancelParams;
     }
 }
 

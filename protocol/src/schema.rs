@@ -114,8 +114,11 @@ fn request<P: JsonSchema, R: JsonSchema>(generator: &mut SchemaGenerator, name: 
     }
 }
 
-fn notification<P: JsonSchema>(generator: &mut SchemaGenerator, name: &'static str, sender: Sender) -> Method {
-    Method { name, since: 1, sender, params: generator.subschema_for::<P>(), result: None }
+fn notification<N: Notify>(generator: &mut SchemaGenerator, sender: Sender) -> Method
+where
+    N::Params: JsonSchema,
+{
+    Method { name: N::NAME, since: 1, sender, params: generator.subschema_for::<N::Params>(), result: None }
 }
 
 /// Every method of version 1.
@@ -125,9 +128,9 @@ fn methods(generator: &mut SchemaGenerator) -> Vec<Method> {
         request::<Empty, Empty>(generator, method::PING),
         request::<StartParams, StartResult>(generator, method::START),
         request::<CommandParams, CommandResult>(generator, method::COMMAND),
-        notification::<OutputParams>(generator, method::OUTPUT, Sender::Executor),
-        notification::<LogParams>(generator, method::LOG, Sender::Executor),
-        notification::<CancelParams>(generator, method::CANCEL, Sender::Runner),
+        notification::<rpc::Output>(generator, Sender::Executor),
+        notification::<rpc::Log>(generator, Sender::Executor),
+        notification::<rpc::Cancel>(generator, Sender::Runner),
         request::<StopParams, StopResult>(generator, method::STOP),
         request::<CleanupParams, CleanupResult>(generator, method::CLEANUP),
         request::<TransferParams, TransferResult>(generator, method::UPLOAD),

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::envelope::Notification;
 use crate::error::ExecutorError;
 use crate::framing;
 use crate::messages::*;
@@ -249,8 +250,8 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    async fn notify<P: serde::Serialize>(&self, method: &str, params: P) {
-        let frame = framing::encode(&serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    async fn notify<N: Notify>(&self, params: &N::Params) {
+        let frame = framing::encode(&Notification::of::<N>(params));
         // A closed channel means the runner is gone; there is no one left to tell.
         let _ = self.frames.send(frame).await;
     }
@@ -265,7 +266,7 @@ impl Notifier {
     /// Sends a `log` notification; `session` `None` goes to the runner's own log.
     pub async fn log(&self, session: Option<&str>, level: LogLevel, message: impl Into<String>) {
         let params = LogParams { session: session.map(str::to_string), level, message: message.into() };
-        self.notify(method::LOG, params).await;
+        self.notify::<rpc::Log>(&params).await;
     }
 }
 

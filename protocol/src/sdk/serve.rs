@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::transfer::{DownloadStream, UploadStream};
 use super::{Context, Executor, Notifier};
 use crate::channel;
+use crate::envelope::{ErrorResponse, Message, Response, Unreadable};
 use crate::error::{ErrorKind, ExecutorError, UnsupportedVersionData};
 use crate::framing;
 use crate::messages::*;
@@ -78,7 +79,7 @@ where
                 continue;
             }
         };
-        let Some(method) = message.method.as_ref().and_then(|method| method.as_str()).map(str::to_string) else {
+        let Some(method) = message.method_name().map(std::borrow::Cow::into_owned) else {
             let id = message.id.unwrap_or(serde_json::Value::Null);
             let _ =
                 frames.send(error_response(id, ErrorCode::InvalidRequest.code(), "a message without a method")).await;
@@ -90,13 +91,13 @@ where
         };
         if method == method::SHUTDOWN {
             wind_down(&state, &mut tasks).await;
-            let _ = frames.send(framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}}))).await;
+            let _ = frames.send(framing::encode(&Response::new(&id, &Empty {}))).await;
             drop(input);
             drop(module);
             drop(state);
             return finish(tasks, frames, writer).await;
         }
-        let (request_id, params) = match message.checked() {
+        let (request_id, params) = match checked(&message) {
             Ok(checked) => checked,
             Err(why) => {
                 let text = format!("invalid request: {why}");
@@ -143,24 +144,18 @@ where
 
 /// The message in `frame`, or the error response that refuses it: a frame that is not JSON,
 /// or JSON that is no message.
-fn read_message(frame: &[u8]) -> Result<Incoming<'_>, Vec<u8>> {
-    // Only an object is a message: serde would read `Incoming` from an array (a batch) too.
-    let object = frame.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'{');
-    match serde_json::from_slice(frame) {
-        Ok(message) if object => Ok(message),
-        parsed => Err(match serde_json::from_slice::<serde::de::IgnoredAny>(frame) {
-            Err(error) => {
-                let text = format!("not JSON ({error}): {}", framing::first_bytes(frame));
-                error_response(serde_json::Value::Null, ErrorCode::ParseError.code(), &text)
-            }
-            // JSON, but no object, or one `Incoming` does not take (a field given twice).
-            Ok(_) => {
-                let why = parsed.err().map(|error| format!(" ({error})")).unwrap_or_default();
-                let text = format!("a message without a method{why}");
-                error_response(serde_json::Value::Null, ErrorCode::InvalidRequest.code(), &text)
-            }
-        }),
-    }
+fn read_message(frame: &[u8]) -> Result<Message<'_>, Vec<u8>> {
+    Message::read(frame).map_err(|unreadable| match unreadable {
+        Unreadable::NotJson(error) => {
+            let text = format!("not JSON ({error}): {}", framing::first_bytes(frame));
+            error_response(serde_json::Value::Null, ErrorCode::ParseError.code(), &text)
+        }
+        Unreadable::NotAMessage(error) => {
+            let why = error.map(|error| format!(" ({error})")).unwrap_or_default();
+            let text = format!("a message without a method{why}");
+            error_response(serde_json::Value::Null, ErrorCode::InvalidRequest.code(), &text)
+        }
+    })
 }
 
 /// Takes a notification (a message without an id): a `cancel` cancels the request it names;
@@ -235,44 +230,22 @@ fn id_key(id: &serde_json::Value) -> String {
 }
 
 fn error_response(id: serde_json::Value, code: i32, message: &str) -> Vec<u8> {
-    framing::encode(&serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}))
+    framing::encode(&ErrorResponse::new(&id, code, message))
 }
 
-/// A message from the runner, read once: what routes it, and its parameters as written, for
-/// the method to parse.
-#[derive(serde::Deserialize)]
-struct Incoming<'a> {
-    #[serde(default)]
-    jsonrpc: Option<serde_json::Value>,
-    #[serde(default)]
-    method: Option<serde_json::Value>,
-    /// Absent (a notification) is not `null` (a request with a null id).
-    #[serde(default, deserialize_with = "present")]
-    id: Option<serde_json::Value>,
-    #[serde(borrow, default)]
-    params: Option<&'a serde_json::value::RawValue>,
-}
-
-/// Some value, whatever it is, when the field is there (`null` too).
-fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<serde_json::Value>, D::Error> {
-    serde::Deserialize::deserialize(deserializer).map(Some)
-}
-
-impl Incoming<'_> {
-    /// The request's id and parameters as jsonrpsee takes them, or why it is no JSON-RPC 2.0
-    /// request.
-    fn checked(&self) -> Result<(Id<'static>, Params<'static>), String> {
-        if self.jsonrpc.as_ref().and_then(|version| version.as_str()) != Some("2.0") {
-            return Err("\"jsonrpc\" is not \"2.0\"".to_string());
-        }
-        let id = match &self.id {
-            Some(serde_json::Value::Null) => Id::Null,
-            Some(serde_json::Value::String(id)) => Id::Str(id.clone().into()),
-            Some(serde_json::Value::Number(id)) if id.is_u64() => Id::Number(id.as_u64().unwrap_or_default()),
-            _ => return Err("its id is neither a string, a whole number nor null".to_string()),
-        };
-        Ok((id, Params::new(self.params.map(|params| params.get())).into_owned()))
+/// The request's id and parameters as jsonrpsee takes them, or why it is no JSON-RPC 2.0
+/// request.
+fn checked(message: &Message<'_>) -> Result<(Id<'static>, Params<'static>), String> {
+    if !message.is_v2() {
+        return Err("\"jsonrpc\" is not \"2.0\"".to_string());
     }
+    let id = match &message.id {
+        Some(serde_json::Value::Null) => Id::Null,
+        Some(serde_json::Value::String(id)) => Id::Str(id.clone().into()),
+        Some(serde_json::Value::Number(id)) if id.is_u64() => Id::Number(id.as_u64().unwrap_or_default()),
+        _ => return Err("its id is neither a string, a whole number nor null".to_string()),
+    };
+    Ok((id, Params::new(message.params.map(|params| params.get())).into_owned()))
 }
 
 /// Runs one request through the module, with this request's context in its extensions.
