@@ -6,6 +6,25 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Every version this crate can speak, newest first.
 pub const SUPPORTED_VERSIONS: &[u32] = &[PROTOCOL_VERSION];
 
+/// The protocol versions this crate speaks, as text (`1`; later `2, 1`), for a program's
+/// `--version`: a macro, so that `concat!` can put it in a constant. A test keeps it equal to
+/// [`SUPPORTED_VERSIONS`].
+#[macro_export]
+macro_rules! protocol_versions {
+    () => {
+        "1"
+    };
+}
+
+/// What a program's `--version` says after its name: its own version and the protocol
+/// versions it speaks, `0.2.0 (protocol 1)`. Its own version is the calling package's.
+#[macro_export]
+macro_rules! version_line {
+    () => {
+        concat!(env!("CARGO_PKG_VERSION"), " (protocol ", $crate::protocol_versions!(), ")")
+    };
+}
+
 /// The longest frame (one JSON-RPC message and its newline) either side accepts.
 pub const MAX_FRAME_BYTES: usize = 8 * 1024 * 1024;
 
@@ -21,6 +40,13 @@ pub fn negotiate(offered: &[u32], supported: &[u32]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_versions_text_names_every_supported_version() {
+        let listed: Vec<String> = SUPPORTED_VERSIONS.iter().map(u32::to_string).collect();
+        assert_eq!(crate::protocol_versions!(), listed.join(", "));
+        assert_eq!(crate::version_line!(), format!("{} (protocol 1)", env!("CARGO_PKG_VERSION")));
+    }
 
     #[test]
     fn negotiation_picks_the_newest_common_version() {

@@ -116,6 +116,33 @@ mod tests {
         None
     }
 
+    /// Each binary's version has its section in CHANGELOG.md, under the binary's name: a bump
+    /// comes with what it brings.
+    #[test]
+    fn each_binarys_version_has_its_changelog_section() {
+        let changelog = include_str!("../../CHANGELOG.md");
+        let packages = [
+            include_str!("../Cargo.toml"),
+            include_str!("../../plugins/kubernetes/Cargo.toml"),
+            include_str!("../../plugins/docker/Cargo.toml"),
+            include_str!("../../plugins/shell/Cargo.toml"),
+        ];
+        for manifest in packages {
+            let field = |key: &str| {
+                manifest
+                    .lines()
+                    .find_map(|line| {
+                        line.strip_prefix(key)?.trim().strip_prefix('=')?.trim().strip_prefix('"')?.strip_suffix('"')
+                    })
+                    .map(str::to_string)
+            };
+            let (name, version) = (field("name").expect("a name"), field("version").expect("a version of its own"));
+            let section = changelog.split(&format!("\n## {name}\n")).nth(1).map(|rest| rest.split("\n## ").next());
+            let section = section.flatten().unwrap_or_else(|| panic!("CHANGELOG.md has no section ## {name}"));
+            assert!(section.contains(&format!("\n### {version}\n")), "CHANGELOG.md's {name} has no ### {version}");
+        }
+    }
+
     /// runner/src's top-level modules form a one-way graph, in the order ARCHITECTURE.md gives:
     /// each module names only modules before it there.
     #[test]

@@ -3,7 +3,12 @@
 use knotless_executor_docker::DockerExecutor;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<std::process::ExitCode> {
+    let executor = DockerExecutor::default();
+    if let Some(code) = knotless_protocol::sdk::command_line(&executor) {
+        return Ok(code);
+    }
     knotless_protocol::sdk::init_logging();
-    knotless_protocol::sdk::serve(DockerExecutor::default()).await
+    knotless_protocol::sdk::serve(executor).await?;
+    Ok(std::process::ExitCode::SUCCESS)
 }

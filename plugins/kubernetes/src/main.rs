@@ -11,7 +11,11 @@ use knotless_executor_kubernetes::KubernetesExecutor;
 use knotless_executor_kubernetes::credential::{self, Scoped};
 
 #[derive(Debug, Parser)]
-#[command(name = "knotless-executor-kubernetes", version, about = "The Kubernetes executor of knotless-run")]
+#[command(
+    name = "knotless-executor-kubernetes",
+    version = knotless_protocol::version_line!(),
+    about = "The Kubernetes executor of knotless-run"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Tool>,

@@ -65,6 +65,9 @@ pub fn init_logging() {
 /// until the runner shuts it down or closes stdin. Work that blocks goes to
 /// `tokio::task::spawn_blocking`.
 pub fn main<E: Executor>(executor: E) -> anyhow::Result<std::process::ExitCode> {
+    if let Some(code) = command_line(&executor) {
+        return Ok(code);
+    }
     init_logging();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async { tokio::spawn(serve(executor)).await })??;
@@ -72,6 +75,42 @@ pub fn main<E: Executor>(executor: E) -> anyhow::Result<std::process::ExitCode> 
 }
 pub use state::{Initialized, Sessions, lock};
 pub use transfer::{DownloadStream, UploadStream};
+
+/// What an executor's program does with its command line before it serves: `--version`
+/// prints its name, version and protocol versions, `--help` what it is; any other argument is
+/// refused, since the runner starts it with none. `None`: there were none, serve.
+pub fn command_line<E: Executor>(executor: &E) -> Option<std::process::ExitCode> {
+    use std::io::Write as _;
+    let argument = std::env::args_os().nth(1)?;
+    let info = executor.info();
+    let program = format!("knotless-executor-{}", info.name);
+    match argument.to_str() {
+        Some("--version" | "-V") => {
+            let _ =
+                writeln!(std::io::stdout(), "{program} {} (protocol {})", info.version, crate::protocol_versions!());
+            Some(std::process::ExitCode::SUCCESS)
+        }
+        Some("--help" | "-h") => {
+            let _ = writeln!(
+                std::io::stdout(),
+                "{program}: an executor of knotless-run; it speaks the executor protocol on stdin and stdout.\n\
+                 knotless-run starts it: `knotless-run run --executor {}`, or the daemon's --executor.\n\
+                 Options: --version, --help.",
+                info.name
+            );
+            Some(std::process::ExitCode::SUCCESS)
+        }
+        _ => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "{program}: unexpected argument {:?}: it takes none but --version and --help \
+                 (knotless-run starts it and speaks to it on stdin and stdout)",
+                argument
+            );
+            Some(std::process::ExitCode::from(2))
+        }
+    }
+}
 
 /// A timeout in milliseconds as people write it in a workflow: `2 s` for 2000, `1.5 s`,
 /// `250 ms`, so that an executor's message reads as the `timeout:` it enforces.

@@ -25,7 +25,7 @@ pub use executor_args::ExecutorArgs;
 
 /// knotless-run: the CI runner of the knotless forge.
 #[derive(Debug, Parser)]
-#[command(name = "knotless-run", version, about, long_about = None, propagate_version = true)]
+#[command(name = "knotless-run", version = knotless_protocol::version_line!(), about, long_about = None, propagate_version = true)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     /// What to do; without a subcommand, serve as the daemon watching REPO...

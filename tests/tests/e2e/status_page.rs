@@ -225,8 +225,13 @@ fn the_status_page_shows_the_check_its_image_and_its_live_log_in_a_browser() {
     assert!(browser.eval("document.body.innerText").as_str().is_some_and(|text| text.contains("/repo")));
     browser.open(&format!("{base}runner"));
     let text = browser.eval("document.body.innerText");
+    // The shell executor's own version, as its --version says it: `knotless-executor-shell V (protocol 1)`.
+    let said = std::process::Command::new(bin_dir().join("knotless-executor-shell")).arg("--version").output();
+    let said = String::from_utf8(said.expect("--version").stdout).expect("UTF-8");
+    let version = said.split_whitespace().nth(1).expect("a version");
     assert!(
-        text.as_str().is_some_and(|text| text.contains("shell 0.1.0") && text.contains("Last orphan sweep")),
+        text.as_str()
+            .is_some_and(|text| text.contains(&format!("shell {version}")) && text.contains("Last orphan sweep")),
         "{text}"
     );
     browser.screenshot(&shots.join("runner.png"));
