@@ -75,7 +75,7 @@ impl Shell for Container<'_> {
     async fn lost(&self, step: &str, exited: Option<i32>, said: &[u8]) -> ExecutorError {
         let said = tail(said);
         let container = &self.session.container;
-        let daemon_refused = said.contains("Error response from daemon") || said.contains("OCI runtime");
+        let daemon_refused = crate::docker::Said::by_the_engine(&said);
         match self.config.docker.state(container).await {
             Ok(Some(state)) if state == "running" && daemon_refused => ExecutorError::infrastructure(format!(
                 "docker exec of step {step} failed in container {container}: {said}"

@@ -38,6 +38,62 @@ pub enum Failure {
     TimedOut(Duration),
 }
 
+/// What docker said went wrong, by class: the one place this crate reads the CLI's and the
+/// engine's words (the CLI exits 1 for them all, and the engine's API errors reach it as text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    /// A path in a container does not exist (`No such container:path`, `Could not find the
+    /// file`).
+    NoPath,
+    /// The container does not exist, or runs no process an exec could join (`No such
+    /// container`, `is not running`, `is restarting`, `is paused`).
+    NoContainer,
+    /// `docker inspect` found no object of that name (`No such object`).
+    NoObject,
+    /// The image is not on the engine (`No such image`, `Unable to find image`).
+    NoImage,
+    /// The name is another container's (`is already in use`).
+    NameInUse,
+    /// The network does not exist (`No such network`, `not found`).
+    NoNetwork,
+    /// The path is no folder (`not a directory`).
+    NotAFolder,
+    /// Something else.
+    Other,
+}
+
+impl Said {
+    /// The class of `stderr`, the most specific first (a missing path is not a missing
+    /// container).
+    pub fn of(stderr: &str) -> Said {
+        let says = |words: &[&str]| words.iter().any(|word| stderr.contains(word));
+        if says(&["No such container:path", "Could not find the file"]) {
+            Said::NoPath
+        } else if says(&["No such container", "is not running", "is restarting", "is paused"]) {
+            Said::NoContainer
+        } else if says(&["No such object"]) {
+            Said::NoObject
+        } else if says(&["No such image", "Unable to find image"]) {
+            Said::NoImage
+        } else if says(&["is already in use"]) {
+            Said::NameInUse
+        } else if says(&["No such network", "not found"]) {
+            Said::NoNetwork
+        } else if says(&["not a directory"]) {
+            Said::NotAFolder
+        } else {
+            Said::Other
+        }
+    }
+
+    /// Whether the engine itself refused (`Error response from daemon`, `OCI runtime`), rather
+    /// than a program in the container failing: read in an exec's stderr, where the step's own
+    /// lines are too.
+    pub fn by_the_engine(stderr: &str) -> bool {
+        stderr.contains("Error response from daemon") || stderr.contains("OCI runtime")
+    }
+}
+
 impl Failure {
     /// The tail of docker's stderr, or empty.
     pub fn stderr(&self) -> &str {
@@ -47,13 +103,14 @@ impl Failure {
         }
     }
 
+    /// What docker said went wrong.
+    pub fn said(&self) -> Said {
+        Said::of(self.stderr())
+    }
+
     /// Whether docker said the container (not a path in it) does not exist.
     pub fn no_such_container(&self) -> bool {
-        let stderr = self.stderr();
-        (stderr.contains("No such container") && !stderr.contains("No such container:path"))
-            || stderr.contains("is not running")
-            || stderr.contains("is restarting")
-            || stderr.contains("is paused")
+        self.said() == Said::NoContainer
     }
 }
 
@@ -117,7 +174,7 @@ impl Docker {
     pub async fn state(&self, container: &str) -> Result<Option<String>, Failure> {
         match self.output(&crate::argv::state(container), SHORT_CALL).await {
             Ok(stdout) => Ok(Some(String::from_utf8_lossy(&stdout).trim().to_string())),
-            Err(failure) if failure.stderr().contains("No such") => Ok(None),
+            Err(failure) if matches!(failure.said(), Said::NoContainer | Said::NoObject) => Ok(None),
             Err(failure) => Err(failure),
         }
     }
@@ -135,5 +192,28 @@ mod tests {
         assert!(failure("Error response from daemon: No such container: c").no_such_container());
         assert!(!failure("Error: No such container:path: c:/x").no_such_container());
         assert!(failure("Error response from daemon: Container abc is not running").no_such_container());
+    }
+
+    /// Each class as docker 20.10 to 27 writes it.
+    #[test]
+    fn what_docker_said_is_read_into_its_class() {
+        for (stderr, class) in [
+            ("Error: No such container:path: c:/work/x", Said::NoPath),
+            ("Error response from daemon: Could not find the file /x in container c", Said::NoPath),
+            ("Error response from daemon: No such container: c", Said::NoContainer),
+            ("Error response from daemon: Container c is paused, unpause the container before exec", Said::NoContainer),
+            ("Error: No such object: c", Said::NoObject),
+            ("Unable to find image 'x:1' locally", Said::NoImage),
+            ("Error response from daemon: No such image: x:1", Said::NoImage),
+            ("Error response from daemon: Conflict. The container name \"/c\" is already in use", Said::NameInUse),
+            ("Error response from daemon: network n not found", Said::NoNetwork),
+            ("Error response from daemon: No such network: n", Said::NoNetwork),
+            ("tar: /x: not a directory", Said::NotAFolder),
+            ("Error response from daemon: OCI runtime exec failed", Said::Other),
+        ] {
+            assert_eq!(Said::of(stderr), class, "{stderr}");
+        }
+        assert!(Said::by_the_engine("OCI runtime exec failed: exec failed: unable to start container process"));
+        assert!(!Said::by_the_engine("sh: 1: no: not found"));
     }
 }

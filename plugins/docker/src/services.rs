@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use knotless_protocol::*;
 
 use crate::argv::{self, ServiceSpec};
-use crate::docker::{Docker, Failure, SHORT_CALL};
+use crate::docker::{Docker, SHORT_CALL, Said};
 
 /// How often a health command is run again while it fails.
 const HEALTH_EVERY: Duration = Duration::from_millis(200);
@@ -41,8 +41,7 @@ pub async fn start(
         if let Err(failure) = ran {
             // `docker run` may have created the container before it failed.
             made.push(spec.container.clone());
-            let stderr = failure.stderr();
-            let why = if stderr.contains("No such image") || stderr.contains("Unable to find image") {
+            let why = if failure.said() == Said::NoImage {
                 format!("image {} is not on the docker engine (the docker executor never pulls)", service.image)
             } else {
                 "it did not start".to_string()
@@ -125,9 +124,7 @@ pub async fn remove_network(
             name: network.to_string(),
             session: session.map(str::to_string),
         })),
-        Err(Failure::Exited { stderr, .. }) if stderr.contains("not found") || stderr.contains("No such network") => {
-            Ok(None)
-        }
+        Err(failure) if failure.said() == Said::NoNetwork => Ok(None),
         Err(failure) => Err(ExecutorError::infrastructure(format!("cannot remove network {network}: {failure}"))),
     }
 }

@@ -11,7 +11,7 @@ use knotless_protocol::*;
 use crate::DockerExecutor;
 use crate::argv::{self, ContainerSpec};
 use crate::config::{Config, check_name, flag};
-use crate::docker::{Docker, SHORT_CALL};
+use crate::docker::{Docker, SHORT_CALL, Said};
 use crate::pids::PidsCgroup;
 use knotless_protocol::sdk::quantity as resources;
 
@@ -222,15 +222,14 @@ async fn create(
         made.network = Some(network.clone());
     }
     if let Err(failure) = docker.output(&argv::run_container(spec), SHORT_CALL).await {
-        let stderr = failure.stderr();
-        return Err(if stderr.contains("No such image") || stderr.contains("Unable to find image") {
+        return Err(if failure.said() == Said::NoImage {
             ExecutorError::infrastructure(format!(
                 "image {} is not on the docker engine at {} (the docker executor never pulls: load it with docker \
                  load or docker import): {failure}",
                 spec.image,
                 docker.host_shown()
             ))
-        } else if stderr.contains("is already in use") {
+        } else if failure.said() == Said::NameInUse {
             // Not ours to remove: another session's container of that name.
             made.container.clear();
             ExecutorError::configuration(format!(
@@ -387,7 +386,7 @@ pub async fn remove_container(
                 session: session.map(str::to_string),
             }))
         }
-        Err(failure) if failure.stderr().contains("No such container") => Ok(None),
+        Err(failure) if failure.said() == Said::NoContainer => Ok(None),
         Err(failure) => Err(ExecutorError::infrastructure(format!("cannot remove container {container}: {failure}"))),
     }
 }

@@ -22,7 +22,7 @@ use knotless_protocol::*;
 
 use crate::DockerExecutor;
 use crate::argv;
-use crate::docker::{Docker, Failure, SHORT_CALL, tail};
+use crate::docker::{Docker, Failure, SHORT_CALL, Said, tail};
 use crate::session::Session;
 
 /// `upload`: unpacks the whole stream at `params.path`, created if missing: into a staging
@@ -160,14 +160,13 @@ pub async fn download(
     }
     if !output.status.success() {
         let failure = Failure::Exited { code: output.status.code(), stderr: tail(&output.stderr) };
-        let stderr = failure.stderr();
-        if stderr.contains("No such container:path") || stderr.contains("Could not find the file") {
+        if failure.said() == Said::NoPath {
             return Err(ExecutorError::new(
                 ErrorKind::NotFound,
                 format!("no path {} in session {} (container {})", params.path, session.id, session.container),
             ));
         }
-        if stderr.contains("not a directory") {
+        if failure.said() == Said::NotAFolder {
             return Err(ExecutorError::configuration(format!(
                 "cannot download {path} from session {}: not a folder",
                 session.id
