@@ -308,16 +308,35 @@ fn read_record(path: &Path) -> anyhow::Result<CheckRecord> {
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so a
-/// reader sees the old content or the new, never a part.
+/// reader sees the old content or the new, never a part. It waits for the disk (`fsync`), off
+/// the async workers ([`off_the_workers`]), and returns once the file is there.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut file = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
-    file.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    file.as_file().sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
-    file.persist(path).map_err(|error| error.error).with_context(|| format!("cannot replace {}", path.display()))?;
-    Ok(())
+    off_the_workers(|| {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut file = tempfile::NamedTempFile::new_in(dir)
+            .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+        file.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
+        file.as_file().sync_all().with_context(|| format!("cannot sync {}", path.display()))?;
+        file.persist(path)
+            .map_err(|error| error.error)
+            .with_context(|| format!("cannot replace {}", path.display()))?;
+        Ok(())
+    })
+}
+
+/// Runs `work`, which blocks on the disk, where it is called without stalling the tasks of the
+/// worker it runs on: on a multi-thread runtime (the daemon's) the worker first hands its other
+/// tasks to another (`block_in_place`); on a blocking thread, outside a runtime or on a
+/// current-thread one (a test's), it just runs. The callers that need a record on disk before
+/// they go on (a check before its run starts, `state.json` before a handover) keep that order.
+pub fn off_the_workers<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 #[cfg(test)]
@@ -336,6 +355,34 @@ mod tests {
         let mut record = CheckRecord::queued(run_id.into(), ("/srv/demo", "demo-1"), "build", &target, true, "r");
         record.queued_at = queued_at;
         record
+    }
+
+    /// A write from a multi-thread runtime's worker leaves the worker's other tasks running
+    /// while it waits for the disk: a task spawned just before it runs while it is held.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_write_waits_for_the_disk_off_the_async_worker() {
+        // On the only worker (the test's own body runs on the main thread, which runs no task).
+        let seen = tokio::spawn(async {
+            let (ticked, mut tick) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                let _ = ticked.send(());
+            });
+            off_the_workers(|| {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while std::time::Instant::now() < deadline {
+                    if tick.try_recv().is_ok() {
+                        return true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                false
+            })
+        });
+        assert!(seen.await.expect("the task"), "the worker's other task did not run while the write held it");
+        let folder = tempfile::tempdir().expect("tempdir");
+        let path = folder.path().join("record.json");
+        write_atomic(&path, b"{}").expect("write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"{}");
     }
 
     #[test]
