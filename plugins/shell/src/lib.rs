@@ -29,7 +29,7 @@ mod transfer;
 
 use std::sync::atomic::AtomicBool;
 
-use knotless_protocol::sdk::{Context, DownloadStream, Executor, Initialized, Sessions, UploadStream};
+use knotless_protocol::sdk::{Executor, Initialized, Sessions};
 use knotless_protocol::*;
 
 pub use config::Config;
@@ -65,36 +65,7 @@ impl Executor for ShellExecutor {
         Ok(config::capabilities())
     }
 
-    async fn start(&self, params: StartParams, context: Context) -> Result<StartResult, ExecutorError> {
-        session::start(self, params, context).await
-    }
-
-    async fn command(&self, params: CommandParams, context: Context) -> Result<CommandResult, ExecutorError> {
-        command::run(self, params, context).await
-    }
-
-    async fn stop(&self, params: StopParams, context: Context) -> Result<StopResult, ExecutorError> {
-        session::stop(self, params, context).await
-    }
-
-    async fn cleanup(&self, params: CleanupParams, context: Context) -> Result<CleanupResult, ExecutorError> {
-        cleanup::cleanup(self, params, context).await
-    }
-
-    async fn upload(&self, params: &TransferParams, data: UploadStream, context: Context) -> Result<(), ExecutorError> {
-        transfer::upload(self, params, data, context).await
-    }
-
-    async fn download(
-        &self,
-        params: &TransferParams,
-        data: DownloadStream,
-        context: Context,
-    ) -> Result<(), ExecutorError> {
-        transfer::download(self, params, data, context).await
-    }
-
-    async fn shutdown(&self) {
-        session::shutdown(self).await
-    }
+    // session::start, command::run, session::stop, cleanup::cleanup, transfer::upload,
+    // transfer::download, session::shutdown.
+    knotless_protocol::sdk::operations!();
 }

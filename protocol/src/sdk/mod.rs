@@ -112,6 +112,108 @@ pub fn command_line<E: Executor>(executor: &E) -> Option<std::process::ExitCode>
     }
 }
 
+/// The operations of an [`Executor`] whose work lives in modules of its own, each a function
+/// that takes the executor first and then the method's arguments: written inside the `impl
+/// Executor` block, beside `info` and `initialize`, it writes the methods that only forward.
+/// With no functions named, they are the layout the executors of this repository share:
+/// `session::start`, `command::run`, `session::stop`, `cleanup::cleanup`, `transfer::upload`,
+/// `transfer::download` and `session::shutdown`, each module at the crate's root.
+///
+/// ```ignore
+/// impl Executor for MyExecutor {
+///     fn info(&self) -> ExecutorInfo { ... }
+///     async fn initialize(&self, params: &InitializeParams) -> Result<Capabilities, ExecutorError> { ... }
+///     knotless_protocol::sdk::operations! {
+///         start: session::start,
+///         command: command::run,
+///         stop: session::stop,
+///         cleanup: cleanup::cleanup,
+///         upload: transfer::upload,
+///         download: transfer::download,
+///         shutdown: session::shutdown,
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! operations {
+    () => {
+        $crate::operations! {
+            start: session::start,
+            command: command::run,
+            stop: session::stop,
+            cleanup: cleanup::cleanup,
+            upload: transfer::upload,
+            download: transfer::download,
+            shutdown: session::shutdown,
+        }
+    };
+    (
+        start: $start:path,
+        command: $command:path,
+        stop: $stop:path,
+        cleanup: $cleanup:path,
+        upload: $upload:path,
+        download: $download:path,
+        shutdown: $shutdown:path $(,)?
+    ) => {
+        async fn start(
+            &self,
+            params: $crate::messages::StartParams,
+            context: $crate::sdk::Context,
+        ) -> Result<$crate::messages::StartResult, $crate::error::ExecutorError> {
+            $start(self, params, context).await
+        }
+
+        async fn command(
+            &self,
+            params: $crate::messages::CommandParams,
+            context: $crate::sdk::Context,
+        ) -> Result<$crate::messages::CommandResult, $crate::error::ExecutorError> {
+            $command(self, params, context).await
+        }
+
+        async fn stop(
+            &self,
+            params: $crate::messages::StopParams,
+            context: $crate::sdk::Context,
+        ) -> Result<$crate::messages::StopResult, $crate::error::ExecutorError> {
+            $stop(self, params, context).await
+        }
+
+        async fn cleanup(
+            &self,
+            params: $crate::messages::CleanupParams,
+            context: $crate::sdk::Context,
+        ) -> Result<$crate::messages::CleanupResult, $crate::error::ExecutorError> {
+            $cleanup(self, params, context).await
+        }
+
+        async fn upload(
+            &self,
+            params: &$crate::messages::TransferParams,
+            data: $crate::sdk::UploadStream,
+            context: $crate::sdk::Context,
+        ) -> Result<(), $crate::error::ExecutorError> {
+            $upload(self, params, data, context).await
+        }
+
+        async fn download(
+            &self,
+            params: &$crate::messages::TransferParams,
+            data: $crate::sdk::DownloadStream,
+            context: $crate::sdk::Context,
+        ) -> Result<(), $crate::error::ExecutorError> {
+            $download(self, params, data, context).await
+        }
+
+        async fn shutdown(&self) {
+            $shutdown(self).await
+        }
+    };
+}
+
+pub use operations;
+
 /// A timeout in milliseconds as people write it in a workflow: `2 s` for 2000, `1.5 s`,
 /// `250 ms`, so that an executor's message reads as the `timeout:` it enforces.
 pub fn timeout_text(ms: u64) -> String {
