@@ -220,7 +220,7 @@ mod tests {
             Err("the step exited 2, expected 0 (its stderr: sh: cd: can't cd to sh)".to_string())
         );
         assert_eq!(exited(&ran(exit(0), ""), 7), Err("the step exited 0, expected 7".to_string()));
-        let fault = HostError::Fault("executor fake closed its stdout".into());
+        let fault = HostError::fault(knotless_host::Fault::Lost, "executor fake closed its stdout");
         assert_eq!(exited(&ran(Err(fault), ""), 0), Err("executor fake closed its stdout".to_string()));
     }
 

@@ -90,10 +90,38 @@ pub enum HostError {
         /// Its answer.
         error: ExecutorError,
     },
-    /// The executor failed as a program (could not start, exited, hung, broke the protocol)
-    /// or a tar stream was lost. The message is complete, with the stderr tail.
-    #[error("{0}")]
-    Fault(String),
+    /// The executor failed as a program (could not start, exited, hung, broke the protocol),
+    /// a tar stream was lost or refused, or the runner's own side failed: what kind, and the
+    /// whole message, with the executor's stderr tail where it has one.
+    #[error("{message}")]
+    Fault {
+        /// What failed.
+        kind: Fault,
+        /// What to say.
+        message: String,
+    },
+}
+
+/// What failed, for a [`HostError::Fault`]: callers branch on it, never on the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The executor could not be started, or its handshake failed or has not completed.
+    Start,
+    /// It died, hung or broke the protocol, and is gone.
+    Lost,
+    /// A transfer's tar stream was lost or cut short.
+    LostStream,
+    /// A download held what the runner refuses (over its bound, a special file).
+    Refused,
+    /// The runner's own side: a folder, a lock or a side channel it could not make.
+    Runner,
+}
+
+impl HostError {
+    /// A fault of `kind`, saying `message`.
+    pub fn fault(kind: Fault, message: impl Into<String>) -> HostError {
+        HostError::Fault { kind, message: message.into() }
+    }
 }
 
 impl HostError {
@@ -101,7 +129,7 @@ impl HostError {
     pub fn class(&self) -> FailureClass {
         match self {
             HostError::Answered { error, .. } => error.kind.step_class(),
-            HostError::Fault(_) => FailureClass::Infrastructure,
+            HostError::Fault { .. } => FailureClass::Infrastructure,
         }
     }
 
@@ -109,7 +137,7 @@ impl HostError {
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {
             HostError::Answered { error, .. } => Some(error.kind),
-            HostError::Fault(_) => None,
+            HostError::Fault { .. } => None,
         }
     }
 }
@@ -160,16 +188,18 @@ impl ExecutorHost {
     /// Starts the executor and handshakes, so a bad configuration fails now, before any run.
     pub async fn start(config: HostConfig) -> Result<Arc<ExecutorHost>, HostError> {
         sweep_channel_folders(&std::env::temp_dir());
-        let channels = tempfile::Builder::new()
-            .prefix(&format!("{CHANNELS_PREFIX}{}-", std::process::id()))
-            .tempdir()
-            .map_err(|error| HostError::Fault(format!("cannot create a folder for side channels: {error}")))?;
+        let channels =
+            tempfile::Builder::new().prefix(&format!("{CHANNELS_PREFIX}{}-", std::process::id())).tempdir().map_err(
+                |error| HostError::fault(Fault::Runner, format!("cannot create a folder for side channels: {error}")),
+            )?;
         // Its owner, so that a later sweep knows when this process is gone, whatever pid the
         // system gives another process by then.
-        let owner = knotless_protocol::owner::this_process()
-            .map_err(|error| HostError::Fault(format!("cannot take a lock in {}: {error}", owners_dir().display())))?;
-        std::fs::write(channels.path().join(CHANNELS_OWNER), owner.token())
-            .map_err(|error| HostError::Fault(format!("cannot write in {}: {error}", channels.path().display())))?;
+        let owner = knotless_protocol::owner::this_process().map_err(|error| {
+            HostError::fault(Fault::Runner, format!("cannot take a lock in {}: {error}", owners_dir().display()))
+        })?;
+        std::fs::write(channels.path().join(CHANNELS_OWNER), owner.token()).map_err(|error| {
+            HostError::fault(Fault::Runner, format!("cannot write in {}: {error}", channels.path().display()))
+        })?;
         let (unrouted, mut logs) = mpsc::channel::<LogParams>(connection::UNROUTED_LOGS);
         let name = config.process.name.clone();
         tokio::spawn(async move {
@@ -232,7 +262,10 @@ impl ExecutorHost {
     /// What the current executor said in its handshake.
     pub async fn info(&self) -> Result<InitializeResult, HostError> {
         let live = self.live().await?;
-        live.info.get().cloned().ok_or_else(|| HostError::Fault("the executor has not completed its handshake".into()))
+        live.info
+            .get()
+            .cloned()
+            .ok_or_else(|| HostError::fault(Fault::Start, "the executor has not completed its handshake"))
     }
 
     /// Whether a dead executor is replaced by a fresh one at the next request; when not, every
@@ -274,7 +307,7 @@ impl ExecutorHost {
         {
             let cause = live.connection.cause().map(|cause| cause.to_string()).unwrap_or_default();
             current.push(live.clone());
-            return Err(HostError::Fault(format!("executor {} is gone: it {cause}", self.name())));
+            return Err(HostError::fault(Fault::Lost, format!("executor {} is gone: it {cause}", self.name())));
         }
         // A process for a session is spawned without holding the others up: it is its alone.
         let mut current = (!take).then_some(current);
@@ -342,8 +375,8 @@ impl ExecutorHost {
     }
 
     async fn spawn(&self) -> Result<Arc<Live>, HostError> {
-        let (process, stdin, stdout) =
-            ExecutorProcess::spawn(&self.config.process).map_err(|error| HostError::Fault(format!("{error:#}")))?;
+        let (process, stdin, stdout) = ExecutorProcess::spawn(&self.config.process)
+            .map_err(|error| HostError::fault(Fault::Start, format!("{error:#}")))?;
         let connection = Connection::new(stdout, stdin, self.unrouted.clone());
         let number = self.processes.fetch_add(1, Ordering::SeqCst);
         let live = Arc::new(Live { number, connection, process, info: std::sync::OnceLock::new(), lost: false.into() });
@@ -361,7 +394,7 @@ impl ExecutorHost {
         let refused = |message: String| async {
             live.connection.close(Closed::ByRunner("handshake failed".into()));
             live.process.terminate(self.config.grace).await;
-            HostError::Fault(message)
+            HostError::fault(Fault::Start, message)
         };
         let info = match answer {
             Ok(info) => info,
@@ -383,7 +416,8 @@ impl ExecutorHost {
             Err(HostError::Answered { error, .. }) => {
                 return Err(refused(format!("executor {name} failed its handshake: {}", error.message)).await);
             }
-            Err(fault) => return Err(fault),
+            // Lost during its handshake: it never started.
+            Err(HostError::Fault { message, .. }) => return Err(HostError::fault(Fault::Start, message)),
         };
         if !self.config.offer_versions.contains(&info.protocol_version) {
             let message = format!(
@@ -481,12 +515,15 @@ impl ExecutorHost {
             None => live.process.terminate(self.config.grace).await,
         };
         self.mark_dead(live);
-        HostError::Fault(format!(
-            "executor {} {cause} during {method} ({}); {}",
-            self.name(),
-            describe_status(status),
-            live.process.tail().render()
-        ))
+        HostError::fault(
+            Fault::Lost,
+            format!(
+                "executor {} {cause} during {method} ({}); {}",
+                self.name(),
+                describe_status(status),
+                live.process.tail().render()
+            ),
+        )
     }
 
     /// Stops a misbehaving executor: SIGTERM to its group, grace, SIGKILL.
@@ -495,11 +532,10 @@ impl ExecutorHost {
         live.connection.close(Closed::ByRunner(message.clone()));
         let status = live.process.terminate(self.config.grace).await;
         self.mark_dead(live);
-        HostError::Fault(format!(
-            "{message}; stopped it ({}); {}",
-            describe_status(status),
-            live.process.tail().render()
-        ))
+        HostError::fault(
+            Fault::Lost,
+            format!("{message}; stopped it ({}); {}", describe_status(status), live.process.tail().render()),
+        )
     }
 
     fn mark_dead(&self, live: &Arc<Live>) {
@@ -704,5 +740,31 @@ fn log_cleanup(executor: &str, when: &str, result: &CleanupResult) {
     );
     for failure in &result.failures {
         tracing::error!(executor = %executor, "cleanup ({when}) failed: {failure}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(path: &str) -> HostConfig {
+        let runner = RunnerInfo { name: "knotless-run".into(), version: "0".into(), id: "host-test".into() };
+        let spec = ProcessSpec { name: "test".into(), path: path.into(), pass_env: Vec::new() };
+        let mut config = HostConfig::new(spec, runner, BTreeMap::new());
+        config.handshake_timeout = Duration::from_secs(10);
+        config
+    }
+
+    /// An executor that cannot be started, or that ends before its handshake, is a start fault,
+    /// whatever the message says.
+    #[tokio::test]
+    async fn a_program_that_never_handshakes_is_a_start_fault() {
+        for path in ["/nonexistent/knotless-executor-none", "/bin/true"] {
+            match ExecutorHost::start(config(path)).await {
+                Err(HostError::Fault { kind, message }) => assert_eq!(kind, Fault::Start, "{path}: {message}"),
+                Err(other) => panic!("{path}: {other}"),
+                Ok(_) => panic!("{path} handshook"),
+            }
+        }
     }
 }

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{ExecutorHost, HostError, Live, SessionEvent};
+use super::{ExecutorHost, Fault, HostError, Live, SessionEvent};
 
 /// The buffer an upload is copied through.
 const UPLOAD_BUFFER: usize = 256 << 10;
@@ -217,10 +217,10 @@ impl Session {
                 matches!(refusal, tarball::UnpackError::TooLarge { .. } | tarball::UnpackError::Refused { .. })
             })
         }) {
-            return Err(HostError::Fault(format!(
-                "refused the download of {path} from executor {}: {refusal}",
-                self.host.name()
-            )));
+            return Err(HostError::fault(
+                Fault::Refused,
+                format!("refused the download of {path} from executor {}: {refusal}", self.host.name()),
+            ));
         }
         let result = answer?;
         let unpacked = received.map_err(|error| self.lost_stream(format!("the download of {path} failed: {error}")))?;
@@ -243,7 +243,7 @@ impl Session {
     ) -> Result<(ChannelListener, TransferParams), HostError> {
         let socket = self.host.next_channel();
         let listener = ChannelListener::bind(&socket).map_err(|error| {
-            HostError::Fault(format!("cannot open a side channel at {}: {error}", socket.display()))
+            HostError::fault(Fault::Runner, format!("cannot open a side channel at {}: {error}", socket.display()))
         })?;
         let params = TransferParams {
             session: self.id.clone(),
@@ -256,7 +256,7 @@ impl Session {
     }
 
     fn lost_stream(&self, detail: String) -> HostError {
-        HostError::Fault(format!("executor {} lost a tar stream: {detail}", self.host.name()))
+        HostError::fault(Fault::LostStream, format!("executor {} lost a tar stream: {detail}", self.host.name()))
     }
 
     /// Ends the session; its resources are deleted unless `keep`. With a process a session,

@@ -590,7 +590,7 @@ fn step_ended(
                 // A step's own failure, in the executor's words (they name the step).
                 StepStatus::Failure => match &error {
                     HostError::Answered { error, .. } => error.message.clone(),
-                    HostError::Fault(_) => format!("step {}: {error}", step.name),
+                    HostError::Fault { .. } => format!("step {}: {error}", step.name),
                 },
                 _ => format!("step {}: {error}", step.name),
             };
