@@ -40,8 +40,10 @@ use tokio::io::AsyncReadExt;
 
 use crate::app::{App, Config, Token};
 
+/// A flag's duration, as the runner's workflows and flags write one (`2s`, `200ms`, `10m`).
 fn duration(text: &str) -> Result<Duration, String> {
-    util::parse_duration(text)
+    knotless_protocol::duration::parse_duration(text)
+        .ok_or_else(|| format!("{text:?}: {}", knotless_protocol::duration::DURATION_HINT))
 }
 
 /// A fake Kubernetes API server with controllers and a kubelet that runs pods as sandboxes.

@@ -57,36 +57,6 @@ pub fn later(d: Duration) -> String {
     rfc3339(SystemTime::now() + d)
 }
 
-/// Parses `250ms`, `2s`, `1m`, `1h`, `1m30s` (Go's `time.ParseDuration` units we need).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let mut total = Duration::ZERO;
-    let mut rest = text.trim();
-    if rest == "0" {
-        return Ok(total);
-    }
-    if rest.is_empty() {
-        return Err(format!("invalid duration {text:?}"));
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().map_err(|_| format!("invalid duration {text:?}"))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(format!("invalid duration {text:?}: unknown unit")),
-        };
-        rest = &rest[unit_len..];
-        total += Duration::from_secs_f64(number * scale);
-    }
-    Ok(total)
-}
-
 /// The string at a JSON pointer, or "".
 pub fn text<'a>(value: &'a Value, pointer: &str) -> &'a str {
     value.pointer(pointer).and_then(Value::as_str).unwrap_or("")
@@ -102,11 +72,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_and_times() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        assert!(parse_duration("ten").is_err());
+    fn times_and_names() {
         assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(1_700_000_000)), "2023-11-14T22:13:20Z");
         assert_eq!(uid().len(), 36);
         assert_eq!(random_suffix(5).len(), 5);
