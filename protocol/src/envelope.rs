@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 
-use crate::messages::{Method, Notify};
+use crate::messages::Notify;
 
 /// `"jsonrpc": "2.0"`, the only version there is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,16 +31,9 @@ pub struct Request<'a, P, I = u64> {
     params: &'a P,
 }
 
-impl<'a, P: Serialize> Request<'a, P> {
-    /// A request of method `M`, its parameters typed as `M` takes them.
-    pub fn of<M: Method<Params = P>>(id: u64, params: &'a P) -> Request<'a, P> {
-        Request { jsonrpc: Version, id, method: M::NAME, params }
-    }
-}
-
 impl<'a, P: Serialize, I: Serialize> Request<'a, P, I> {
-    /// A request named at run time: a host's generic call, or a test's request that breaks
-    /// the protocol on purpose.
+    /// A request of the method `method` (the host's `call::<M>` gives `M::NAME` with `M`'s
+    /// parameters), or a test's request that breaks the protocol on purpose.
     pub fn named(id: I, method: &'a str, params: &'a P) -> Request<'a, P, I> {
         Request { jsonrpc: Version, id, method, params }
     }
@@ -184,11 +177,11 @@ impl<'a> Message<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::{CancelParams, Empty, rpc};
+    use crate::messages::{CancelParams, Empty, Method as _, rpc};
 
     #[test]
     fn each_envelope_is_written_as_json_rpc_writes_it() {
-        let request = serde_json::to_value(Request::of::<rpc::Ping>(7, &Empty {})).expect("request");
+        let request = serde_json::to_value(Request::named(7, rpc::Ping::NAME, &Empty {})).expect("request");
         assert_eq!(request, serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {}}));
         let cancel = CancelParams { id: 7.into() };
         let notification = serde_json::to_value(Notification::of::<rpc::Cancel>(&cancel)).expect("notification");
