@@ -6,7 +6,8 @@ BIN := target/debug
 # Where cargo writes (CARGO_TARGET_DIR when set), for the release binaries `install` takes.
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: build release test lint unit conformance conformance-docker conformance-kubernetes demo bench install install-user uninstall
+.PHONY: build release test lint unit conformance conformance-docker conformance-kubernetes demo bench install install-user uninstall \
+	package compat-record
 
 build:
 	$(CARGO) build --workspace --bins
@@ -67,6 +68,20 @@ install-user:
 		-p knotless-executor-kubernetes
 	bash deploy/install-user.sh --bin-dir '$(TARGET_DIR)/release' \
 		--prefix '$(if $(filter command line environment,$(origin PREFIX)),$(PREFIX),$(HOME)/.local)'
+
+# The Debian packages, one a binary, into target/debian/ (deploy/package.sh, with cargo-deb:
+# `cargo install cargo-deb --locked`). PROFILE=dev packages the debug binaries instead.
+PROFILE ?= release
+package:
+	$(CARGO) build --bins --profile $(PROFILE) -p knotless-run -p knotless-executor-kubernetes \
+		-p knotless-executor-docker -p knotless-executor-shell
+	bash deploy/package.sh --profile $(PROFILE)
+
+# The compatibility transcripts of a release into tests/compat/RELEASE/ (tests/compat/README.md):
+# `make compat-record RELEASE=0.3.0` from this tree's binaries, or with COMMIT=REV from that
+# commit's, built under target/compat/. The Docker executor's needs an engine, as conformance-docker.
+compat-record:
+	bash tests/compat/record.sh '$(RELEASE)' $(COMMIT)
 
 # Removes what `install` added; the env file and the state stay (deploy/uninstall.sh --purge
 # removes them too).

@@ -515,14 +515,13 @@ impl ExecutorHost {
             None => live.process.terminate(self.config.grace).await,
         };
         self.mark_dead(live);
+        // A cause the runner wrote when it stopped the executor names the executor already.
+        let name = format!("executor {} ", self.name());
+        let cause = cause.to_string();
+        let cause = cause.strip_prefix(&name).unwrap_or(&cause);
         HostError::fault(
             Fault::Lost,
-            format!(
-                "executor {} {cause} during {method} ({}); {}",
-                self.name(),
-                describe_status(status),
-                live.process.tail().render()
-            ),
+            format!("{name}{cause} during {method} ({}); {}", describe_status(status), live.process.tail().render()),
         )
     }
 

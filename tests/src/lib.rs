@@ -4,6 +4,7 @@
 //! cluster, and waits poll with a deadline instead of sleeping.
 
 pub mod browser;
+pub mod compat;
 
 /// The fake Kubernetes cluster, from the fake API server's crate.
 pub use knotless_fake_apiserver as cluster;
