@@ -1,7 +1,8 @@
 //! An executor that answers as a recorded one did (`knotless_tests::compat`): each request is
 //! matched to the next recorded request of its method, checked to hold every field the recorded
-//! runner sent (an executor of that release reads them: one missing is answered `-32602`, as its
-//! JSON reader would have), and answered with the recorded notifications and response, under
+//! runner sent (an executor of that release may need any of them: a request without one is
+//! answered `-32602` naming it, as that executor's JSON reader answers a missing required field),
+//! and answered with the recorded notifications and response, under
 //! the new request's id, session and step. A side channel's stream is read to its end, or the
 //! recorded one written.
 //!
@@ -42,7 +43,7 @@ fn main() -> anyhow::Result<()> {
         let name = method(&request).unwrap_or_default().to_string();
         let recorded = exchanges.get_mut(&name).and_then(VecDeque::pop_front);
         let answer = match recorded {
-            Some(recorded) => replay(&request, recorded, &mut stdout)?,
+            Some(recorded) => replay(&request, recorded, (&runner, &executor), &mut stdout)?,
             // What an executor of protocol 1 answers when the recorded run did not ask: `ping`
             // and `shutdown` always `{}`, and a sweep that finds nothing of a gone owner (the
             // replay made nothing) an empty result.
@@ -96,11 +97,18 @@ fn exchanges(entries: &[Entry]) -> HashMap<String, VecDeque<Exchange>> {
 }
 
 /// The recorded answer to `request`, after its notifications and its stream.
-fn replay(request: &Value, recorded: Exchange, stdout: &mut impl Write) -> anyhow::Result<Value> {
+fn replay(
+    request: &Value,
+    recorded: Exchange,
+    speakers: (&str, &str),
+    stdout: &mut impl Write,
+) -> anyhow::Result<Value> {
     let lacking = missing(&recorded.request["params"], &request["params"], "params");
     if !lacking.is_empty() {
         let fields = lacking.join("; ");
-        return Ok(error(request, -32602, &format!("invalid params: {fields}")));
+        let (runner, executor) = speakers;
+        let message = format!("invalid params: {fields}, which {runner} sent and {executor} may need");
+        return Ok(error(request, -32602, &message));
     }
     for mut notification in recorded.notifications {
         for field in ["session", "step"] {

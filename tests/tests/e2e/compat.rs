@@ -46,15 +46,20 @@ fn transcripts() -> Vec<(String, String, PathBuf)> {
     found
 }
 
+/// A copy of the transcript and its flags in `into`, with `from` replaced by `to`.
+fn edited(path: &Path, into: &Path, from: &str, to: &str) -> PathBuf {
+    let text = std::fs::read_to_string(path).expect("the transcript");
+    assert!(text.contains(from), "{} has no {from}", path.display());
+    let copy = into.join(path.file_name().expect("a file name"));
+    std::fs::write(&copy, text.replace(from, to)).expect("write the copy");
+    std::fs::copy(path.with_extension("args"), copy.with_extension("args")).expect("copy the flags");
+    copy
+}
+
 /// A copy of the transcript with a field of each `command` result renamed, as a release that
 /// renamed it would have answered.
 fn renamed_exit_code(path: &Path, into: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(path).expect("the transcript");
-    assert!(text.contains("\"exit_code\":"), "{} has no exit_code to rename", path.display());
-    let renamed = into.join(path.file_name().expect("a file name"));
-    std::fs::write(&renamed, text.replace("\"exit_code\":", "\"exit_status\":")).expect("write the copy");
-    std::fs::copy(path.with_extension("args"), renamed.with_extension("args")).expect("copy the flags");
-    renamed
+    edited(path, into, "\"exit_code\":", "\"exit_status\":")
 }
 
 /// This tree's executor, answering a recorded runner's requests; what differs from the
@@ -495,4 +500,24 @@ fn a_renamed_result_field_fails_the_run_with_what_the_runner_tells_its_operator(
         "each message names the executor once:\n{}",
         run.both()
     );
+}
+
+#[test]
+fn a_request_without_a_field_an_earlier_runner_sent_fails_the_run_naming_it() {
+    let folder = tempfile::tempdir().expect("a folder");
+    let (_, _, path) = transcripts()
+        .into_iter()
+        .find(|(release, executor, _)| release == "0.1.0" && executor == "shell")
+        .expect("a shell transcript");
+    // As if this runner had stopped sending a field the recorded one sent with each step.
+    let transcript = edited(
+        &path,
+        folder.path(),
+        "\"method\":\"command\",\"params\":{",
+        "\"method\":\"command\",\"params\":{\"deadline_ms\":1000,",
+    );
+    let run = run_against_recording(folder.path(), &transcript, "shell");
+    assert_ne!(run.code, Some(0), "{}", run.both());
+    let said = "invalid params: `params.deadline_ms` is missing, which knotless-run 0.1.0 sent and knotless-executor-shell 0.1.0 may need";
+    assert!(run.stdout.contains(said), "the runner shows the executor's refusal:\n{}", run.both());
 }
