@@ -15,6 +15,9 @@ use anyhow::Context as _;
 use knotless_tests::compat::{Entry, ROOT, method};
 use serde_json::Value;
 
+/// The most bytes of one side channel's stream the recorder holds.
+const MAX_STREAM: u64 = 64 * 1024 * 1024;
+
 /// The transcript, shared by the threads that write to it.
 #[derive(Clone)]
 struct Transcript {
@@ -119,7 +122,11 @@ fn relay(
     let runner = UnixStream::connect(theirs)?;
     let (mut from, mut to) = if upload { (runner, executor) } else { (executor, runner) };
     let mut data = Vec::new();
-    from.read_to_end(&mut data)?;
+    (&mut from).take(MAX_STREAM + 1).read_to_end(&mut data)?;
+    anyhow::ensure!(
+        data.len() as u64 <= MAX_STREAM,
+        "a side channel of over {MAX_STREAM} bytes: a transcript records a small run, as tests/compat/workflow is"
+    );
     to.write_all(&data)?;
     to.shutdown(std::net::Shutdown::Write)?;
     transcript.write(&Entry::Stream { id, data });
